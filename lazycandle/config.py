@@ -1,0 +1,87 @@
+"""Process-wide settings: thread count (one setting for kernels AND the BLAS library), matmul
+backend, dump and cache environment variables."""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+_lock = threading.Lock()
+_listeners = []          # called with the new thread count (the BLAS binding registers one)
+
+
+def _default_threads() -> int:
+    env = os.environ.get("LAZYCANDLE_NUM_THREADS")
+    if env:
+        try:
+            n = int(env)
+            if n >= 1:
+                return n
+        except ValueError:
+            pass
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+_num_threads = _default_threads()
+_matmul_backend = os.environ.get("LAZYCANDLE_MATMUL", "auto")
+if _matmul_backend not in ("auto", "blas", "tiled"):
+    _matmul_backend = "auto"
+
+
+def get_num_threads() -> int:
+    return _num_threads
+
+
+def set_num_threads(n: int) -> None:
+    """Set the number of threads used by fused kernels, reductions, the tiled matmul and BLAS."""
+    global _num_threads
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"set_num_threads: need n >= 1, got {n}")
+    with _lock:
+        _num_threads = n
+        for fn in list(_listeners):
+            fn(n)
+
+
+@contextlib.contextmanager
+def num_threads(n: int):
+    """`with lc.num_threads(2): ...` sets the thread count for the block."""
+    old = get_num_threads()
+    set_num_threads(n)
+    try:
+        yield
+    finally:
+        set_num_threads(old)
+
+
+def on_threads_change(fn) -> None:
+    _listeners.append(fn)
+
+
+def set_matmul_backend(name: str) -> None:
+    """"auto" | "blas" | "tiled" (also env LAZYCANDLE_MATMUL)."""
+    global _matmul_backend
+    if name not in ("auto", "blas", "tiled"):
+        raise ValueError(f"set_matmul_backend: expected 'auto', 'blas' or 'tiled', got {name!r}")
+    _matmul_backend = name
+
+
+def get_matmul_backend() -> str:
+    return _matmul_backend
+
+
+def dump_stages() -> list:
+    env = os.environ.get("LAZYCANDLE_DUMP", "")
+    return [s.strip() for s in env.split(",") if s.strip()]
+
+
+def dump_dir():
+    return os.environ.get("LAZYCANDLE_DUMP_DIR") or None
+
+
+def cache_dir():
+    return os.environ.get("LAZYCANDLE_CACHE_DIR") or None

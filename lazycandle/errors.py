@@ -1,0 +1,54 @@
+"""Typed errors.  Every class derives from `Error` and from the matching built-in, so plain
+Python code can catch them (`except ValueError`).  Messages name the op, shapes and dtypes."""
+
+
+class Error(Exception):
+    """Base of every lazycandle error."""
+
+
+class DTypeMismatchBinaryOp(Error, TypeError):
+    pass
+
+
+class UnsupportedDTypeForOp(Error, TypeError):
+    pass
+
+
+class UnsupportedDType(Error, TypeError):
+    pass
+
+
+class ShapeMismatchBinaryOp(Error, ValueError):
+    pass
+
+
+class BroadcastIncompatibleShapes(Error, ValueError):
+    pass
+
+
+class ShapeMismatch(Error, ValueError):
+    pass
+
+
+class DimOutOfRange(Error, IndexError):
+    pass
+
+
+class NarrowInvalidArgs(Error, ValueError):
+    pass
+
+
+class IndexOutOfBounds(Error, IndexError):
+    pass
+
+
+class EmptyReduction(Error, ValueError):
+    pass
+
+
+class UnboundPlaceholder(Error):
+    pass
+
+
+class FeedError(Error, ValueError):
+    pass

@@ -1,0 +1,160 @@
+"""Strided layouts: shape, strides and start offset, all in elements.  Every view op is a pure
+function Layout -> Layout (no data moves); `merge_dims` collapses loop dimensions that are
+contiguous for every operand of a kernel at once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+
+def contiguous_strides(shape) -> tuple:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class Layout:
+    shape: tuple
+    strides: tuple
+    offset: int = 0
+
+    @staticmethod
+    def contiguous(shape, offset=0) -> "Layout":
+        shape = tuple(int(d) for d in shape)
+        return Layout(shape, contiguous_strides(shape), offset)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    def is_contiguous(self) -> bool:
+        """Row-major contiguous (ignoring strides of size-1 dims)."""
+        acc = 1
+        for d, s in zip(reversed(self.shape), reversed(self.strides)):
+            if d != 1 and s != acc:
+                return False
+            acc *= d
+        return True
+
+    def span(self) -> tuple:
+        """(lowest, highest) element offset touched; (offset, offset-1) when empty."""
+        if self.numel == 0:
+            return self.offset, self.offset - 1
+        lo = hi = self.offset
+        for d, s in zip(self.shape, self.strides):
+            if s > 0:
+                hi += (d - 1) * s
+            else:
+                lo += (d - 1) * s
+        return lo, hi
+
+    # ---- views -------------------------------------------------------------------------
+    def permute(self, dims) -> "Layout":
+        return Layout(tuple(self.shape[d] for d in dims), tuple(self.strides[d] for d in dims), self.offset)
+
+    def narrow(self, dim, start, length) -> "Layout":
+        shape = list(self.shape)
+        shape[dim] = length
+        return Layout(tuple(shape), self.strides, self.offset + start * self.strides[dim] if length else self.offset)
+
+    def slice(self, dim, start, stop, step) -> "Layout":
+        n = max(0, (stop - start + step - 1) // step)
+        shape, strides = list(self.shape), list(self.strides)
+        shape[dim] = n
+        strides[dim] = self.strides[dim] * step
+        off = self.offset + start * self.strides[dim] if n else self.offset
+        return Layout(tuple(shape), tuple(strides), off)
+
+    def select(self, dim, index) -> "Layout":
+        """Drop `dim`, keeping element `index` of it."""
+        return Layout(self.shape[:dim] + self.shape[dim + 1:], self.strides[:dim] + self.strides[dim + 1:],
+                      self.offset + index * self.strides[dim])
+
+    def broadcast_as(self, shape) -> "Layout":
+        """Caller checked compatibility: leading new dims and size-1 dims get stride 0."""
+        shape = tuple(shape)
+        extra = len(shape) - self.rank
+        strides = [0] * extra
+        for d_new, d_old, s in zip(shape[extra:], self.shape, self.strides):
+            strides.append(s if d_old == d_new else 0)
+        return Layout(shape, tuple(strides), self.offset)
+
+    def unsqueeze(self, dim) -> "Layout":
+        inner = self.strides[dim] * self.shape[dim] if dim < self.rank else 1
+        return Layout(self.shape[:dim] + (1,) + self.shape[dim:], self.strides[:dim] + (inner,) + self.strides[dim:],
+                      self.offset)
+
+    def reshape(self, shape) -> "Layout | None":
+        """The strided view with `shape` over the same elements in row-major order, or None when
+        strides cannot express it (then the caller copies)."""
+        shape = tuple(shape)
+        if self.is_contiguous():
+            return Layout.contiguous(shape, self.offset)
+        # Split the old layout into maximal runs of mergeable dims, then carve the new shape
+        # out of those runs.
+        old = [(d, s) for d, s in zip(self.shape, self.strides) if d != 1]
+        new_strides = []
+        oi = 0
+        ni = 0
+        new_nz = [i for i, d in enumerate(shape) if d != 1]
+        strides_out = [0] * len(shape)
+        while ni < len(new_nz):
+            if oi >= len(old):
+                return None
+            # one run of old dims that are contiguous with each other
+            run_size, run_inner = old[oi][0], old[oi][1]
+            oj = oi
+            while oj + 1 < len(old) and old[oj][1] == old[oj + 1][0] * old[oj + 1][1]:
+                oj += 1
+                run_size *= old[oj][0]
+            run_inner = old[oj][1]
+            # take new dims until their product equals the run size
+            acc = 1
+            taken = []
+            while ni < len(new_nz) and acc < run_size:
+                acc *= shape[new_nz[ni]]
+                taken.append(new_nz[ni])
+                ni += 1
+            if acc != run_size:
+                return None
+            st = run_inner
+            for idx in reversed(taken):
+                strides_out[idx] = st
+                st *= shape[idx]
+            oi = oj + 1
+        if oi != len(old):
+            return None
+        for i, d in enumerate(shape):
+            if d == 1:
+                strides_out[i] = (strides_out[i + 1] * shape[i + 1]) if i + 1 < len(shape) else 1
+        del new_strides
+        return Layout(shape, tuple(strides_out), self.offset)
+
+
+def merge_dims(shape, strides_list):
+    """Collapse loop dims for a kernel whose operands walk `shape` with the given stride tuples.
+    Size-1 dims are dropped; dims i, i+1 merge when for every operand stride[i] ==
+    stride[i+1] * shape[i+1].  Returns (shape, [strides per operand]), at least rank 1."""
+    dims = [i for i, d in enumerate(shape) if d != 1]
+    if not dims:
+        return (1,), [(0,) for _ in strides_list]
+    out_shape = [shape[dims[0]]]
+    out_strides = [[s[dims[0]]] for s in strides_list]
+    for i in dims[1:]:
+        d = shape[i]
+        if all(os[-1] == s[i] * d for os, s in zip(out_strides, strides_list)):
+            out_shape[-1] *= d
+            for os, s in zip(out_strides, strides_list):
+                os[-1] = s[i]
+        else:
+            out_shape.append(d)
+            for os, s in zip(out_strides, strides_list):
+                os.append(s[i])
+    return tuple(out_shape), [tuple(s) for s in out_strides]
