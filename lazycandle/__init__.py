@@ -1,0 +1,10 @@
+"""lazycandle: a graph-compiled lazy tensor engine (candle-like API, fused LLVM kernels)."""
+from .dtype import DType, u8, u32, i16, i32, i64, bf16, f16, f32, f64, f8e4m3, f6e2m3, f6e3m2, f4, f8e8m0
+from .errors import (Error, DTypeMismatchBinaryOp, UnsupportedDTypeForOp, UnsupportedDType, ShapeMismatchBinaryOp,
+                     BroadcastIncompatibleShapes, ShapeMismatch, DimOutOfRange, NarrowInvalidArgs, IndexOutOfBounds,
+                     EmptyReduction, UnboundPlaceholder, FeedError)
+from .tensor import (Tensor, tensor, from_numpy, full, zeros, ones, zeros_like, ones_like, arange, randn, rand,
+                     placeholder, realize, cpu)
+from .config import get_num_threads, set_num_threads, num_threads, set_matmul_backend, get_matmul_backend
+
+__version__ = "0.1.0"

@@ -1,0 +1,159 @@
+"""IR-building helpers shared by the GEMM generators: i64 counted loops, typed pointer
+arithmetic, vector loads/stores and the storage <-> accumulator conversions read from the dtype
+table (codec for f16/bf16/f8, sign/zero extension for narrow integers)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import llvmlite.ir as ir
+
+from ..dtype import DType
+from . import codecs
+from .llvmutil import I1, I64, ltype, vec, width_of
+
+ZERO = ir.Constant(I64, 0)
+ONE = ir.Constant(I64, 1)
+
+
+def i64(v: int) -> ir.Constant:
+    return ir.Constant(I64, v)
+
+
+def acc_name(dt: DType) -> str:
+    """LLVM type a dot product of `dt` accumulates in: the compute type for floats (f32 for the
+    16/8-bit floats), at least i32 for integers (the low bits of a wider wrapping sum are the
+    narrow wrapping sum)."""
+    return dt.compute if dt.is_float else f"i{max(32, dt.bits)}"
+
+
+def storage_type(dt: DType) -> ir.Type:
+    return ltype(dt.storage)
+
+
+def acc_type(dt: DType) -> ir.Type:
+    return ltype(acc_name(dt))
+
+
+def to_acc(b: ir.IRBuilder, dt: DType, v):
+    """Stored value(s) of `dt` -> accumulator value(s)."""
+    if dt.codec:
+        return codecs.decode(b, dt.codec, v)
+    target = vec(acc_type(dt), width_of(v.type))
+    if v.type == target:
+        return v
+    return b.sext(v, target) if dt.is_signed else b.zext(v, target)
+
+
+def from_acc(b: ir.IRBuilder, dt: DType, v):
+    """Accumulator value(s) -> stored value(s) of `dt`, rounded once (floats) or wrapped (ints)."""
+    if dt.codec:
+        return codecs.encode(b, dt.codec, v)
+    target = vec(storage_type(dt), width_of(v.type))
+    return v if v.type == target else b.trunc(v, target)
+
+
+def acc_add(b, x, y):
+    return b.fadd(x, y) if _is_float(x.type) else b.add(x, y)
+
+
+def _is_float(t) -> bool:
+    s = t.element if isinstance(t, ir.VectorType) else t
+    return isinstance(s, (ir.HalfType, ir.FloatType, ir.DoubleType))
+
+
+def zero(t: ir.Type):
+    s = t.element if isinstance(t, ir.VectorType) else t
+    c = ir.Constant(s, 0.0 if _is_float(s) else 0)
+    return ir.Constant(t, [c] * t.count) if isinstance(t, ir.VectorType) else c
+
+
+# ---- pointers ---------------------------------------------------------------------------
+def gep(b, ptr, idx):
+    return b.gep(ptr, [idx], inbounds=True)
+
+
+def load(b, ptr, idx, align):
+    return b.load(gep(b, ptr, idx), align=align)
+
+
+def store(b, val, ptr, idx, align):
+    b.store(val, gep(b, ptr, idx), align=align)
+
+
+def vload(b, ptr, idx, width, align):
+    """Load `width` consecutive elements starting at ptr[idx] as one vector."""
+    p = b.bitcast(gep(b, ptr, idx), vec(ptr.type.pointee, width).as_pointer())
+    return b.load(p, align=align)
+
+
+def vstore(b, val, ptr, idx, align):
+    p = b.bitcast(gep(b, ptr, idx), val.type.as_pointer())
+    b.store(val, p, align=align)
+
+
+def imin(b, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def mul(b, x, y):
+    return b.mul(x, y, flags=["nsw"])
+
+
+def add(b, x, y):
+    return b.add(x, y, flags=["nsw"])
+
+
+# ---- control flow -----------------------------------------------------------------------
+@contextmanager
+def for_range(b: ir.IRBuilder, start, stop, step=ONE, name="i"):
+    """`for (i = start; i < stop; i += step)` with an i64 phi; yields i."""
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    body = b.append_basic_block(f"{name}.body")
+    done = b.append_basic_block(f"{name}.done")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name)
+    i.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", i, stop), body, done)
+    b.position_at_end(body)
+    yield i
+    i.add_incoming(b.add(i, step, flags=["nsw", "nuw"]), b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+@contextmanager
+def if_then(b: ir.IRBuilder, cond, name="if"):
+    then = b.append_basic_block(f"{name}.then")
+    after = b.append_basic_block(f"{name}.end")
+    b.cbranch(cond, then, after)
+    b.position_at_end(then)
+    yield
+    b.branch(after)
+    b.position_at_end(after)
+
+
+def define(module: ir.Module, name: str, ret, args, internal=True) -> tuple:
+    """Create a function; returns (fn, builder positioned in its entry block).  Internal
+    functions are `noinline`: inlining the micro-kernel and packers into the driver only
+    multiplies LLVM's work (loop unswitching on the first/last flags) for no speed."""
+    fn = ir.Function(module, ir.FunctionType(ret, args), name=name)
+    if internal:
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+    for a in fn.args:
+        if isinstance(a.type, ir.PointerType):
+            a.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    return fn, b
+
+
+def new_module(name: str) -> ir.Module:
+    from .jit import triple_and_layout
+    m = ir.Module(name=name)
+    m.triple, m.data_layout = triple_and_layout()
+    return m
+
+
+__all__ = ["I1", "I64"]

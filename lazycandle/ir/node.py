@@ -1,0 +1,48 @@
+"""IR nodes of the lazy graph.  A Tensor is a handle on a Node.  Non-view nodes own (once
+realized) a contiguous buffer of their shape; a view node records which non-view node's buffer
+it reads (`base`) and how (`layout`, strides and offset in elements), so every view is already
+folded into strides when it is created."""
+from __future__ import annotations
+
+import itertools
+
+from ..layout import Layout
+from .ops import OPS, VIEW
+
+_ids = itertools.count()
+
+
+class Node:
+    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "base", "layout", "buffer", "label", "id", "__weakref__")
+
+    def __init__(self, op, srcs, arg, shape, dtype, layout=None, buffer=None, label=None):
+        self.op = OPS[op] if isinstance(op, str) else op
+        self.srcs = tuple(srcs)
+        self.arg = arg
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.buffer = buffer
+        self.label = label          # what the user called (for dumps): "transpose(0, 1)"
+        self.id = next(_ids)
+        if self.op.category == VIEW:
+            self.base = self.srcs[0].base
+            self.layout = layout
+        else:
+            self.base = self
+            self.layout = Layout.contiguous(self.shape)
+
+    @property
+    def realized(self) -> bool:
+        return self.buffer is not None
+
+    def set_buffer(self, buf) -> None:
+        """Become a realized buffer node (drops the sources so the graph behind can be freed)."""
+        self.op = OPS["buffer"]
+        self.srcs = ()
+        self.arg = None
+        self.buffer = buf
+        self.base = self
+        self.layout = Layout.contiguous(self.shape)
+
+    def __repr__(self):
+        return f"Node#{self.id}({self.op.name}, {self.shape}, {self.dtype.name})"

@@ -1,0 +1,264 @@
+"""The public lazy Tensor.  Ops never compute: each adds an ir.Node (checking shapes and
+dtypes at the user's line).  `realize` / `numpy()` hand the unrealized part of the graph to the
+runtime, which compiles (or fetches from cache) fused kernels and runs them."""
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from . import dtype as D
+from .dtype import DType, as_dtype
+from .errors import UnsupportedDType, UnsupportedDTypeForOp, UnboundPlaceholder
+from .ir.node import Node
+from .tensor_math import MathMixin
+from .tensor_views import ViewMixin
+
+
+class Device:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"lc.{self.name}"
+
+
+cpu = Device("cpu")
+
+
+def _as_shape(shape) -> tuple:
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    return shape
+
+
+class Tensor(ViewMixin, MathMixin):
+    """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
+    `realize()` do."""
+    __slots__ = ("_node", "__weakref__")
+    __array_priority__ = 1000   # so ndarray + Tensor defers to Tensor.__radd__
+
+    def __init__(self, node: Node):
+        self._node = node
+
+    # ---- metadata (never realizes) ----------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self._node.shape
+
+    dims = shape
+
+    @property
+    def rank(self) -> int:
+        return len(self._node.shape)
+
+    ndim = rank
+
+    @property
+    def dtype(self) -> DType:
+        return self._node.dtype
+
+    @property
+    def elem_count(self) -> int:
+        return prod(self._node.shape)
+
+    @property
+    def device(self):
+        return cpu
+
+    @property
+    def is_lazy(self) -> bool:
+        return not self._node.realized
+
+    def __repr__(self):
+        state = "lazy" if self.is_lazy else "realized"
+        return f"Tensor[{state}, shape={self.shape}, dtype={self.dtype.name}]"
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a rank-0 tensor")
+        return self.shape[0]
+
+    def __bool__(self):
+        if self.elem_count != 1:
+            raise ValueError(f"the truth value of a tensor with shape {self.shape} is ambiguous")
+        return bool(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    # ---- realizing --------------------------------------------------------------------
+    def realize(self) -> "Tensor":
+        from .runtime.executor import realize_nodes
+        realize_nodes([self._node])
+        return self
+
+    def numpy(self) -> np.ndarray:
+        """The data as an ndarray of `dtype.numpy` with `shape` (shares the tensor's buffer)."""
+        self.realize()
+        return self._node.buffer.reshape(self.shape)
+
+    def to_list(self):
+        return self.numpy().tolist()
+
+    tolist = to_list
+
+    def item(self):
+        if self.elem_count != 1:
+            raise ValueError(f"item: tensor has {self.elem_count} elements, shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+
+# ---- creation -------------------------------------------------------------------------
+def _from_array(arr: np.ndarray, dtype: DType | None) -> Tensor:
+    if dtype is None:
+        if arr.dtype == np.float64 and getattr(arr, "_lc_from_python", False):
+            dtype = D.f32
+        else:
+            dtype = D.DType.from_numpy(arr.dtype)
+    buf = np.array(arr, dtype=dtype.numpy, copy=True, order="C").reshape(-1)
+    return Tensor(Node("buffer", (), None, arr.shape, dtype, buffer=buf))
+
+
+def tensor(data, dtype=None) -> Tensor:
+    """From a numpy array, nested lists or a scalar (copies).  Python floats -> f32, ints -> i64,
+    bools -> u8, unless `dtype` is given."""
+    dtype = None if dtype is None else as_dtype(dtype)
+    if isinstance(data, Tensor):
+        return data.to_dtype(dtype) if dtype is not None and dtype is not data.dtype else data.copy()
+    if isinstance(data, np.ndarray) or isinstance(data, np.generic):
+        arr = np.asarray(data)
+        if arr.dtype.kind in "OUSVcM m" and D._BY_NUMPY.get(arr.dtype) is None:
+            raise UnsupportedDType(f"tensor: numpy dtype {arr.dtype} has no lazycandle equivalent")
+        if dtype is None:
+            dtype = D.DType.from_numpy(arr.dtype)
+        return _from_array(arr, dtype)
+    try:
+        arr = np.asarray(data)
+    except (ValueError, TypeError) as e:
+        raise UnsupportedDType(f"tensor: cannot build a tensor from {type(data).__name__}: {e}") from None
+    if dtype is None:
+        kind = arr.dtype.kind
+        if kind == "f":
+            dtype = D.f32
+        elif kind in "iu":
+            dtype = D.i64
+        elif kind == "b":
+            dtype = D.u8
+        else:
+            raise UnsupportedDType(f"tensor: values of numpy kind {arr.dtype} have no lazycandle dtype")
+    elif arr.dtype.kind not in "fiub":
+        raise UnsupportedDType(f"tensor: values of numpy kind {arr.dtype} have no lazycandle dtype")
+    return _from_array(arr, dtype)
+
+
+def from_numpy(arr, dtype=None) -> Tensor:
+    return tensor(arr, dtype)
+
+
+Tensor.from_numpy = staticmethod(from_numpy)
+
+
+def full(value, shape, dtype=D.f32) -> Tensor:
+    """A lazy constant: one scalar node broadcast to `shape` (nothing is allocated until used)."""
+    dtype = as_dtype(dtype)
+    shape = _as_shape(shape)
+    c = const_node(value, dtype)
+    return Tensor(c).broadcast_as(shape) if shape else Tensor(c)
+
+
+def const_node(value, dtype: DType) -> Node:
+    return Node("const", (), scalar_in_dtype(value, dtype), (), dtype)
+
+
+def scalar_in_dtype(value, dtype: DType):
+    """A Python scalar as the exact value it takes in `dtype` (float scalars with integer dtypes
+    truncate toward zero; integers wrap)."""
+    if isinstance(value, (bool, np.bool_)):
+        value = int(value)
+    if dtype.is_int:
+        if isinstance(value, (float, np.floating)):
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"cannot use {value} as a {dtype.name} scalar")
+            value = int(value)   # truncates toward zero
+        value = int(value)
+        m = 1 << dtype.bits
+        value %= m
+        if dtype.is_signed and value >= m >> 1:
+            value -= m
+        return value
+    if dtype.storage_only:
+        raise UnsupportedDTypeForOp(f"scalar: dtype {dtype.name} is storage-only")
+    return float(np.asarray(float(value)).astype(dtype.numpy))
+
+
+def zeros(shape, dtype=D.f32) -> Tensor:
+    return full(0, shape, dtype)
+
+
+def ones(shape, dtype=D.f32) -> Tensor:
+    return full(1, shape, dtype)
+
+
+def zeros_like(t: Tensor) -> Tensor:
+    return zeros(t.shape, t.dtype)
+
+
+def ones_like(t: Tensor) -> Tensor:
+    return ones(t.shape, t.dtype)
+
+
+def arange(start, end=None, step=1, dtype=D.i64) -> Tensor:
+    if end is None:
+        start, end = 0, start
+    dtype = as_dtype(dtype)
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
+    return _from_array(np.arange(start, end, step).astype(dtype.numpy), dtype)
+
+
+def randn(mean, std, shape, dtype=D.f32, seed=None) -> Tensor:
+    dtype = as_dtype(dtype)
+    _check_float_creation("randn", dtype)
+    rng = np.random.default_rng(seed)
+    return _from_array(rng.normal(mean, std, _as_shape(shape)).astype(dtype.numpy), dtype)
+
+
+def rand(lo, hi, shape, dtype=D.f32, seed=None) -> Tensor:
+    dtype = as_dtype(dtype)
+    _check_float_creation("rand", dtype)
+    rng = np.random.default_rng(seed)
+    return _from_array(rng.uniform(lo, hi, _as_shape(shape)).astype(dtype.numpy), dtype)
+
+
+def _check_float_creation(op, dtype):
+    if not dtype.is_float:
+        raise UnsupportedDTypeForOp(f"{op}: needs a float dtype, got {dtype.name}")
+
+
+def placeholder(name: str, shape, dtype=D.f32) -> Tensor:
+    """A named graph input, bound by Program.run(name=array)."""
+    return Tensor(Node("placeholder", (), str(name), _as_shape(shape), as_dtype(dtype), label=str(name)))
+
+
+def realize(*ts) -> tuple:
+    """Realize several tensors in ONE compiled graph (shared work is computed once)."""
+    from .runtime.executor import realize_nodes
+    if len(ts) == 1 and isinstance(ts[0], (list, tuple)):
+        ts = tuple(ts[0])
+    realize_nodes([t._node for t in ts])
+    return ts
+
+
+__all__ = ["Tensor", "tensor", "from_numpy", "full", "zeros", "ones", "zeros_like", "ones_like", "arange",
+           "randn", "rand", "placeholder", "realize", "cpu", "UnboundPlaceholder"]

@@ -1,0 +1,180 @@
+"""Elementwise ops of the Tensor API: unary, binary (+ broadcast_ forms and operators),
+comparisons, where_cond, affine/clamp/powf/elu and to_dtype.  Every op validates shapes and
+dtypes here, at the user's call, and adds one node."""
+from __future__ import annotations
+
+import numbers
+
+from . import dtype as D
+from .dtype import as_dtype
+from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
+from .ir.node import Node
+from .ir.ops import OPS
+from .tensor_views import broadcast_shapes
+
+
+def check_dtype(op: str, dt) -> None:
+    """Raise UnsupportedDTypeForOp when `op` cannot compute in `dt`."""
+    if dt.storage_only:
+        raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is storage-only (no arithmetic)")
+    kind = OPS.get(op)
+    if kind is not None and kind.float_only and not dt.is_float:
+        raise UnsupportedDTypeForOp(f"{op}: not supported for integer dtype {dt.name}")
+
+
+def _is_scalar(x) -> bool:
+    return isinstance(x, (numbers.Number,)) and not isinstance(x, complex)
+
+
+class MathMixin:
+    __slots__ = ()
+
+    # ---- building blocks ---------------------------------------------------------------
+    def _unary(self, op, arg=None):
+        check_dtype(op, self.dtype)
+        return type(self)(Node(op, (self._node,), arg, self.shape, self.dtype))
+
+    def _scalar_like(self, value):
+        from .tensor import full
+        return full(value, self.shape, self.dtype)
+
+    def _binary(self, op, other, broadcast: bool, reflected=False):
+        T = type(self)
+        if _is_scalar(other):
+            check_dtype(op, self.dtype)
+            other = self._scalar_like(other)
+        elif not isinstance(other, T):
+            return NotImplemented
+        a, b = (other, self) if reflected else (self, other)
+        if a.dtype is not b.dtype:
+            raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch lhs {a.dtype.name} rhs {b.dtype.name} "
+                                        f"(shapes {a.shape} and {b.shape})")
+        check_dtype(op, a.dtype)
+        if a.shape != b.shape:
+            if not broadcast:
+                raise ShapeMismatchBinaryOp(f"{op}: shape mismatch lhs {a.shape} rhs {b.shape} "
+                                            f"(dtype {a.dtype.name})")
+            shape = broadcast_shapes(a.shape, b.shape, f"broadcast_{op}")
+            a, b = a.broadcast_as(shape), b.broadcast_as(shape)
+        kind = OPS[op]
+        out_dt = D.u8 if kind.out_dtype == "u8" else a.dtype
+        return T(Node(op, (a._node, b._node), None, a.shape, out_dt))
+
+    # ---- unary -------------------------------------------------------------------------
+    def exp(self): return self._unary("exp")
+    def log(self): return self._unary("log")
+    def sin(self): return self._unary("sin")
+    def cos(self): return self._unary("cos")
+    def tanh(self): return self._unary("tanh")
+    def erf(self): return self._unary("erf")
+    def gelu(self): return self._unary("gelu")
+    def gelu_erf(self): return self._unary("gelu_erf")
+    def silu(self): return self._unary("silu")
+    def sigmoid(self): return self._unary("sigmoid")
+    def sqrt(self): return self._unary("sqrt")
+    def recip(self): return self._unary("recip")
+    def neg(self): return self._unary("neg")
+    def abs(self): return self._unary("abs")
+    def sqr(self): return self._unary("sqr")
+    def relu(self): return self._unary("relu")
+    def sign(self): return self._unary("sign")
+    def ceil(self): return self._unary("ceil")
+    def floor(self): return self._unary("floor")
+    def round(self): return self._unary("round")
+
+    def affine(self, mul, add):
+        """x * mul + add, computed in the tensor's dtype."""
+        check_dtype("affine", self.dtype)
+        from .tensor import scalar_in_dtype
+        return self._unary("affine", (scalar_in_dtype(mul, self.dtype), scalar_in_dtype(add, self.dtype)))
+
+    def clamp(self, lo, hi):
+        check_dtype("clamp", self.dtype)
+        from .tensor import scalar_in_dtype
+        return self._unary("clamp", (scalar_in_dtype(lo, self.dtype), scalar_in_dtype(hi, self.dtype)))
+
+    def powf(self, e):
+        check_dtype("powf", self.dtype)
+        return self._unary("powf", float(e))
+
+    def elu(self, alpha):
+        check_dtype("elu", self.dtype)
+        return self._unary("elu", float(alpha))
+
+    def to_dtype(self, dtype):
+        dtype = as_dtype(dtype)
+        if dtype is self.dtype:
+            return self
+        return type(self)(Node("cast", (self._node,), dtype, self.shape, dtype))
+
+    # ---- binary ------------------------------------------------------------------------
+    def add(self, o): return self._binary("add", o, False)
+    def sub(self, o): return self._binary("sub", o, False)
+    def mul(self, o): return self._binary("mul", o, False)
+    def div(self, o): return self._binary("div", o, False)
+    def maximum(self, o): return self._binary("maximum", o, False)
+    def minimum(self, o): return self._binary("minimum", o, False)
+    def broadcast_add(self, o): return self._binary("add", o, True)
+    def broadcast_sub(self, o): return self._binary("sub", o, True)
+    def broadcast_mul(self, o): return self._binary("mul", o, True)
+    def broadcast_div(self, o): return self._binary("div", o, True)
+    def broadcast_maximum(self, o): return self._binary("maximum", o, True)
+    def broadcast_minimum(self, o): return self._binary("minimum", o, True)
+
+    def eq(self, o): return self._binary("eq", o, False)
+    def ne(self, o): return self._binary("ne", o, False)
+    def lt(self, o): return self._binary("lt", o, False)
+    def le(self, o): return self._binary("le", o, False)
+    def gt(self, o): return self._binary("gt", o, False)
+    def ge(self, o): return self._binary("ge", o, False)
+    def broadcast_eq(self, o): return self._binary("eq", o, True)
+    def broadcast_ne(self, o): return self._binary("ne", o, True)
+    def broadcast_lt(self, o): return self._binary("lt", o, True)
+    def broadcast_le(self, o): return self._binary("le", o, True)
+    def broadcast_gt(self, o): return self._binary("gt", o, True)
+    def broadcast_ge(self, o): return self._binary("ge", o, True)
+
+    def where_cond(self, on_true, on_false):
+        """Pick on_true where this mask (u8/u32/i64, nonzero = true) is set, else on_false."""
+        T = type(self)
+        if self.dtype not in (D.u8, D.u32, D.i64):
+            raise UnsupportedDTypeForOp(f"where_cond: mask dtype must be u8, u32 or i64, got {self.dtype.name}")
+        if _is_scalar(on_true) and isinstance(on_false, T):
+            on_true = on_false._scalar_like(on_true)
+        if _is_scalar(on_false) and isinstance(on_true, T):
+            on_false = on_true._scalar_like(on_false)
+        if not (isinstance(on_true, T) and isinstance(on_false, T)):
+            raise TypeError("where_cond: on_true and on_false must be tensors (or one a scalar)")
+        if on_true.dtype is not on_false.dtype:
+            raise DTypeMismatchBinaryOp(f"where_cond: dtype mismatch on_true {on_true.dtype.name} "
+                                        f"on_false {on_false.dtype.name}")
+        if not (self.shape == on_true.shape == on_false.shape):
+            raise ShapeMismatchBinaryOp(f"where_cond: shape mismatch mask {self.shape} on_true {on_true.shape} "
+                                        f"on_false {on_false.shape}")
+        if on_true.dtype.storage_only:
+            raise UnsupportedDTypeForOp(f"where_cond: dtype {on_true.dtype.name} is storage-only")
+        return T(Node("where", (self._node, on_true._node, on_false._node), None, self.shape, on_true.dtype))
+
+    # ---- operators (broadcast like NumPy; scalars take the tensor's dtype) -------------
+    def __add__(self, o): return self._binary("add", o, True)
+    def __radd__(self, o): return self._binary("add", o, True, reflected=True)
+    def __sub__(self, o): return self._binary("sub", o, True)
+    def __rsub__(self, o): return self._binary("sub", o, True, reflected=True)
+    def __mul__(self, o): return self._binary("mul", o, True)
+    def __rmul__(self, o): return self._binary("mul", o, True, reflected=True)
+    def __truediv__(self, o): return self._binary("div", o, True)
+    def __rtruediv__(self, o): return self._binary("div", o, True, reflected=True)
+    def __neg__(self): return self.neg()
+    def __abs__(self): return self.abs()
+    def __lt__(self, o): return self._binary("lt", o, True)
+    def __le__(self, o): return self._binary("le", o, True)
+    def __gt__(self, o): return self._binary("gt", o, True)
+    def __ge__(self, o): return self._binary("ge", o, True)
+
+    def __pow__(self, e):
+        if not _is_scalar(e):
+            return NotImplemented
+        return self.powf(e)
+
+    def __matmul__(self, o):
+        return self.broadcast_matmul(o)

@@ -1,0 +1,187 @@
+"""View ops: each is a pure layout change on the node's base buffer (no data moves, no kernel).
+A reshape that strides cannot express makes a lazy contiguous copy first."""
+from __future__ import annotations
+
+from math import prod
+
+from .errors import (BroadcastIncompatibleShapes, DimOutOfRange, IndexOutOfBounds, NarrowInvalidArgs,
+                     ShapeMismatch)
+from .ir.node import Node
+
+
+def norm_dim(dim, rank, op, extra=0) -> int:
+    """Dim index with negatives counting from the end; `extra` widens the range (unsqueeze)."""
+    n = rank + extra
+    try:
+        d = int(dim)
+    except (TypeError, ValueError):
+        raise DimOutOfRange(f"{op}: dim must be an int, got {dim!r}") from None
+    if d < -n or d >= n or n == 0:
+        raise DimOutOfRange(f"{op}: dim {dim} out of range for rank {rank}")
+    return d + n if d < 0 else d
+
+
+def broadcast_shapes(a, b, op) -> tuple:
+    """NumPy broadcasting of two shapes, or BroadcastIncompatibleShapes naming the op."""
+    out = []
+    for i in range(max(len(a), len(b))):
+        da = a[len(a) - 1 - i] if i < len(a) else 1
+        db = b[len(b) - 1 - i] if i < len(b) else 1
+        if da != db and da != 1 and db != 1:
+            raise BroadcastIncompatibleShapes(f"{op}: cannot broadcast shapes {tuple(a)} and {tuple(b)}")
+        out.append(db if da == 1 else da)
+    return tuple(reversed(out))
+
+
+class ViewMixin:
+    __slots__ = ()
+
+    def _view(self, layout, label):
+        if layout == self._node.layout and layout.shape == self.shape:
+            return self
+        return type(self)(Node("view", (self._node,), None, layout.shape, self.dtype, layout=layout, label=label))
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        shape = [int(d) for d in shape]
+        n = self.elem_count
+        if shape.count(-1) > 1:
+            raise ShapeMismatch(f"reshape: at most one -1 allowed, got {tuple(shape)}")
+        if -1 in shape:
+            rest = prod(d for d in shape if d != -1)
+            if rest == 0 or n % rest:
+                raise ShapeMismatch(f"reshape: cannot reshape {self.shape} ({n} elements) to {tuple(shape)}")
+            shape[shape.index(-1)] = n // rest
+        shape = tuple(shape)
+        if any(d < 0 for d in shape) or prod(shape) != n:
+            raise ShapeMismatch(f"reshape: cannot reshape {self.shape} ({n} elements) to {shape}")
+        if shape == self.shape:
+            return self
+        lay = self._node.layout.reshape(shape)
+        if lay is None:
+            return self.contiguous().reshape(shape)
+        return self._view(lay, f"reshape{shape}")
+
+    def transpose(self, d0, d1):
+        d0, d1 = norm_dim(d0, self.rank, "transpose"), norm_dim(d1, self.rank, "transpose")
+        perm = list(range(self.rank))
+        perm[d0], perm[d1] = d1, d0
+        return self._view(self._node.layout.permute(perm), f"transpose({d0}, {d1})")
+
+    def t(self):
+        if self.rank < 2:
+            raise DimOutOfRange(f"t: needs rank >= 2, got shape {self.shape}")
+        return self.transpose(-2, -1)
+
+    def permute(self, *dims):
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = dims[0]
+        if len(dims) != self.rank:
+            raise DimOutOfRange(f"permute: {len(dims)} dims given for rank {self.rank} (shape {self.shape})")
+        dims = [norm_dim(d, self.rank, "permute") for d in dims]
+        if sorted(dims) != list(range(self.rank)):
+            raise DimOutOfRange(f"permute: {tuple(dims)} is not a permutation of the dims of shape {self.shape}")
+        return self._view(self._node.layout.permute(dims), f"permute{tuple(dims)}")
+
+    def narrow(self, dim, start, length):
+        dim = norm_dim(dim, self.rank, "narrow")
+        size = self.shape[dim]
+        start, length = int(start), int(length)
+        if start < 0 or length < 0 or start + length > size:
+            raise NarrowInvalidArgs(f"narrow: start {start} + length {length} out of range for dim {dim} "
+                                    f"of size {size} (shape {self.shape})")
+        return self._view(self._node.layout.narrow(dim, start, length), f"narrow({dim}, {start}, {length})")
+
+    def broadcast_as(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        shape = tuple(int(d) for d in shape)
+        if len(shape) < self.rank or any(
+                s != d and s != 1 for s, d in zip(self.shape, shape[len(shape) - self.rank:])):
+            raise BroadcastIncompatibleShapes(f"broadcast_as: cannot broadcast shape {self.shape} to {shape}")
+        if shape == self.shape:
+            return self
+        return self._view(self._node.layout.broadcast_as(shape), f"broadcast_as{shape}")
+
+    expand = broadcast_as
+
+    def broadcast_left(self, *batch):
+        if len(batch) == 1 and isinstance(batch[0], (tuple, list)):
+            batch = batch[0]
+        return self.broadcast_as(tuple(batch) + self.shape)
+
+    def unsqueeze(self, dim):
+        dim = norm_dim(dim, self.rank, "unsqueeze", extra=1)
+        return self._view(self._node.layout.unsqueeze(dim), f"unsqueeze({dim})")
+
+    def squeeze(self, dim):
+        dim = norm_dim(dim, self.rank, "squeeze")
+        if self.shape[dim] != 1:
+            return self
+        return self._view(self._node.layout.select(dim, 0), f"squeeze({dim})")
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        if self.rank == 0:
+            return self.reshape((1,))
+        s = norm_dim(start_dim, self.rank, "flatten")
+        e = norm_dim(end_dim, self.rank, "flatten")
+        if s > e:
+            raise DimOutOfRange(f"flatten: start_dim {start_dim} > end_dim {end_dim} for shape {self.shape}")
+        return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+
+    def flatten_all(self):
+        return self.reshape((self.elem_count,))
+
+    def chunk(self, n, dim=0):
+        dim = norm_dim(dim, self.rank, "chunk")
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"chunk: need n >= 1, got {n}")
+        size = self.shape[dim]
+        step = -(-size // n) if size else 0
+        if step == 0:
+            return [self]
+        return [self.narrow(dim, s, min(step, size - s)) for s in range(0, size, step)]
+
+    def contiguous(self):
+        """A tensor with its own row-major buffer: self when the layout already is one."""
+        if self._node.op.category != "view" or (
+                self._node.layout.is_contiguous() and self._node.base.op.name != "const"):
+            return self
+        return type(self)(Node("copy", (self._node,), None, self.shape, self.dtype))
+
+    def copy(self):
+        return type(self)(Node("copy", (self._node,), None, self.shape, self.dtype))
+
+    def __getitem__(self, idx):
+        if not isinstance(idx, tuple):
+            idx = (idx,)
+        n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+        if n_real > self.rank:
+            raise IndexOutOfBounds(f"index: too many indices ({n_real}) for shape {self.shape}")
+        if any(i is Ellipsis for i in idx):
+            e = idx.index(Ellipsis)
+            idx = idx[:e] + (slice(None),) * (self.rank - n_real) + idx[e + 1:]
+        lay = self._node.layout
+        dim = 0
+        for i in idx:
+            if i is None:
+                lay = lay.unsqueeze(dim)
+                dim += 1
+            elif isinstance(i, slice):
+                start, stop, step = i.indices(lay.shape[dim])
+                if step <= 0:
+                    raise ValueError(f"index: slice steps must be > 0, got {i.step}")
+                lay = lay.slice(dim, start, max(start, stop), step)
+                dim += 1
+            else:
+                try:
+                    k = int(i)
+                except TypeError:
+                    raise TypeError(f"index: unsupported index {i!r}") from None
+                size = lay.shape[dim]
+                if k < -size or k >= size:
+                    raise IndexOutOfBounds(f"index: {k} out of range for dim {dim} of size {size} (shape {self.shape})")
+                lay = lay.select(dim, k % size)
+        return self._view(lay, f"index[{idx!r}]")
