@@ -19,7 +19,8 @@ import llvmlite.ir as ir
 from .. import dtype as D
 from ..ir.ops import OPS
 from . import codecs, jit
-from .llvmutil import I1, I8, I64, ltype, vec, splat, const, call_intrinsic, width_of, scalar_type
+from ..layout import contiguous_strides
+from .llvmutil import I1, I8, I32, I64, ltype, vec, splat, const, call_intrinsic, width_of, scalar_type
 from .loops import new_module, kernel_function, arg_pointer, counted_loop
 
 
@@ -140,86 +141,218 @@ def _emit_instrs(b, spec, load, w):
     return stores
 
 
-def build(spec: EwSpec, name: str = "ew") -> str:
-    """LLVM IR text of the kernel `name` for `spec`."""
-    m = new_module(name)
-    fn, b = kernel_function(m, name)
-    ptrs, lo, hi = fn.args
-    n_in = len(spec.inputs)
-    in_dt = [D.DType.from_name(dt) for dt, _ in spec.inputs]
-    out_dt = [D.DType.from_name(dt) for _, dt in spec.outputs]
-    in_ptr = [arg_pointer(b, ptrs, k, ltype(dt.storage), f"in{k}") for k, dt in enumerate(in_dt)]
-    out_ptr = [arg_pointer(b, ptrs, n_in + k, ltype(dt.storage), f"out{k}") for k, dt in enumerate(out_dt)]
-    W = spec.width()
-    rank = len(spec.shape)
-    strides = [s for _, s in spec.inputs]
+def _transpose(b, rows):
+    """Transpose a W x W block held as W vectors (W a power of two): swap each bit of the row
+    index with the same bit of the lane index, one shufflevector pair per row pair."""
+    w = len(rows)
+    rows = list(rows)
+    p = 1
+    while p < w:
+        out = list(rows)
+        for r in range(w):
+            if r & p:
+                continue
+            r2 = r | p
+            lo = [c if not c & p else w + (c & ~p) for c in range(w)]
+            hi = [c | p if not c & p else w + c for c in range(w)]
+            out[r] = b.shuffle_vector(rows[r], rows[r2], ir.Constant(ir.VectorType(I32, w), lo))
+            out[r2] = b.shuffle_vector(rows[r], rows[r2], ir.Constant(ir.VectorType(I32, w), hi))
+        rows = out
+        p <<= 1
+    return rows
 
-    def body(in_base, out_base, idx, inner_strides, w, hoisted):
-        """Emit one lane-group of width w at inner position idx."""
+
+def tile_dim(spec: EwSpec):
+    """The dim to tile with the output's inner dim when an input is transposed relative to the
+    output (stride 1 along that dim, strided along the inner dim); else None."""
+    shape = spec.shape
+    W = spec.width()
+    if len(shape) < 2 or shape[-1] < W or W & (W - 1):
+        return None
+    for _, st in spec.inputs:
+        if st[-1] not in (0, 1):
+            for d in range(len(shape) - 1):
+                if st[d] == 1 and shape[d] >= W:
+                    return d
+    return None
+
+
+class _Kernel:
+    """IR emission state for one elementwise kernel."""
+
+    def __init__(self, spec: EwSpec, name: str):
+        self.spec = spec
+        self.m = new_module(name)
+        self.fn, self.b = kernel_function(self.m, name)
+        ptrs = self.fn.args[0]
+        self.in_dt = [D.DType.from_name(dt) for dt, _ in spec.inputs]
+        self.out_dt = [D.DType.from_name(dt) for _, dt in spec.outputs]
+        b = self.b
+        self.in_ptr = [arg_pointer(b, ptrs, k, ltype(dt.storage), f"in{k}") for k, dt in enumerate(self.in_dt)]
+        n_in = len(self.in_dt)
+        self.out_ptr = [arg_pointer(b, ptrs, n_in + k, ltype(dt.storage), f"out{k}") for k, dt in enumerate(self.out_dt)]
+        self.strides = [s for _, s in spec.inputs]
+        self.W = spec.width()
+
+    # -- loads and stores ----------------------------------------------------------------
+    def load(self, k, off, stride, w):
+        """Raw storage value(s) of input k: w lanes starting at element offset `off`, `stride`
+        elements apart (stride 0: one load splatted)."""
+        b, dt = self.b, self.in_dt[k]
+        al = dt.size_in_bytes
+        st = ltype(dt.storage)
+        if stride == 0 or w == 1:
+            x = b.load(b.gep(self.in_ptr[k], [off], inbounds=True), align=al)
+            return splat(b, x, w)
+        if stride == 1:
+            p = b.gep(self.in_ptr[k], [off], inbounds=True)
+            return b.load(b.bitcast(p, ir.VectorType(st, w).as_pointer()), align=al)
+        v = ir.Constant(ir.VectorType(st, w), ir.Undefined)
+        for lane in range(w):
+            p = b.gep(self.in_ptr[k], [b.add(off, I64(lane * stride))], inbounds=True)
+            v = b.insert_element(v, b.load(p, align=al), I64(lane))
+        return v
+
+    def eval_store(self, in_off, out_off, strides, w, given=None):
+        """Evaluate the DAG for w lanes and store every output at `out_off`.  `given` maps an
+        input index to an already loaded raw value."""
+        b = self.b
+        given = given or {}
 
         def load(k):
-            st = ltype(in_dt[k].storage)
-            s = inner_strides[k]
-            if s == 0:
-                if w in hoisted.get(k, {}):
-                    return hoisted[k][w]
-                return splat(b, b.load(b.gep(in_ptr[k], [in_base[k]], inbounds=True)), w)
-            if s == 1:
-                p = b.gep(in_ptr[k], [b.add(in_base[k], idx)], inbounds=True)
-                if w == 1:
-                    return b.load(p, align=in_dt[k].size_in_bytes)
-                return b.load(b.bitcast(p, ir.VectorType(st, w).as_pointer()), align=in_dt[k].size_in_bytes)
-            off = b.add(in_base[k], b.mul(idx, I64(s)))
-            if w == 1:
-                return b.load(b.gep(in_ptr[k], [off], inbounds=True), align=in_dt[k].size_in_bytes)
-            v = ir.Constant(ir.VectorType(st, w), ir.Undefined)
-            for lane in range(w):
-                p = b.gep(in_ptr[k], [b.add(off, I64(lane * s))], inbounds=True)
-                v = b.insert_element(v, b.load(p, align=in_dt[k].size_in_bytes), I64(lane))
-            return v
+            if k in given:
+                return given[k]
+            return self.load(k, in_off[k], strides[k], w)
 
-        vals = _emit_instrs(b, spec, load, w)
-        for k, v in enumerate(vals):
-            p = b.gep(out_ptr[k], [b.add(out_base, idx)], inbounds=True)
+        for k, v in enumerate(_emit_instrs(b, self.spec, load, w)):
+            p = b.gep(self.out_ptr[k], [out_off], inbounds=True)
+            al = self.out_dt[k].size_in_bytes
             if w == 1:
-                b.store(v, p, align=out_dt[k].size_in_bytes)
+                b.store(v, p, align=al)
             else:
-                b.store(v, b.bitcast(p, v.type.as_pointer()), align=out_dt[k].size_in_bytes)
+                b.store(v, b.bitcast(p, v.type.as_pointer()), align=al)
 
-    def inner_loop(start, stop, in_base, out_base, inner_strides):
-        """Vector body over [start, stop) in steps of W, then the scalar tail."""
-        hoisted = {}
+    # -- loops ---------------------------------------------------------------------------
+    def inner_loop(self, start, stop, in_base, out_base, strides):
+        """Lanes [start, stop) of the inner dim: W-wide vector body, then the scalar tail."""
+        b, W = self.b, self.W
+        given_w, given_1 = {}, {}
+        for k, s in enumerate(strides):      # broadcast inputs are loop-invariant: load once
+            if s == 0:
+                x = self.load(k, in_base[k], 0, 1)
+                given_1[k], given_w[k] = x, splat(b, x, W)
         n = b.sub(stop, start)
         vec_stop = b.add(start, b.mul(b.sdiv(n, I64(W)), I64(W)))
-        # scalar loads of broadcast (stride 0) inputs are loop-invariant: load them once here
-        for k, s in enumerate(inner_strides):
-            if s == 0:
-                x = b.load(b.gep(in_ptr[k], [in_base[k]], inbounds=True), align=in_dt[k].size_in_bytes)
-                hoisted[k] = {1: x, W: splat(b, x, W)}
-        with counted_loop(b, start, vec_stop, W, "v") as i:
-            body(in_base, out_base, i, inner_strides, W, hoisted)
-        with counted_loop(b, vec_stop, stop, 1, "t") as i:
-            body(in_base, out_base, i, inner_strides, 1, hoisted)
+        for lo_, hi_, w, given in ((start, vec_stop, W, given_w), (vec_stop, stop, 1, given_1)):
+            with counted_loop(b, lo_, hi_, w, "v" if w > 1 else "t") as i:
+                offs = [base if s == 0 else b.add(base, b.mul(i, I64(s))) for base, s in zip(in_base, strides)]
+                self.eval_store(offs, b.add(out_base, i), strides, w, given)
 
-    if rank == 1:
-        inner_loop(lo, hi, [I64(0)] * n_in, I64(0), [s[0] for s in strides])
+    def unravel(self, u, dims):
+        """Index of each dim in `dims` (last fastest) for flat unit index u."""
+        b = self.b
+        idx = {}
+        for d in reversed(dims[1:]):
+            idx[d] = b.urem(u, I64(self.spec.shape[d]))
+            u = b.udiv(u, I64(self.spec.shape[d]))
+        if dims:
+            idx[dims[0]] = u
+        return idx
+
+    def offsets(self, idx):
+        b = self.b
+        out_strides = contiguous_strides(self.spec.shape)
+        in_base = []
+        for st in self.strides:
+            acc = I64(0)
+            for d, i in idx.items():
+                if st[d]:
+                    acc = b.add(acc, b.mul(i, I64(st[d])))
+            in_base.append(acc)
+        out = I64(0)
+        for d, i in idx.items():
+            out = b.add(out, b.mul(i, I64(out_strides[d])))
+        return in_base, out
+
+    def build_rows(self):
+        lo, hi = self.fn.args[1], self.fn.args[2]
+        shape, n_in = self.spec.shape, len(self.in_dt)
+        if len(shape) == 1:
+            self.inner_loop(lo, hi, [I64(0)] * n_in, I64(0), [s[0] for s in self.strides])
+            return
+        with counted_loop(self.b, lo, hi, 1, "row") as r:
+            in_base, out_base = self.offsets(self.unravel(r, list(range(len(shape) - 1))))
+            self.inner_loop(I64(0), I64(shape[-1]), in_base, out_base, [s[-1] for s in self.strides])
+
+    def build_tiled(self, t):
+        """Units are W-row blocks of dim t (times the other outer dims).  A full block runs W x W
+        tiles: inputs transposed w.r.t. the output are read as W contiguous vectors and
+        transposed in registers; the rest reads row by row."""
+        b, W, spec = self.b, self.W, self.spec
+        lo, hi = self.fn.args[1], self.fn.args[2]
+        shape = spec.shape
+        j = len(shape) - 1
+        out_strides = contiguous_strides(shape)
+        others = [d for d in range(j) if d != t]
+        nblk = -(-shape[t] // W)
+        with counted_loop(b, lo, hi, 1, "unit") as u:
+            blk = b.urem(u, I64(nblk))
+            idx = self.unravel(b.udiv(u, I64(nblk)), others) if others else {}
+            i0 = b.mul(blk, I64(W))
+            idx[t] = i0
+            in_base, out_base = self.offsets(idx)
+            rows_left = b.sub(I64(shape[t]), i0)
+            full = b.icmp_signed(">=", rows_left, I64(W))
+            jstr = [s[j] for s in self.strides]
+            with b.if_else(full) as (then, other):
+                with then:
+                    jvec = shape[j] // W * W
+                    transposed = [k for k, s in enumerate(self.strides) if s[t] == 1 and s[j] not in (0, 1)]
+                    with counted_loop(b, I64(0), I64(jvec), W, "j") as j0:
+                        tiles = {}
+                        for k in transposed:
+                            rows = [self.load(k, b.add(in_base[k], b.mul(b.add(j0, I64(r)), I64(jstr[k]))), 1, W)
+                                    for r in range(W)]
+                            tiles[k] = _transpose(b, rows)
+                        for c in range(W):
+                            offs = [b.add(b.add(base, I64(c * s[t])), b.mul(j0, I64(s[j])))
+                                    for base, s in zip(in_base, self.strides)]
+                            oo = b.add(b.add(out_base, I64(c * out_strides[t])), j0)
+                            self.eval_store(offs, oo, jstr, W, {k: tiles[k][c] for k in transposed})
+                    if jvec < shape[j]:
+                        with counted_loop(b, I64(0), I64(W), 1, "c") as c:
+                            self._row(in_base, out_base, c, t, out_strides, I64(jvec))
+                with other:
+                    with counted_loop(b, I64(0), rows_left, 1, "c") as c:
+                        self._row(in_base, out_base, c, t, out_strides, I64(0))
+
+    def _row(self, in_base, out_base, c, t, out_strides, jstart):
+        b = self.b
+        base = [b.add(x, b.mul(c, I64(s[t]))) for x, s in zip(in_base, self.strides)]
+        ob = b.add(out_base, b.mul(c, I64(out_strides[t])))
+        self.inner_loop(jstart, I64(self.spec.shape[-1]), base, ob, [s[-1] for s in self.strides])
+
+
+def build(spec: EwSpec, name: str = "ew") -> str:
+    """LLVM IR text of the kernel `name` for `spec`."""
+    k = _Kernel(spec, name)
+    t = tile_dim(spec)
+    if t is None:
+        k.build_rows()
     else:
-        outer = spec.shape[:-1]
-        inner_n = spec.shape[-1]
-        with counted_loop(b, lo, hi, 1, "row") as r:
-            rem = r
-            in_base = [I64(0)] * n_in
-            for d in range(len(outer) - 1, -1, -1):
-                if d > 0:
-                    idx = b.urem(rem, I64(outer[d]))
-                    rem = b.udiv(rem, I64(outer[d]))
-                else:
-                    idx = rem
-                in_base = [base if s[d] == 0 else b.add(base, b.mul(idx, I64(s[d]))) for base, s in zip(in_base, strides)]
-            out_base = b.mul(r, I64(inner_n))
-            inner_loop(I64(0), I64(inner_n), in_base, out_base, [s[-1] for s in strides])
-    b.ret_void()
-    return str(m)
+        k.build_tiled(t)
+    k.b.ret_void()
+    return str(k.m)
+
+
+def parallel_extent(spec: EwSpec) -> int:
+    """Size of the range [lo, hi) the kernel's units are split over."""
+    t = tile_dim(spec)
+    if t is None:
+        return spec.parallel_extent
+    shape = spec.shape
+    others = prod(d for i, d in enumerate(shape[:-1]) if i != t)
+    return others * -(-shape[t] // spec.width())
 
 
 def compile_spec(spec: EwSpec):

@@ -13,7 +13,7 @@ _ids = itertools.count()
 
 
 class Node:
-    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "base", "layout", "buffer", "label", "id", "__weakref__")
+    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "_base", "layout", "buffer", "label", "id", "__weakref__")
 
     def __init__(self, op, srcs, arg, shape, dtype, layout=None, buffer=None, label=None):
         self.op = OPS[op] if isinstance(op, str) else op
@@ -25,11 +25,15 @@ class Node:
         self.label = label          # what the user called (for dumps): "transpose(0, 1)"
         self.id = next(_ids)
         if self.op.category == VIEW:
-            self.base = self.srcs[0].base
+            self._base = self.srcs[0].base
             self.layout = layout
         else:
-            self.base = self
+            self._base = None          # itself (not stored: a self-reference would be a cycle)
             self.layout = Layout.contiguous(self.shape)
+
+    @property
+    def base(self):
+        return self if self._base is None else self._base
 
     @property
     def realized(self) -> bool:
@@ -41,7 +45,7 @@ class Node:
         self.srcs = ()
         self.arg = None
         self.buffer = buf
-        self.base = self
+        self._base = None
         self.layout = Layout.contiguous(self.shape)
 
     def __repr__(self):

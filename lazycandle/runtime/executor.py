@@ -50,9 +50,10 @@ class Plan:
                 cm, name = ew.compile_spec(spec)
                 fn = _KERNEL_FN(cm.address(name))
                 k.compiled = cm
-                cost = sum(1 for _ in spec.instrs) * spec.inner
+                extent = ew.parallel_extent(spec)
+                cost = len(spec.instrs) * prod(spec.shape) / extent
                 align = spec.width() if len(spec.shape) == 1 else 1
-                self.steps.append(Step(k, fn, spec.parallel_extent, align, cost))
+                self.steps.append(Step(k, fn, extent, align, cost))
             else:
                 raise NotImplementedError(f"kernel kind {k.kind}")
 
