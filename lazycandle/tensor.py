@@ -13,6 +13,7 @@ from .errors import UnsupportedDType, UnsupportedDTypeForOp, UnboundPlaceholder
 from .ir.node import Node
 from .tensor_math import MathMixin
 from .tensor_views import ViewMixin
+from .tensor_reduce import ReduceMixin
 
 
 class Device:
@@ -35,7 +36,7 @@ def _as_shape(shape) -> tuple:
     return shape
 
 
-class Tensor(ViewMixin, MathMixin):
+class Tensor(ViewMixin, MathMixin, ReduceMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")

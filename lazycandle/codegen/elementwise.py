@@ -86,7 +86,7 @@ def _sat_fn(b, src_t, w):
     return intrinsic(b.module, f"llvm.fptosi.sat.{type_suffix(ret)}.{type_suffix(src_t)}", ret, [src_t])
 
 
-def _emit_instrs(b, spec, load, w):
+def _emit_instrs(b, spec, load, w, decode_outputs=False):
     """Evaluate the instruction list.  `load(k)` returns input k's raw storage value.
     Returns the list of values to store (storage representation) per output."""
     raw = {}        # ref -> raw storage value (inputs, or copies of them)
@@ -133,7 +133,9 @@ def _emit_instrs(b, spec, load, w):
     for j, odtn in spec.outputs:
         ref = ("v", j)
         odt = D.DType.from_name(odtn)
-        if ref in raw:
+        if decode_outputs:
+            stores.append(get(ref))
+        elif ref in raw:
             stores.append(raw[ref])
         else:
             v = comp[ref]

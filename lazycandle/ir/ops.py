@@ -216,3 +216,9 @@ CMP_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum")
 
 _op("copy", ELEMENTWISE, emit=lambda b, dt, v, a: v[0], doc="materialise a view into its own buffer")
+
+# reductions: arg = the reduced dims (sorted tuple); the node keeps them as size-1 dims
+for _n in ("sum", "mean", "max", "min"):
+    _op(_n, REDUCE, out_dtype="same", cost=1)
+for _n in ("argmax", "argmin"):
+    _op(_n, REDUCE, out_dtype="u32", cost=1)

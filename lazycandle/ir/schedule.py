@@ -18,7 +18,7 @@ import networkx as nx
 
 from ..layout import contiguous_strides, merge_dims
 from .graph import Capture
-from .ops import ELEMENTWISE
+from .ops import ELEMENTWISE, REDUCE
 
 
 @dataclass
@@ -47,11 +47,29 @@ def group_nodes(cap: Capture):
                 a.add(o.index)
                 a |= anc[o.index]
         anc.append(a)
+    consumers = [set() for _ in nodes]
+    for j, ops in enumerate(operands):
+        for o in ops:
+            if o.kind == "node":
+                consumers[o.index].add(j)
+    targets = set(cap.targets)
     group_of, members, notes = {}, {}, []
     for j, (n, ops) in enumerate(zip(nodes, operands)):
         gid = j
         members[gid] = {j}
         group_of[j] = gid
+        if n.op.category == REDUCE:
+            o = ops[0]
+            if o.kind == "node" and nodes[o.index].op.category == ELEMENTWISE and _identity_read(o, nodes[o.index].shape):
+                G = members[group_of[o.index]]
+                private = not (G & targets) and all(consumers[y] <= G | {j} for y in G)
+                if private:
+                    for y in members.pop(group_of[o.index]):
+                        group_of[y] = gid
+                        members[gid].add(y)
+                else:
+                    notes.append(f"n{j} ({n.op.name}) reads n{o.index} from a buffer: its producers are used elsewhere")
+            continue
         if n.op.category != ELEMENTWISE:
             continue
         direct, indirect = [], set()
@@ -105,19 +123,40 @@ def schedule(cap: Capture):
     mat = materialized(cap, group_of)
     kernels = []
     for g in groups:
-        n0 = cap.nodes[g[0]]
-        kind = n0.op.category
-        if kind == ELEMENTWISE:
-            kernels.append(_elementwise_kernel(cap, g, mat))
+        kind = cap.nodes[g[-1]].op.category
+        if kind in (ELEMENTWISE, REDUCE):
+            kernels.append(_fused_kernel(cap, g, mat))
         else:
             kernels.append(Kernel(kind, g, [j for j in g if j in mat]))
     return kernels, mat, notes
 
 
-def _elementwise_kernel(cap: Capture, group, mat) -> Kernel:
+def _merge_classed(shape, strides_list, red):
+    """merge_dims for a reduction: only dims of the same class (kept / reduced) merge, and at
+    least one reduced dim survives."""
+    dims = [(d, r, [s[i] for s in strides_list]) for i, (d, r) in enumerate(zip(shape, red)) if d != 1]
+    if not any(r for _, r, _ in dims):
+        dims.append((1, True, [0] * len(strides_list)))
+    out = [list(dims[0][:2]) + [list(dims[0][2])]]
+    for d, r, st in dims[1:]:
+        prev = out[-1]
+        if prev[1] == r and all(ps == s * d for ps, s in zip(prev[2], st)):
+            prev[0] *= d
+            prev[2] = list(st)
+        else:
+            out.append([d, r, list(st)])
+    return (tuple(x[0] for x in out), tuple(x[1] for x in out),
+            [tuple(x[2][k] for x in out) for k in range(len(strides_list))])
+
+
+def _fused_kernel(cap: Capture, group, mat) -> Kernel:
+    """An elementwise group, or a reduction with its private elementwise producers."""
     from ..codegen.elementwise import EwSpec
-    members = set(group)
-    shape = cap.nodes[group[0]].shape
+    from ..codegen.reduce import RedSpec
+    sink = cap.nodes[group[-1]]
+    red_node = group[-1] if sink.op.category == REDUCE else None
+    members = set(group) - {red_node}
+    shape = cap.operands[red_node][0].shape if red_node is not None else cap.nodes[group[0]].shape
     in_keys, in_strides, in_dtypes, inputs = {}, [], [], []
     instr_of, instrs = {}, []
 
@@ -154,7 +193,17 @@ def _elementwise_kernel(cap: Capture, group, mat) -> Kernel:
         n, ops = cap.nodes[j], cap.operands[j]
         refs = tuple(ref(o) for o in ops)
         instr_of[j] = len(instrs)
-        instrs.append((n.op.name, _argkey(n.arg), dtype_of(ops[-1]).name, n.dtype.name, refs))
+        if j == red_node:
+            dt = dtype_of(ops[0])
+            instrs.append(("copy", None, dt.name, dt.name, refs))
+        else:
+            instrs.append((n.op.name, _argkey(n.arg), dtype_of(ops[-1]).name, n.dtype.name, refs))
+    if red_node is not None:
+        red = tuple(i in sink.arg for i in range(len(shape)))
+        mshape, mred, mstrides = _merge_classed(shape, in_strides, red)
+        spec = RedSpec(mshape, mred, tuple((dt.name, s) for dt, s in zip(in_dtypes, mstrides)), tuple(instrs),
+                       sink.op.name, ((len(instrs) - 1, sink.dtype.name),))
+        return Kernel(REDUCE, list(group), [red_node], inputs, spec)
     outputs = [j for j in group if j in mat]
     mshape, mstrides = merge_dims(shape, in_strides + [contiguous_strides(shape)])
     spec = EwSpec(mshape if prod(shape) else (0,), tuple((dt.name, s) for dt, s in zip(in_dtypes, mstrides[:-1])),

@@ -36,7 +36,7 @@ class Plan:
     """A compiled graph: kernels in order, which node buffers they use, what to return."""
 
     def __init__(self, cap):
-        from ..codegen import elementwise as ew
+        from ..codegen import elementwise as ew, reduce as red
         self.kernels, self.materialized, self.notes = schedule(cap)
         self.node_meta = [(n.shape, n.dtype) for n in cap.nodes]
         self.targets = list(cap.targets)
@@ -54,6 +54,16 @@ class Plan:
                 cost = len(spec.instrs) * prod(spec.shape) / extent
                 align = spec.width() if len(spec.shape) == 1 else 1
                 self.steps.append(Step(k, fn, extent, align, cost))
+            elif k.kind == "reduce":
+                spec = k.spec
+                if prod(spec.out_shape) == 0:
+                    self.steps.append(None)
+                    continue
+                cm, name = red.compile_spec(spec)
+                k.compiled = cm
+                extent = spec.parallel_extent
+                cost = len(spec.instrs) * prod(spec.shape) / extent
+                self.steps.append(Step(k, _KERNEL_FN(cm.address(name)), extent, 1, cost))
             else:
                 raise NotImplementedError(f"kernel kind {k.kind}")
 

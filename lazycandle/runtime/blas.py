@@ -1,0 +1,128 @@
+"""ctypes binding to the BLAS library (scipy_openblas32: symbols carry a `scipy_` prefix).
+
+Row-major CBLAS sgemm/dgemm (and the strided-batch variants when the library has them), the
+library's thread count kept equal to lazycandle's (`config.on_threads_change`), and the core
+type the library picked, for `lazycandle info` and the benchmarks.  Calls go through ctypes
+CFUNCTYPE-style foreign functions, which release the GIL.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+
+from .. import config
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+BLASINT_MAX = 2**31 - 1          # scipy_openblas32: 32-bit integers
+
+_lock = threading.RLock()
+_state: dict = {}
+
+
+def _find(lib, *names):
+    for name in names:
+        try:
+            return getattr(lib, name)
+        except AttributeError:
+            continue
+    return None
+
+
+def _load() -> dict:
+    """Load the library once; {} when no BLAS is installed."""
+    if "loaded" in _state:
+        return _state
+    with _lock:
+        if "loaded" in _state:
+            return _state
+        lib, path = None, None
+        try:
+            import scipy_openblas32 as sob
+            path = os.path.join(sob.get_lib_dir(), f"lib{sob.get_library()}.so")
+            lib = ctypes.CDLL(path)
+        except (ImportError, OSError):
+            lib = None
+        st = {"lib": lib, "path": path}
+        if lib is not None:
+            i, p = ctypes.c_int, ctypes.c_void_p
+            for dt, scalar in (("s", ctypes.c_float), ("d", ctypes.c_double)):
+                fn = _find(lib, f"scipy_cblas_{dt}gemm", f"cblas_{dt}gemm")
+                fn.argtypes = [i, i, i, i, i, i, scalar, p, i, p, i, scalar, p, i]
+                fn.restype = None
+                st[f"{dt}gemm"] = fn
+                fb = _find(lib, f"scipy_cblas_{dt}gemm_batch_strided", f"cblas_{dt}gemm_batch_strided")
+                if fb is not None:
+                    fb.argtypes = [i, i, i, i, i, i, scalar, p, i, i, p, i, i, scalar, p, i, i, i]
+                    fb.restype = None
+                    st[f"{dt}gemm_batch_strided"] = fb
+            st["set_threads"] = _find(lib, "scipy_openblas_set_num_threads", "openblas_set_num_threads")
+            st["get_threads"] = _find(lib, "scipy_openblas_get_num_threads", "openblas_get_num_threads")
+            core = _find(lib, "scipy_openblas_get_corename", "openblas_get_corename")
+            cfg = _find(lib, "scipy_openblas_get_config", "openblas_get_config")
+            for f in (core, cfg):
+                if f is not None:
+                    f.restype = ctypes.c_char_p
+            st["corename"], st["config"] = core, cfg
+            if st["set_threads"] is not None:
+                st["set_threads"].argtypes = [ctypes.c_int]
+                st["set_threads"](config.get_num_threads())
+                config.on_threads_change(set_num_threads)
+        st["loaded"] = True
+        _state.update(st)
+        return _state
+
+
+def available() -> bool:
+    return _load().get("lib") is not None
+
+
+def info() -> dict:
+    """Library path, version/config string, core type and thread count."""
+    st = _load()
+    if st.get("lib") is None:
+        return {"library": None}
+    return {"library": st["path"],
+            "config": st["config"]().decode() if st["config"] else "",
+            "corename": st["corename"]().decode() if st["corename"] else "",
+            "threads": st["get_threads"]() if st["get_threads"] else None}
+
+
+def set_num_threads(n: int) -> None:
+    st = _load()
+    if st.get("set_threads") is not None:
+        with _lock:
+            st["set_threads"](int(n))
+
+
+@contextlib.contextmanager
+def single_threaded():
+    """Run BLAS calls of the block single-threaded (used while the lazycandle pool itself runs
+    independent GEMMs in parallel); restores the configured count afterwards."""
+    with _lock:
+        set_num_threads(1)
+        try:
+            yield
+        finally:
+            set_num_threads(config.get_num_threads())
+
+
+def gemm(kind: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: int, lda: int,
+         b: int, ldb: int, c: int, ldc: int, beta: float = 0.0) -> None:
+    """Row-major C = op(A) @ op(B) (+ beta*C); kind "s" (f32) or "d" (f64); raw addresses."""
+    _load()[f"{kind}gemm"](ROW_MAJOR, TRANS if trans_a else NO_TRANS, TRANS if trans_b else NO_TRANS,
+                           m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
+
+
+def has_batch_strided(kind: str) -> bool:
+    return f"{kind}gemm_batch_strided" in _load()
+
+
+def gemm_batch_strided(kind: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
+                       a: int, lda: int, sa: int, b: int, ldb: int, sb: int, c: int, ldc: int, sc: int,
+                       count: int) -> None:
+    """`count` GEMMs whose operands are sa / sb / sc elements apart (0 = shared)."""
+    _load()[f"{kind}gemm_batch_strided"](ROW_MAJOR, TRANS if trans_a else NO_TRANS,
+                                         TRANS if trans_b else NO_TRANS, m, n, k, 1.0, a, lda, sa,
+                                         b, ldb, sb, 0.0, c, ldc, sc, count)
