@@ -174,6 +174,8 @@ def full(value, shape, dtype=D.f32) -> Tensor:
     """A lazy constant: one scalar node broadcast to `shape` (nothing is allocated until used)."""
     dtype = as_dtype(dtype)
     shape = _as_shape(shape)
+    if dtype.storage_only:   # no lazy constants in a storage-only dtype: build the data now
+        return _from_array(np.full(shape, float(value), np.float64).astype(dtype.numpy), dtype)
     c = const_node(value, dtype)
     return Tensor(c).broadcast_as(shape) if shape else Tensor(c)
 

@@ -52,6 +52,7 @@ class GemmSpec:
     a_pat: str       # "k": A's k stride is 1; "m": A's m stride is 1; "g": general strides
     b_pat: str       # "n": B's n stride is 1; "k": B's k stride is 1; "g": general
     unroll: int = 4  # k-loop unroll of the micro-kernel
+    prefetch: int = 1  # prefetch the C tile before, and A ahead inside, the k loop
 
     @property
     def nr(self) -> int:
@@ -163,8 +164,19 @@ def _emit_micro(m: ir.Module, spec: GemmSpec):
 
     accs = [[zero(vt)] * NV for _ in range(MR)]
     U = spec.unroll
+    if spec.prefetch:
+        sb = dt.size_in_bytes
+        for i in range(MR):
+            for off in sorted({0, NR - 1}):
+                _prefetch(b, gep(b, o, add(b, mul(b, i64(i), ldo), i64(off))), write=True)
+
+    def unrolled(bb, k, a):
+        if spec.prefetch:
+            _prefetch(bb, gep(bb, ap, mul(bb, add(bb, k, i64(8 * U)), i64(MR))), write=False)
+        return _unrolled(bb, k, a, U, step)
+
     kmain = mul(b, b.sdiv(kb, i64(U)), i64(U))
-    accs = _acc_loop(b, ZERO, kmain, U, accs, lambda bb, k, a: _unrolled(bb, k, a, U, step), "ku")
+    accs = _acc_loop(b, ZERO, kmain, U, accs, unrolled, "ku")
     accs = _acc_loop(b, kmain, kb, 1, accs, step, "k1")
 
     full = b.and_(b.icmp_signed("==", mr, i64(MR)), b.icmp_signed("==", nr, i64(NR)))
@@ -185,6 +197,14 @@ def _emit_micro(m: ir.Module, spec: GemmSpec):
                             first, last)
     b.ret_void()
     return fn
+
+
+def _prefetch(b, ptr, write: bool):
+    i32 = ir.IntType(32)
+    p8 = ir.IntType(8).as_pointer()
+    fn = b.module.globals.get("llvm.prefetch.p0") or ir.Function(
+        b.module, ir.FunctionType(VOID, [p8, i32, i32, i32]), name="llvm.prefetch.p0")
+    b.call(fn, [b.bitcast(ptr, p8), i32(1 if write else 0), i32(3), i32(1)])
 
 
 def _unrolled(b, k, accs, U, step):

@@ -32,12 +32,26 @@ class Step:
                           cost_per_item=self.cost, align=self.align)
 
 
+def describe(cap):
+    """Node-free description of a capture: inputs, nodes (op, arg, shape, dtype, operands), targets."""
+    ins = [("placeholder" if n.op.name == "placeholder" else "buffer", n.arg if n.op.name == "placeholder" else None,
+            n.shape, n.dtype) for n in cap.inputs]
+    nodes = [(n.op.name, n.arg, n.shape, n.dtype, ops) for n, ops in zip(cap.nodes, cap.operands)]
+    return {"inputs": ins, "nodes": nodes, "targets": list(cap.targets), "slots": list(cap.slots)}
+
+
 class Plan:
     """A compiled graph: kernels in order, which node buffers they use, what to return."""
 
     def __init__(self, cap):
         from ..codegen import elementwise as ew, reduce as red
+        from ..ir.passes import optimize
+        src_desc = describe(cap)
+        cap = optimize(cap)
         self.kernels, self.materialized, self.notes = schedule(cap)
+        self.notes = cap.extra.get("notes", []) + self.notes
+        # descriptions for the dump tool; the plan is cached, so it must not pin Nodes/buffers
+        self.graph_desc, self.opt_desc = src_desc, describe(cap)
         self.node_meta = [(n.shape, n.dtype) for n in cap.nodes]
         self.targets = list(cap.targets)
         self.steps = []
@@ -97,13 +111,41 @@ class Plan:
 _plans: dict = {}
 
 
-def get_plan(cap) -> Plan:
+def get_plan(cap, targets=None) -> Plan:
+    """The compiled plan for a capture's structure (compiling on a miss; LAZYCANDLE_DUMP prints
+    the requested stages at every compile)."""
     plan = _plans.get(cap.key)
     if plan is None:
         plan = Plan(cap)
         plan.slots = list(cap.slots)
         _plans[cap.key] = plan
+        if config.dump_stages():
+            _dump_on_compile(plan, targets)
     return plan
+
+
+_dump_count = [0]
+
+
+def _dump_on_compile(plan, targets):
+    import os
+    import sys
+    from ..ir.graph import views_graph
+    from ..ir.printer import render
+    _dump_count[0] += 1
+    built = views_graph(targets) if targets else None
+    out_dir = config.dump_dir()
+    for stage in config.dump_stages():
+        try:
+            text = render(stage, "text", plan, built)
+        except ValueError as e:
+            text = f"(dump: {e})"
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            with open(os.path.join(out_dir, f"graph{_dump_count[0]:04d}.{stage}.txt"), "w") as f:
+                f.write(text + "\n")
+        else:
+            print(f"==== lazycandle dump: graph {_dump_count[0]}, stage {stage}\n{text}", file=sys.stderr)
 
 
 def _prepare_targets(nodes):
@@ -142,7 +184,7 @@ def realize_nodes(nodes) -> None:
             if not inp.realized:
                 raise UnboundPlaceholder(f"placeholder {inp.arg!r} {inp.shape} {inp.dtype.name} is not bound: "
                                          f"realize it through lc.compile([...]).run({inp.arg}=...)")
-        plan = get_plan(cap)
+        plan = get_plan(cap, work)
         outs = plan.run([n.buffer for n in cap.inputs], cap.offsets)
         for n, orig, buf in zip(work, finish, outs):
             n.set_buffer(buf)

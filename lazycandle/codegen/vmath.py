@@ -1,0 +1,163 @@
+"""Vector math library emitted as LLVM IR (issue 3).
+
+LLVM turns `llvm.exp.v8f32` & co. into one libm call per lane and llvmlite cannot switch on a
+vector library, so the elementwise code generator inlines these polynomial implementations
+instead.  Public API:
+
+    emit(b, name, x, *params) -> ir.Value     # result has x's type
+    FUNCS: name -> builder(b, x, *params)
+
+`x` is float, double, <N x float> or <N x double> (N = 1 included).  `elu` takes alpha and
+`powf` the exponent e (Python floats, emitted as constants of x's precision, as NumPy treats a
+Python scalar).  Semantics and special values follow NumPy on the same dtype; accuracy is
+measured by bench/vmath_accuracy.py.  Modules: vmath_core (context, exp, log), vmath_trig
+(sin, cos), vmath_erf (erf, gelu_erf), vmath_pow (powf).
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import llvmlite.ir as ir
+
+from . import vmath_core as core
+from .vmath_core import V, exp_parts
+from .vmath_erf import erf, gelu_erf
+from .vmath_pow import powf
+from .vmath_trig import cos, sin
+
+
+def _dd(v: V, decimal: str):
+    """A real constant as hi + lo in v's precision (exact decimal value, not its double)."""
+    exact = Fraction(decimal)
+    hi = v.c(float(exact))
+    hi_val = float(exact) if v.key == "f64" else float(__import__("numpy").float32(float(exact)))
+    return hi, v.c(float(exact - Fraction(hi_val)))
+
+
+# ---- tanh -------------------------------------------------------------------------------------
+_TANH = {   # odd minimax x + x^3 P(x^2) on [0, 0.625]; above: 1 - 2t/(1+t), t = e^(-2|x|)
+    "f32": (0.625, (-0.3333328068256378, 0.13331441581249237, -0.05373971536755562,
+                    0.0206390880048275, -0.005704987328499556)),
+    "f64": (0.625, (-0.33333333333332854, 0.1333333333326209, -0.053968253931267696,
+                    0.02186948757609444, -0.008863221002627817, 0.003591989173785757,
+                    -0.001454958877801291, 0.0005863165396259108, -0.0002285642095018589,
+                    7.71443646371515e-05, -1.6072568624236247e-05)),
+}
+
+
+def tanh(v: V, x):
+    cut, P = _TANH[v.key]
+    a = v.abs(x)
+    z = v.mul(a, a)
+    small = v.fma(v.mul(a, z), v.poly(z, P), a)
+    t = core.exp(v, v.mul(a, v.c(-2.0)))
+    big = v.sub(v.c(1.0), v.div(v.add(t, t), v.add(t, v.c(1.0))))
+    return v.copysign(v.sel(v.cmp("<", a, v.c(cut)), small, big), x)
+
+
+# ---- logistic family ----------------------------------------------------------------------------
+def _logistic(v: V, w, w_lo=None, mul=None):
+    """mul / (1 + e^-w), with e^-|w| = (p + p_lo) s1 s2 kept in pieces so that tiny results
+    underflow gradually and the division is compensated:
+    w >= 0: mul / (1 + t);  w < 0: ((mul p s1) / (1 + t)) s2,  t = e^-|w|."""
+    neg = v.cmp("<", w, v.c(0.0))
+    a = v.neg(v.abs(w))
+    a_lo = None if w_lo is None else v.sel(neg, w_lo, v.neg(w_lo))
+    p, p_lo, s1, s2 = exp_parts(v, a, a_lo, with_lo=True)
+    ps1 = v.mul(p, s1)
+    t = v.mul(ps1, s2)
+    d, d_lo = v.fast_two_sum(v.c(1.0), t)
+    d_lo = v.fma(v.mul(p_lo, s1), s2, d_lo)                # 1 + t = d + d_lo
+    one, zero = v.c(1.0), v.c(0.0)
+    n_hi = v.sel(neg, ps1, one)
+    n_lo = v.sel(neg, v.mul(p_lo, s1), zero)
+    if mul is not None:
+        n_hi, e = v.two_prod(n_hi, mul)
+        n_lo = v.fma(n_lo, mul, e)
+    q = v.div(n_hi, d)
+    rem = v.fma(v.neg(q), d, n_hi)                         # exact remainder
+    rem = v.fma(v.neg(q), d_lo, v.add(rem, n_lo))
+    res = v.add(q, v.div(rem, d))
+    return v.mul(res, v.sel(neg, s2, one))
+
+
+def sigmoid(v: V, x):
+    return v.sel(v.isnan(x), x, _logistic(v, x))
+
+
+def _negative_tail(v: V, x, res, under):
+    """x * (something vanishing) for very negative x: -0 where it underflows, NaN at -inf
+    (NumPy's x / (1 + exp(-x)) gives -inf / inf there)."""
+    res = v.sel(under, v.c(-0.0), res)
+    res = v.sel(v.cmp("==", x, v.c(-math.inf)), v.c(math.nan), res)
+    return v.sel(v.isnan(x), x, res)
+
+
+def silu(v: V, x):
+    res = _logistic(v, x, None, x)
+    return _negative_tail(v, x, res, v.cmp("<", x, v.c(core._EXP[v.key].lo)))
+
+
+_GELU_CLAMP = {"f32": 1e4, "f64": 1e100}   # beyond: gelu(x) = x, or -0
+
+
+def gelu(v: V, x):
+    """tanh-approximation GELU = x * sigmoid(2u), 2u = x (k1 + k2 x^2); 2u is formed in
+    double-word arithmetic because e^(2u) for x << 0 amplifies its rounding error |2u| times."""
+    k1, k1l = _dd(v, str(Fraction("0.7978845608028654") * 2))
+    k2, k2l = _dd(v, str(Fraction("0.7978845608028654") * 2 * Fraction("0.044715")))
+    big = _GELU_CLAMP[v.key]
+    xc = v.clamp(x, -big, big)
+    x2, x2l = v.two_prod(xc, xc)
+    th, tl = v.two_prod(k2, x2)
+    tl = v.fma(k2, x2l, v.fma(k2l, x2, tl))
+    ah, e = v.two_sum(k1, th)
+    al = v.add(v.add(e, tl), k1l)
+    wh, wl = v.two_prod(xc, ah)
+    wl = v.fma(xc, al, wl)
+    res = _logistic(v, wh, wl, x)
+    return _negative_tail(v, x, res, v.cmp("<", wh, v.c(core._EXP[v.key].lo)))
+
+
+def elu(v: V, x, alpha: float):
+    """x if x >= 0 else alpha * (e^x - 1), the latter via expm1 (no cancellation near 0)."""
+    return v.sel(v.cmp(">=", x, v.c(0.0)), x, v.mul(v.c(alpha), core.expm1(v, x)))
+
+
+def sqrt(v: V, x):
+    return v.sqrt(x)
+
+
+def recip(v: V, x):
+    return v.div(v.c(1.0), x)
+
+
+_IMPLS = {"exp": core.exp, "log": core.log, "sin": sin, "cos": cos, "tanh": tanh, "erf": erf,
+          "sigmoid": sigmoid, "gelu": gelu, "gelu_erf": gelu_erf, "silu": silu, "elu": elu,
+          "powf": powf, "sqrt": sqrt, "recip": recip}
+_NPARAMS = {"elu": 1, "powf": 1}
+
+
+def _builder(name):
+    impl, nparams = _IMPLS[name], _NPARAMS.get(name, 0)
+
+    def build(b: ir.IRBuilder, x: ir.Value, *params: float) -> ir.Value:
+        if len(params) != nparams:
+            raise TypeError(f"vmath.{name}: expected {nparams} parameter(s), got {len(params)}")
+        return impl(V(b, x.type), x, *(float(p) for p in params))
+    build.__name__ = name
+    build.__doc__ = impl.__doc__
+    return build
+
+
+FUNCS = {name: _builder(name) for name in _IMPLS}
+
+
+def emit(b: ir.IRBuilder, name: str, x: ir.Value, *params: float) -> ir.Value:
+    """Emit `name`(x, *params) at b's position; returns a value of x's type."""
+    try:
+        fn = FUNCS[name]
+    except KeyError:
+        raise KeyError(f"vmath: unknown function {name!r}; known: {sorted(FUNCS)}") from None
+    return fn(b, x, *params)

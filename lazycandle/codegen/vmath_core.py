@@ -1,0 +1,277 @@
+"""Building blocks of the vector math library: an emission context `V` (type-generic float
+arithmetic on a scalar or vector LLVM type, with splat constants, selects, bit casts and
+error-free transforms) and the shared exp / log kernels.
+
+Everything is branch-free straight-line IR on `float`, `double`, `<N x float>` or
+`<N x double>`; no fast-math flags (explicit `llvm.fma` calls instead), so NaN / Inf / -0
+handling survives optimisation.  Constants that differ by precision live in small tables
+keyed by `V.key` ("f32" / "f64"); coefficient provenance: bench/fit_vmath.py.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import llvmlite.ir as ir
+
+from .llvmutil import F32, F64, I32, I64, call_intrinsic, const, scalar_type, vec, width_of
+
+
+@dataclass(frozen=True)
+class Fmt:
+    """IEEE binary format facts for one float type."""
+    bits: int
+    mant: int          # explicit mantissa bits
+    bias: int
+    ity: ir.Type       # integer type of the same width
+    min_normal: float
+    max_float: float
+
+
+FMT = {"f32": Fmt(32, 23, 127, I32, 2.0 ** -126, 3.4028234663852886e38),
+       "f64": Fmt(64, 52, 1023, I64, 2.0 ** -1022, 1.7976931348623157e308)}
+
+
+def key_of(t: ir.Type) -> str:
+    s = scalar_type(t)
+    if isinstance(s, ir.FloatType):
+        return "f32"
+    if isinstance(s, ir.DoubleType):
+        return "f64"
+    raise TypeError(f"vmath: expected float or double (vector) type, got {t}")
+
+
+class V:
+    """Emission context: builder + float type.  Methods build IR and return ir.Values."""
+
+    def __init__(self, b: ir.IRBuilder, t: ir.Type):
+        self.b, self.t = b, t
+        self.key = key_of(t)
+        self.fmt = FMT[self.key]
+        self.n = width_of(t)
+        self.it = vec(self.fmt.ity, self.n)               # matching integer type
+        self.bt = vec(ir.IntType(1), self.n)              # mask type
+
+    def other(self, key: str) -> "V":
+        """Context for the other precision with the same lane count (f32 <-> f64)."""
+        return V(self.b, vec(F64 if key == "f64" else F32, self.n))
+
+    # -- constants ---------------------------------------------------------------------------
+    def c(self, value: float):
+        return const(self.t, float(value))
+
+    def ci(self, value: int):
+        return const(self.it, int(value))
+
+    # -- arithmetic --------------------------------------------------------------------------
+    def add(self, a, b):
+        return self.b.fadd(a, b)
+
+    def sub(self, a, b):
+        return self.b.fsub(a, b)
+
+    def mul(self, a, b):
+        return self.b.fmul(a, b)
+
+    def div(self, a, b):
+        return self.b.fdiv(a, b)
+
+    def neg(self, a):
+        return self.b.fneg(a)
+
+    def fma(self, a, b, c):
+        return call_intrinsic(self.b, "fma", [a, b, c])
+
+    def abs(self, a):
+        return call_intrinsic(self.b, "fabs", [a])
+
+    def sqrt(self, a):
+        return call_intrinsic(self.b, "sqrt", [a])
+
+    def copysign(self, mag, sgn):
+        return call_intrinsic(self.b, "copysign", [mag, sgn])
+
+    def roundeven(self, a):
+        return call_intrinsic(self.b, "roundeven", [a])
+
+    def poly(self, x, coeffs, tail=None):
+        """Horner with fma: coeffs[0] + coeffs[1]*x + ... (+ tail * x^len if given)."""
+        acc = tail if tail is not None else self.c(coeffs[-1])
+        rest = coeffs if tail is not None else coeffs[:-1]
+        for cf in reversed(rest):
+            acc = self.fma(acc, x, self.c(cf))
+        return acc
+
+    # -- comparisons and selection ------------------------------------------------------------
+    def cmp(self, op, a, b):
+        """Ordered comparison (false when either side is NaN)."""
+        return self.b.fcmp_ordered(op, a, b)
+
+    def isnan(self, a):
+        return self.b.fcmp_unordered("uno", a, a)
+
+    def sel(self, cond, a, b):
+        return self.b.select(cond, a, b)
+
+    def clamp(self, x, lo: float, hi: float):
+        """max(lo, min(hi, x)); NaN maps to lo (callers restore NaN at the end)."""
+        x = self.sel(self.cmp(">", x, self.c(lo)), x, self.c(lo))
+        return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))
+
+    # -- bits ------------------------------------------------------------------------------
+    def bits(self, a):
+        return self.b.bitcast(a, self.it)
+
+    def from_bits(self, i):
+        return self.b.bitcast(i, self.t)
+
+    def to_int(self, a):
+        return self.b.fptosi(a, self.it)
+
+    def to_float(self, i):
+        return self.b.sitofp(i, self.t)
+
+    def pow2i(self, k):
+        """2**k for an integer vector k inside the normal exponent range."""
+        return self.from_bits(self.b.shl(self.b.add(k, self.ci(self.fmt.bias)), self.ci(self.fmt.mant)))
+
+    # -- error-free transforms ---------------------------------------------------------------
+    def two_prod(self, a, b):
+        p = self.mul(a, b)
+        return p, self.fma(a, b, self.neg(p))
+
+    def two_sum(self, a, b):
+        s = self.add(a, b)
+        bb = self.sub(s, a)
+        e = self.add(self.sub(a, self.sub(s, bb)), self.sub(b, bb))
+        return s, e
+
+    def fast_two_sum(self, a, b):
+        """|a| >= |b| required."""
+        s = self.add(a, b)
+        return s, self.sub(b, self.sub(s, a))
+
+
+# ---- exp ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _ExpConsts:
+    lo: float            # input clamp: k stays where both 2^(k>>1) and 2^(k-(k>>1)) are normal
+    hi: float
+    ln2_hi: float
+    ln2_lo: float
+    coeffs: tuple        # c2.. of e^r = 1 + r + c2 r^2 + ... (minimax, rel. error, |r| <= ln2/2)
+
+
+_EXP = {
+    "f32": _ExpConsts(-170.0, 89.0, 0.6931471824645996, -1.904654323148236e-09,
+                      (0.4999999403953552, 0.1666652113199234, 0.04166838899254799,
+                       0.008368710055947304, 0.001381461275741458)),
+    "f64": _ExpConsts(-1400.0, 710.0, 0.6931471805599453, 2.3190468138462996e-17,
+                      (0.5000000000000011, 0.16666666666666413, 0.041666666666530267,
+                       0.008333333333494336, 0.001388888894359816, 0.0001984126950677123,
+                       2.480149313566701e-05, 2.755758627349263e-06, 2.763023411588095e-07,
+                       2.5000070209272746e-08)),
+}
+
+
+def exp_parts(v: V, x, x_lo=None, with_lo=False):
+    """e^(x + x_lo) as three factors (p, s1, s2), p in [0.7, 1.42], s1 = 2^(k>>1), s2 = 2^(k-(k>>1)).
+    With with_lo, returns (p, p_lo, s1, s2), p + p_lo being e^r to ~0.2 ulp.
+
+    Cody-Waite reduction r = x - k ln2 (ln2 in two pieces, fma), minimax polynomial on
+    [-ln2/2, ln2/2].  Multiplying p (times any factor) by s1 then s2 rounds at most once into
+    the subnormal range, so underflow is gradual and overflow gives inf.  x is clamped, so NaN
+    input gives a finite garbage value: callers restore NaN."""
+    K = _EXP[v.key]
+    xc = v.clamp(x, K.lo, K.hi)
+    k = v.roundeven(v.mul(xc, v.c(1.4426950408889634)))
+    r = v.fma(k, v.c(-K.ln2_hi), xc)
+    r = v.fma(k, v.c(-K.ln2_lo), r)
+    if x_lo is not None:
+        r = v.add(r, x_lo)
+    p = v.poly(r, K.coeffs)
+    q = v.fma(p, r, v.c(1.0))
+    p = v.fma(q, r, v.c(1.0))
+    ki = v.to_int(k)
+    k1 = v.b.ashr(ki, v.ci(1))
+    s1, s2 = v.pow2i(k1), v.pow2i(v.b.sub(ki, k1))
+    if with_lo:
+        return p, v.fma(q, r, v.sub(v.c(1.0), p)), s1, s2     # 1 - p is exact (Sterbenz)
+    return p, s1, s2
+
+
+def exp(v: V, x):
+    p, s1, s2 = exp_parts(v, x)
+    return v.sel(v.isnan(x), x, v.mul(v.mul(p, s1), s2))
+
+
+_EXPM1_CLAMP = {"f32": (-30.0, 88.0), "f64": (-60.0, 709.0)}
+
+
+def expm1(v: V, x):
+    """e^x - 1 without cancellation near 0: 2^k (p - 1) + (2^k - 1), p - 1 = r + r^2 q(r).
+    Single-factor scale, so valid up to x = 88 (f32) / 709 (f64); elu uses it for x < 0."""
+    K = _EXP[v.key]
+    lo, hi = _EXPM1_CLAMP[v.key]
+    xc = v.clamp(x, lo, hi)
+    k = v.roundeven(v.mul(xc, v.c(1.4426950408889634)))
+    r = v.fma(k, v.c(-K.ln2_hi), xc)
+    r = v.fma(k, v.c(-K.ln2_lo), r)
+    q = v.mul(v.poly(r, K.coeffs), r)                  # (e^r - 1 - r) / r
+    pm1 = v.fma(q, r, r)                              # e^r - 1
+    s = v.pow2i(v.to_int(k))
+    res = v.fma(s, pm1, v.sub(s, v.c(1.0)))
+    res = v.sel(v.cmp("==", x, v.c(0.0)), x, res)     # keeps -0
+    res = v.sel(v.cmp(">", x, v.c(hi)), v.c(math.inf), res)
+    return v.sel(v.isnan(x), x, res)
+
+
+# ---- log ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _LogConsts:
+    sqrt_half_bits: int
+    coeffs: tuple        # Q(z): 2 atanh(s) = 2s + s^3 Q(s^2), |s| <= 0.1716 (minimax)
+
+
+_LOG = {
+    "f32": _LogConsts(0x3F3504F3, (0.6666677594184875, 0.3997754156589508, 0.29871729016304016)),
+    "f64": _LogConsts(0x3FE6A09E667F3BCD, (0.6666666666666666, 0.4000000000000624, 0.2857142856908732,
+                                           0.2222222264657597, 0.18181775683442658, 0.1538708996343348,
+                                           0.13250136239851953, 0.13251162791238974)),
+}
+
+
+def log_reduce(v: V, x):
+    """x = 2^e * m with m in [sqrt(1/2), sqrt(2)); returns (e as float, f = m - 1 exactly).
+    Subnormal x are scaled by 2^(mant+2) first.  Meaningless for x <= 0, inf, NaN."""
+    F, L = v.fmt, _LOG[v.key]
+    tiny = v.cmp("<", x, v.c(F.min_normal))
+    xs = v.sel(tiny, v.mul(x, v.c(2.0 ** (F.mant + 2))), x)
+    u = v.b.sub(v.bits(xs), v.ci(L.sqrt_half_bits))
+    e = v.b.ashr(u, v.ci(F.mant))
+    m = v.from_bits(v.b.add(v.b.and_(u, v.ci((1 << F.mant) - 1)), v.ci(L.sqrt_half_bits)))
+    ef = v.sub(v.to_float(e), v.sel(tiny, v.c(F.mant + 2), v.c(0.0)))
+    return ef, v.sub(m, v.c(1.0))
+
+
+def log_specials(v: V, x, res):
+    """log's results for 0 (-inf), negative (NaN), +inf and NaN inputs."""
+    res = v.sel(v.cmp("==", x, v.c(0.0)), v.c(-math.inf), res)
+    res = v.sel(v.cmp("<", x, v.c(0.0)), v.c(math.nan), res)
+    res = v.sel(v.cmp("==", x, v.c(math.inf)), x, res)
+    return v.sel(v.isnan(x), x, res)
+
+
+def log(v: V, x):
+    """log(x) = e ln2 + log1p(f), log1p(f) = f - (f^2/2 - s (f^2/2 + s^2 Q(s^2))), s = f/(2+f)
+    (the atanh form, arranged so that the rounding of s only touches small terms)."""
+    L = _LOG[v.key]
+    ef, f = log_reduce(v, x)
+    s = v.div(f, v.add(v.c(2.0), f))
+    z = v.mul(s, s)
+    R = v.mul(z, v.poly(z, L.coeffs))
+    hfsq = v.mul(v.mul(f, f), v.c(0.5))
+    K = _EXP[v.key]
+    t = v.fma(s, v.add(hfsq, R), v.mul(ef, v.c(K.ln2_lo)))
+    y = v.sub(f, v.sub(hfsq, t))
+    return log_specials(v, x, v.fma(ef, v.c(K.ln2_hi), y))

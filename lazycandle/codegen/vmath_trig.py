@@ -1,0 +1,2 @@
+def sin(v, x): raise NotImplementedError
+def cos(v, x): raise NotImplementedError

@@ -1,0 +1,78 @@
+"""Graph passes on a capture, run before scheduling (views are already folded into strides by
+construction):
+  * algebraic simplification that never changes a value: x*1, x/1, x-0, x+(-0) (floats) or
+    x+0 (ints), neg(neg(x)), cast to the same dtype, copy of a computed node;
+  * common-subexpression elimination (identical op, arg, dtype, shape and operands);
+  * dead-code elimination (what no target needs).
+Each pass keeps the capture's inputs and operand slots, so runtime bindings stay valid."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .graph import Capture, Operand, _argkey
+from ..layout import contiguous_strides
+
+
+def _const_is(o: Operand, value) -> bool:
+    return o.kind == "const" and o.value == value and (
+        value != 0 or str(o.value) == str(value) or not o.dtype.is_float)
+
+
+def _is_identity_read(o: Operand, shape) -> bool:
+    return o.kind != "const" and o.shape == shape and o.offset == 0 and all(
+        d == 1 or s == c for d, s, c in zip(shape, o.strides, contiguous_strides(shape)))
+
+
+def _forward(n, ops, nodes, operands) -> int | None:
+    """If node n equals one of its operands element for element, that operand's node index
+    (only computed nodes read contiguously are forwarded, so any later view of n stays valid)."""
+    name = n.op.name
+    cand = None
+    if name in ("mul", "div") and _const_is(ops[1], 1):
+        cand = ops[0]
+    elif name == "mul" and _const_is(ops[0], 1):
+        cand = ops[1]
+    elif name in ("add", "sub") and ops[1].kind == "const" and ops[1].value == 0:
+        if n.dtype.is_int or str(ops[1].value) == ("-0.0" if name == "add" else "0.0"):
+            cand = ops[0]
+    elif name == "neg" and ops[0].kind == "node" and _is_identity_read(ops[0], n.shape):
+        inner = ops[0].index
+        if nodes[inner].op.name == "neg":
+            cand = operands[inner][0]
+    if cand is not None and cand.kind == "node" and _is_identity_read(cand, n.shape) \
+            and nodes[cand.index].dtype is n.dtype:
+        return cand.index
+    return None
+
+
+def optimize(cap: Capture) -> Capture:
+    """Simplify, CSE and DCE; returns a new Capture (same inputs, slots and targets)."""
+    nodes, operands, remap, seen, notes = [], [], {}, {}, []
+    for j, (n, ops) in enumerate(zip(cap.nodes, cap.operands)):
+        new_ops = [replace(o, index=remap[o.index]) if o.kind == "node" else o for o in ops]
+        fwd = _forward(n, new_ops, nodes, operands)
+        if fwd is not None:
+            remap[j] = fwd
+            notes.append(f"n{j} ({n.op.name}) simplified to its operand")
+            continue
+        key = (n.op.name, _argkey(n.arg), n.shape, n.dtype.name, tuple(o.key() for o in new_ops))
+        if key in seen:
+            remap[j] = seen[key]
+            notes.append(f"n{j} ({n.op.name}) is a common subexpression")
+            continue
+        remap[j] = seen[key] = len(nodes)
+        nodes.append(n)
+        operands.append(new_ops)
+    targets = [remap[t] for t in cap.targets]
+    live = set(targets)
+    for j in range(len(nodes) - 1, -1, -1):
+        if j in live:
+            live |= {o.index for o in operands[j] if o.kind == "node"}
+    order = [j for j in range(len(nodes)) if j in live]
+    new_index = {j: i for i, j in enumerate(order)}
+    out = Capture(cap.key, cap.inputs, cap.slots, [nodes[j] for j in order],
+                  [[replace(o, index=new_index[o.index]) if o.kind == "node" else o for o in operands[j]]
+                   for j in order],
+                  [new_index[t] for t in targets])
+    out.extra["notes"] = notes
+    return out

@@ -1,0 +1,190 @@
+"""Printers for the IR dump tool: the graph as built, the optimised graph, the schedule (which
+ops each kernel fused, its buffers, its loop nest), each kernel's LLVM IR and native assembly;
+text, Graphviz dot or Mermaid."""
+from __future__ import annotations
+
+from math import prod
+
+STAGES = ("graph", "optimized", "schedule", "llvm", "asm")
+FORMATS = ("text", "dot", "mermaid")
+
+
+def _arg(a):
+    if a is None:
+        return ""
+    if hasattr(a, "size_in_bytes"):
+        return a.name
+    return repr(a)
+
+
+def _operand(o, desc):
+    if o.kind == "const":
+        return f"const {o.value!r}:{o.dtype.name}"
+    lay = f"{o.shape} strides {o.strides}"
+    if o.kind == "in":
+        kind, name, _, _ = desc["inputs"][o.src]
+        who = f"in{o.src}" + (f"({name})" if name else "")
+        return f"{who} view {lay} offset@slot{o.index}"
+    extra = f" +{o.offset}" if o.offset else ""
+    return f"n{o.index} view {lay}{extra}"
+
+
+def graph_text(g) -> str:
+    """`graph` stage: nodes as the user built them, views included (networkx DiGraph)."""
+    lines = []
+    import networkx as nx
+    for n in nx.topological_sort(g):
+        a = g.nodes[n]
+        srcs = ", ".join(f"%{p}" for p in g.predecessors(n))
+        what = a["label"] if a.get("view") and a.get("label") else a["op"]
+        state = " (realized)" if a.get("realized") else ""
+        arg = f" {_arg(a['arg'])}" if a["arg"] is not None and not a.get("view") else ""
+        lines.append(f"%{n} = {what}{arg}({srcs}) : {a['shape']} {a['dtype'].name}{state}")
+    return "\n".join(lines)
+
+
+def optimized_text(desc) -> str:
+    lines = []
+    for i, (kind, name, shape, dt) in enumerate(desc["inputs"]):
+        lines.append(f"in{i} = {kind}{'(' + repr(name) + ')' if name else ''} : {shape} {dt.name}")
+    for j, (op, arg, shape, dt, ops) in enumerate(desc["nodes"]):
+        a = f"[{_arg(arg)}]" if arg is not None else ""
+        tgt = "   <- output" if j in desc["targets"] else ""
+        lines.append(f"n{j} = {op}{a}({'; '.join(_operand(o, desc) for o in ops)}) : {shape} {dt.name}{tgt}")
+    return "\n".join(lines)
+
+
+def kernel_text(i, k, desc) -> list:
+    spec = k.spec
+    names = ", ".join(f"n{j} {desc['nodes'][j][0]}" for j in k.nodes)
+    lines = [f"kernel {i}: {k.kind}" + (f" [{k.backend}]" if getattr(k, "backend", None) else "") + f"  fuses {names}"]
+    for pos, bind in enumerate(k.inputs):
+        strides = spec.inputs[pos][1] if spec is not None else ""
+        dt = spec.inputs[pos][0] if spec is not None else ""
+        if bind[0] == "slot":
+            inp = desc["slots"][bind[1]][0]
+            kind, name, _, _ = desc["inputs"][inp]
+            src = f"in{inp}" + (f"({name})" if name else "")
+        else:
+            src = f"n{bind[1]}" + (f" +{bind[2]}" if bind[2] else "")
+        lines.append(f"    reads  {src}: {dt} strides {strides}")
+    for j in k.outputs:
+        lines.append(f"    writes n{j}: {desc['nodes'][j][2]} {desc['nodes'][j][3].name}")
+    if spec is not None and hasattr(spec, "shape"):
+        from ..codegen import elementwise as ew
+        if k.kind == "elementwise":
+            t = ew.tile_dim(spec)
+            nest = f"loop {spec.shape}, vector width {spec.width()} + scalar tail"
+            if t is not None:
+                nest += f", tiled {spec.width()}x{spec.width()} over dims ({t}, {len(spec.shape) - 1}) with register transpose"
+            lines.append(f"    {nest}; parallel over {ew.parallel_extent(spec)} units")
+        elif k.kind == "reduce":
+            lines.append(f"    loop {spec.shape} reducing dims {[d for d, r in enumerate(spec.red) if r]} "
+                         f"({'inner-reduce' if spec.inner_reduce else 'inner-output'}), {spec.kind}, vector width "
+                         f"{spec.width()}; parallel over {spec.parallel_extent} units")
+    if getattr(k, "detail", None):
+        lines.append(f"    {k.detail}")
+    return lines
+
+
+def schedule_text(plan) -> str:
+    lines = []
+    for i, k in enumerate(plan.kernels):
+        lines += kernel_text(i, k, plan.opt_desc)
+    for n in plan.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+def llvm_text(plan, stage) -> str:
+    out = []
+    for i, k in enumerate(plan.kernels):
+        cm = getattr(k, "compiled", None)
+        if cm is None:
+            out.append(f"; kernel {i}: {k.kind} (no generated code: {getattr(k, 'backend', 'nothing to run')})")
+            continue
+        out.append(f"; ==== kernel {i}: {k.kind}")
+        out.append(cm.ir_text if stage == "llvm" else cm.asm())
+    return "\n".join(out)
+
+
+def _graph_edges_opt(desc):
+    nodes = [(f"in{i}", f"in{i} {kind} {shape} {dt.name}") for i, (kind, name, shape, dt) in enumerate(desc["inputs"])]
+    nodes += [(f"n{j}", f"n{j} {op} {shape} {dt.name}") for j, (op, arg, shape, dt, ops) in enumerate(desc["nodes"])]
+    edges = []
+    for j, (_, _, _, _, ops) in enumerate(desc["nodes"]):
+        for o in ops:
+            if o.kind == "in":
+                edges.append((f"in{o.src}", f"n{j}"))
+            elif o.kind == "node":
+                edges.append((f"n{o.index}", f"n{j}"))
+    return nodes, edges, {}
+
+
+def _graph_edges_built(g):
+    nodes = [(f"v{n}", f"%{n} {a['label'] if a.get('view') and a.get('label') else a['op']} {a['shape']} "
+                       f"{a['dtype'].name}") for n, a in g.nodes(data=True)]
+    return nodes, [(f"v{u}", f"v{v}") for u, v in g.edges()], {}
+
+
+def _schedule_edges(plan):
+    nodes, edges, clusters = _graph_edges_opt(plan.opt_desc)
+    for i, k in enumerate(plan.kernels):
+        clusters[f"kernel {i}: {k.kind}"] = [f"n{j}" for j in k.nodes]
+    return nodes, edges, clusters
+
+
+def to_dot(nodes, edges, clusters) -> str:
+    lines = ["digraph lazycandle {", "  node [shape=box, fontname=monospace];"]
+    in_cluster = {n for ms in clusters.values() for n in ms}
+    for i, (name, members) in enumerate(clusters.items()):
+        lines.append(f'  subgraph cluster_{i} {{ label="{name}"; style=rounded;')
+        for n, label in nodes:
+            if n in members:
+                lines.append(f'    {n} [label="{label}"];')
+        lines.append("  }")
+    for n, label in nodes:
+        if n not in in_cluster:
+            lines.append(f'  {n} [label="{label}"];')
+    lines += [f"  {u} -> {v};" for u, v in edges]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def to_mermaid(nodes, edges, clusters) -> str:
+    lines = ["flowchart TD"]
+    in_cluster = {n for ms in clusters.values() for n in ms}
+    for i, (name, members) in enumerate(clusters.items()):
+        lines.append(f'  subgraph k{i}["{name}"]')
+        for n, label in nodes:
+            if n in members:
+                lines.append(f'    {n}["{label}"]')
+        lines.append("  end")
+    for n, label in nodes:
+        if n not in in_cluster:
+            lines.append(f'  {n}["{label}"]')
+    lines += [f"  {u} --> {v}" for u, v in edges]
+    return "\n".join(lines)
+
+
+def render(stage: str, fmt: str, plan, built_graph=None) -> str:
+    """Text of one dump stage for a compiled plan (`built_graph`: the views graph for `graph`)."""
+    if stage not in STAGES:
+        raise ValueError(f"dump: unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    if fmt not in FORMATS:
+        raise ValueError(f"dump: unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+    if stage in ("llvm", "asm"):
+        return llvm_text(plan, stage)
+    if fmt == "text":
+        if stage == "graph":
+            return graph_text(built_graph) if built_graph is not None else optimized_text(plan.graph_desc)
+        if stage == "optimized":
+            return optimized_text(plan.opt_desc)
+        return schedule_text(plan)
+    if stage == "graph":
+        parts = _graph_edges_built(built_graph) if built_graph is not None else _graph_edges_opt(plan.graph_desc)
+    elif stage == "optimized":
+        parts = _graph_edges_opt(plan.opt_desc)
+    else:
+        parts = _schedule_edges(plan)
+    return to_dot(*parts) if fmt == "dot" else to_mermaid(*parts)
