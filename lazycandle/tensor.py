@@ -14,6 +14,7 @@ from .ir.node import Node
 from .tensor_math import MathMixin
 from .tensor_views import ViewMixin
 from .tensor_reduce import ReduceMixin
+from .tensor_matmul import MatmulMixin
 
 
 class Device:
@@ -36,7 +37,7 @@ def _as_shape(shape) -> tuple:
     return shape
 
 
-class Tensor(ViewMixin, MathMixin, ReduceMixin):
+class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")

@@ -222,3 +222,5 @@ for _n in ("sum", "mean", "max", "min"):
     _op(_n, REDUCE, out_dtype="same", cost=1)
 for _n in ("argmax", "argmin"):
     _op(_n, REDUCE, out_dtype="u32", cost=1)
+
+_op("matmul", MATMUL, arity=2, doc="batched (..., m, k) @ (..., k, n); batch dims already broadcast equal")

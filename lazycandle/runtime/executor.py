@@ -40,6 +40,34 @@ def describe(cap):
     return {"inputs": ins, "nodes": nodes, "targets": list(cap.targets), "slots": list(cap.slots)}
 
 
+class MatmulStep:
+    """A matmul node: BLAS or the tiled GEMM, chosen at run time by the backend setting."""
+
+    def __init__(self, kernel, cap):
+        from ..layout import Layout
+        j = kernel.nodes[0]
+        self.out = j
+        self.dtype = cap.nodes[j].dtype
+        self.operands = []
+        for o in cap.operands[j]:
+            self.operands.append((o.kind, o.index, o.src, Layout(o.shape, o.strides, o.offset)))
+        kernel.inputs = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)
+                         for o in cap.operands[j]]
+        kernel.backend = config.get_matmul_backend()
+
+    def run_mm(self, in_bufs, offsets, bufs):
+        from dataclasses import replace
+        from .matmul import matmul
+        args = []
+        for kind, idx, src, lay in self.operands:
+            if kind == "in":
+                args += [in_bufs[src], replace(lay, offset=offsets[idx])]
+            else:
+                args += [bufs[idx], lay]
+        used = matmul(*args, bufs[self.out], self.dtype, config.get_matmul_backend())
+        return used
+
+
 class Plan:
     """A compiled graph: kernels in order, which node buffers they use, what to return."""
 
@@ -78,6 +106,8 @@ class Plan:
                 extent = spec.parallel_extent
                 cost = len(spec.instrs) * prod(spec.shape) / extent
                 self.steps.append(Step(k, _KERNEL_FN(cm.address(name)), extent, 1, cost))
+            elif k.kind == "matmul":
+                self.steps.append(MatmulStep(k, cap))
             else:
                 raise NotImplementedError(f"kernel kind {k.kind}")
 
@@ -92,6 +122,9 @@ class Plan:
         slots = self.slots
         for step, k in zip(self.steps, self.kernels):
             if step is None:
+                continue
+            if isinstance(step, MatmulStep):
+                k.backend = step.run_mm(in_bufs, offsets, bufs)
                 continue
             addrs = []
             for bind in k.inputs:
