@@ -1,0 +1,87 @@
+"""Command line: `lazycandle dump SCRIPT.py [--stage S] [--format F] [--out DIR]`,
+`lazycandle info`, `lazycandle bench [...]`."""
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+
+def _dump(args) -> int:
+    from .ir.printer import STAGES, FORMATS
+    stages = args.stage.split(",") if args.stage else ["graph", "optimized", "schedule"]
+    for s in stages:
+        if s not in STAGES:
+            print(f"lazycandle dump: unknown stage {s!r} (stages: {', '.join(STAGES)})", file=sys.stderr)
+            return 2
+    if args.format not in FORMATS:
+        print(f"lazycandle dump: unknown format {args.format!r} (formats: {', '.join(FORMATS)})", file=sys.stderr)
+        return 2
+    os.environ["LAZYCANDLE_DUMP"] = ",".join(stages)
+    os.environ["LAZYCANDLE_DUMP_FORMAT"] = args.format
+    if args.out:
+        os.environ["LAZYCANDLE_DUMP_DIR"] = args.out
+    sys.argv = [args.script] + args.args
+    runpy.run_path(args.script, run_name="__main__")
+    return 0
+
+
+def _info(args) -> int:
+    from . import config
+    from .codegen import jit
+    h = jit.host_info()
+    feats = [f[1:] for f in h["features"].split(",") if f.startswith("+") and
+             any(k in f for k in ("avx", "fma", "f16c", "sse4", "amx"))]
+    print(f"cpu:            {h['cpu']} ({h['triple']})")
+    print(f"vector bits:    {jit.vector_bits()}")
+    print(f"cpu features:   {' '.join(sorted(feats))}")
+    print(f"threads:        {config.get_num_threads()} (LAZYCANDLE_NUM_THREADS={os.environ.get('LAZYCANDLE_NUM_THREADS', '')!s}, "
+          f"affinity {len(os.sched_getaffinity(0))} cpus)")
+    print(f"matmul backend: {config.get_matmul_backend()}")
+    try:
+        from .runtime import blas
+        print(f"BLAS library:   {blas.info()}")
+    except Exception as e:  # BLAS is optional for info
+        print(f"BLAS library:   unavailable ({type(e).__name__}: {e})")
+    cd = config.cache_dir()
+    if cd:
+        n = sum(len(fs) for _, _, fs in os.walk(cd)) if os.path.isdir(cd) else 0
+        print(f"kernel cache:   {cd} ({n} objects)")
+    else:
+        print("kernel cache:   in memory only (set LAZYCANDLE_CACHE_DIR for a disk cache)")
+    return 0
+
+
+def _bench(argv) -> int:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isdir(os.path.join(root, "bench")) and root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        import bench
+    except ImportError:
+        print("lazycandle bench: the bench/ suite is not importable (run from a source checkout)", file=sys.stderr)
+        return 2
+    return bench.main(argv)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":
+        return _bench(argv[1:])
+    p = argparse.ArgumentParser(prog="lazycandle", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("dump", help="run a script with IR dumping on")
+    d.add_argument("script")
+    d.add_argument("--stage", default=None, help="comma list of graph,optimized,schedule,llvm,asm")
+    d.add_argument("--format", default="text", help="text | dot | mermaid")
+    d.add_argument("--out", default=None, help="write dumps to files in this directory")
+    d.add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("info", help="CPU features, threads, BLAS, kernel cache")
+    sub.add_parser("bench", help="run the benchmark suite")
+    args = p.parse_args(argv)
+    return _dump(args) if args.cmd == "dump" else _info(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
