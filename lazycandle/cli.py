@@ -76,11 +76,15 @@ def main(argv=None) -> int:
     d.add_argument("--stage", default=None, help="comma list of graph,optimized,schedule,llvm,asm")
     d.add_argument("--format", default="text", help="text | dot | mermaid")
     d.add_argument("--out", default=None, help="write dumps to files in this directory")
-    d.add_argument("args", nargs=argparse.REMAINDER)
     sub.add_parser("info", help="CPU features, threads, BLAS, kernel cache")
     sub.add_parser("bench", help="run the benchmark suite")
-    args = p.parse_args(argv)
-    return _dump(args) if args.cmd == "dump" else _info(args)
+    args, rest = p.parse_known_args(argv)
+    if args.cmd == "dump":
+        args.args = [a for a in rest if a != "--"]
+        return _dump(args)
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
+    return _info(args)
 
 
 if __name__ == "__main__":

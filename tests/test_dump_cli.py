@@ -1,0 +1,94 @@
+"""The IR dump tool (lc.dump, Program.dump, LAZYCANDLE_DUMP) and the command line."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lazycandle as lc
+
+ENV = dict(os.environ)
+
+
+@pytest.fixture
+def graph():
+    a = lc.tensor(np.ones((16, 8), np.float32))
+    b = lc.tensor(np.ones((8, 16), np.float32))
+    return ((a * 2 + b.t()).exp() - a).relu()
+
+
+def test_dump_stages(graph):
+    g = lc.dump(graph, stage="graph")
+    assert "transpose" in g and "exp" in g and "relu" in g
+    o = lc.dump(graph, stage="optimized")
+    assert "strides (1, 16)" in o
+    s = lc.dump(graph, stage="schedule")
+    assert s.count("kernel ") == 1 and "fuses" in s and "vector width" in s and "register transpose" in s
+    ll = lc.dump(graph, stage="llvm")
+    assert "define void" in ll and "shufflevector" in ll
+    asm = lc.dump(graph, stage="asm")
+    assert "ret" in asm
+    assert graph.is_lazy  # dumping compiles but does not run
+
+
+@pytest.mark.parametrize("fmt,marker", [("dot", "digraph"), ("mermaid", "flowchart")])
+def test_dump_formats(graph, fmt, marker):
+    for stage in ("graph", "optimized", "schedule"):
+        assert lc.dump(graph, stage=stage, fmt=fmt).startswith(marker)
+
+
+def test_dump_bad_stage(graph):
+    with pytest.raises(ValueError):
+        lc.dump(graph, stage="nope")
+    with pytest.raises(ValueError):
+        lc.dump(graph, stage="graph", fmt="svg")
+
+
+def test_program_dump():
+    x = lc.placeholder("x", (4, 4))
+    p = lc.compile([x.exp().sum(-1)])
+    assert "reduce" in p.dump("schedule")
+
+
+def test_env_dump_to_dir(tmp_path):
+    code = ("import numpy as np, lazycandle as lc\n"
+            "a = lc.tensor(np.arange(12.0, dtype=np.float32))\n"
+            "print((a * 1.5 + 2.25).exp().numpy()[0])\n")
+    env = dict(ENV, LAZYCANDLE_DUMP="graph,schedule,llvm", LAZYCANDLE_DUMP_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    names = sorted(os.listdir(tmp_path))
+    assert any(n.endswith(".schedule.txt") for n in names) and any(n.endswith(".llvm.txt") for n in names)
+
+
+def test_env_dump_to_stderr():
+    code = "import numpy as np, lazycandle as lc\nlc.tensor(np.ones(3, np.float32)).exp().numpy()\n"
+    env = dict(ENV, LAZYCANDLE_DUMP="schedule")
+    env.pop("LAZYCANDLE_DUMP_DIR", None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "kernel 0: elementwise" in r.stderr
+
+
+def test_cli_info_and_dump(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "lazycandle", "info"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "threads" in r.stdout and "BLAS" in r.stdout
+    script = tmp_path / "s.py"
+    script.write_text("import numpy as np, lazycandle as lc\nlc.tensor(np.ones(5, np.float32)).sin().numpy()\n")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "lazycandle", "dump", str(script), "--stage", "schedule,asm",
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert any(n.endswith(".asm.txt") for n in os.listdir(out))
+
+
+def test_disk_cache_skips_compilation(tmp_path):
+    code = ("import numpy as np, lazycandle as lc\n"
+            "from lazycandle.codegen import jit\n"
+            "(lc.tensor(np.ones(7, np.float32)) * 3.25).tanh().numpy()\n"
+            "print(jit.stats['disk_hits'])\n")
+    env = dict(ENV, LAZYCANDLE_CACHE_DIR=str(tmp_path))
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout.strip() == "0" and int(second.stdout.strip()) >= 1
