@@ -151,6 +151,11 @@ class ViewMixin:
             return self
         return type(self)(Node("copy", (self._node,), None, self.shape, self.dtype))
 
+    def materializable(self):
+        """Self, or a lazy copy when self views a scalar constant (kernels that are not fused
+        read operands from buffers, and a constant has none)."""
+        return self.copy() if self._node.base.op.name == "const" else self
+
     def copy(self):
         return type(self)(Node("copy", (self._node,), None, self.shape, self.dtype))
 

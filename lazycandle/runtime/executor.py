@@ -14,6 +14,7 @@ from ..ir.graph import capture
 from ..ir.node import Node
 from ..ir.schedule import schedule
 from . import pool
+from .steps import STEPS, NodeStep
 
 _KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
@@ -38,34 +39,6 @@ def describe(cap):
             n.shape, n.dtype) for n in cap.inputs]
     nodes = [(n.op.name, n.arg, n.shape, n.dtype, ops) for n, ops in zip(cap.nodes, cap.operands)]
     return {"inputs": ins, "nodes": nodes, "targets": list(cap.targets), "slots": list(cap.slots)}
-
-
-class MatmulStep:
-    """A matmul node: BLAS or the tiled GEMM, chosen at run time by the backend setting."""
-
-    def __init__(self, kernel, cap):
-        from ..layout import Layout
-        j = kernel.nodes[0]
-        self.out = j
-        self.dtype = cap.nodes[j].dtype
-        self.operands = []
-        for o in cap.operands[j]:
-            self.operands.append((o.kind, o.index, o.src, Layout(o.shape, o.strides, o.offset)))
-        kernel.inputs = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)
-                         for o in cap.operands[j]]
-        kernel.backend = config.get_matmul_backend()
-
-    def run_mm(self, in_bufs, offsets, bufs):
-        from dataclasses import replace
-        from .matmul import matmul
-        args = []
-        for kind, idx, src, lay in self.operands:
-            if kind == "in":
-                args += [in_bufs[src], replace(lay, offset=offsets[idx])]
-            else:
-                args += [bufs[idx], lay]
-        used = matmul(*args, bufs[self.out], self.dtype, config.get_matmul_backend())
-        return used
 
 
 class Plan:
@@ -106,8 +79,8 @@ class Plan:
                 extent = spec.parallel_extent
                 cost = len(spec.instrs) * prod(spec.shape) / extent
                 self.steps.append(Step(k, _KERNEL_FN(cm.address(name)), extent, 1, cost))
-            elif k.kind == "matmul":
-                self.steps.append(MatmulStep(k, cap))
+            elif cap.nodes[k.nodes[0]].op.name in STEPS:
+                self.steps.append(STEPS[cap.nodes[k.nodes[0]].op.name](k, cap))
             else:
                 raise NotImplementedError(f"kernel kind {k.kind}")
 
@@ -123,8 +96,8 @@ class Plan:
         for step, k in zip(self.steps, self.kernels):
             if step is None:
                 continue
-            if isinstance(step, MatmulStep):
-                k.backend = step.run_mm(in_bufs, offsets, bufs)
+            if isinstance(step, NodeStep):
+                step.run_node(in_bufs, offsets, bufs)
                 continue
             addrs = []
             for bind in k.inputs:

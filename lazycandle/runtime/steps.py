@@ -1,0 +1,64 @@
+"""Kernels of their own: a node that is not fused (matmul, index and data-movement ops) runs as
+one Step.  Each op kind registers a Step class here; the executor builds it once per plan and
+calls `run_node` with the plan's buffers at run time."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import config
+from ..layout import Layout
+
+STEPS: dict = {}
+
+
+def register(*op_names):
+    def deco(cls):
+        for n in op_names:
+            STEPS[n] = cls
+        return cls
+    return deco
+
+
+class NodeStep:
+    """Base: resolves the node's operands to (buffer, Layout) at run time."""
+
+    def __init__(self, kernel, cap):
+        j = kernel.nodes[0]
+        node = cap.nodes[j]
+        self.out, self.dtype, self.shape, self.arg = j, node.dtype, node.shape, node.arg
+        self.operands = []
+        for o in cap.operands[j]:
+            if o.kind == "const":
+                raise TypeError(f"{node.op.name}: constant operands must be materialised by the Tensor API")
+            src_dtype = cap.inputs[o.src].dtype if o.kind == "in" else cap.nodes[o.index].dtype
+            self.operands.append((o.kind, o.index, o.src, Layout(o.shape, o.strides, o.offset), src_dtype))
+        kernel.inputs = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)
+                         for o in cap.operands[j]]
+        self.kernel = kernel
+        self.setup(cap)
+
+    def setup(self, cap):
+        """Compile what the step needs (called once per plan)."""
+
+    def operand(self, i, in_bufs, offsets, bufs):
+        kind, idx, src, lay, _ = self.operands[i]
+        if kind == "in":
+            return in_bufs[src], replace(lay, offset=offsets[idx])
+        return bufs[idx], lay
+
+    def run_node(self, in_bufs, offsets, bufs):
+        raise NotImplementedError
+
+
+@register("matmul")
+class MatmulStep(NodeStep):
+    """BLAS or the tiled GEMM, chosen at run time by the backend setting."""
+
+    def setup(self, cap):
+        self.kernel.backend = config.get_matmul_backend()
+
+    def run_node(self, in_bufs, offsets, bufs):
+        from .matmul import matmul
+        a, la = self.operand(0, in_bufs, offsets, bufs)
+        b, lb = self.operand(1, in_bufs, offsets, bufs)
+        self.kernel.backend = matmul(a, la, b, lb, bufs[self.out], self.dtype, config.get_matmul_backend())
