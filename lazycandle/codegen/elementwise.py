@@ -20,7 +20,7 @@ from .. import dtype as D
 from ..ir.ops import OPS
 from . import codecs, jit
 from ..layout import contiguous_strides
-from .llvmutil import I1, I8, I32, I64, ltype, vec, splat, const, call_intrinsic, width_of, scalar_type
+from .llvmutil import I1, I8, I32, I64, VOID, intrinsic, type_suffix, ltype, vec, splat, const, call_intrinsic, width_of, scalar_type
 from .loops import new_module, kernel_function, arg_pointer, counted_loop
 
 
@@ -197,58 +197,79 @@ class _Kernel:
         self.W = spec.width()
 
     # -- loads and stores ----------------------------------------------------------------
-    def load(self, k, off, stride, w):
+    def load(self, k, off, stride, w, mask=None):
         """Raw storage value(s) of input k: w lanes starting at element offset `off`, `stride`
-        elements apart (stride 0: one load splatted)."""
+        elements apart (stride 0: one load splatted).  With `mask` (a tail), only the lanes it
+        sets are read: a masked vector load, or per-lane loads clamped to the last valid lane."""
         b, dt = self.b, self.in_dt[k]
         al = dt.size_in_bytes
         st = ltype(dt.storage)
         if stride == 0 or w == 1:
             x = b.load(b.gep(self.in_ptr[k], [off], inbounds=True), align=al)
             return splat(b, x, w)
+        vt = ir.VectorType(st, w)
         if stride == 1:
-            p = b.gep(self.in_ptr[k], [off], inbounds=True)
-            return b.load(b.bitcast(p, ir.VectorType(st, w).as_pointer()), align=al)
-        v = ir.Constant(ir.VectorType(st, w), ir.Undefined)
+            p = b.bitcast(b.gep(self.in_ptr[k], [off], inbounds=True), vt.as_pointer())
+            if mask is None:
+                return b.load(p, align=al)
+            fn = intrinsic(self.m, f"llvm.masked.load.{type_suffix(vt)}.p0{type_suffix(vt)}", vt,
+                           [vt.as_pointer(), I32, mask.type, vt])
+            return b.call(fn, [p, I32(al), mask, ir.Constant(vt, None)])
+        v = ir.Constant(vt, ir.Undefined)
         for lane in range(w):
-            p = b.gep(self.in_ptr[k], [b.add(off, I64(lane * stride))], inbounds=True)
+            idx = I64(lane * stride)
+            if mask is not None:
+                idx = b.mul(b.select(b.extract_element(mask, I32(lane)), I64(lane), I64(0)), I64(stride))
+            p = b.gep(self.in_ptr[k], [b.add(off, idx)], inbounds=True)
             v = b.insert_element(v, b.load(p, align=al), I64(lane))
         return v
 
-    def eval_store(self, in_off, out_off, strides, w, given=None):
+    def eval_store(self, in_off, out_off, strides, w, given=None, mask=None):
         """Evaluate the DAG for w lanes and store every output at `out_off`.  `given` maps an
-        input index to an already loaded raw value."""
+        input index to an already loaded raw value; `mask` limits loads and stores to a tail."""
         b = self.b
         given = given or {}
 
         def load(k):
             if k in given:
                 return given[k]
-            return self.load(k, in_off[k], strides[k], w)
+            return self.load(k, in_off[k], strides[k], w, mask)
 
         for k, v in enumerate(_emit_instrs(b, self.spec, load, w)):
             p = b.gep(self.out_ptr[k], [out_off], inbounds=True)
             al = self.out_dt[k].size_in_bytes
             if w == 1:
                 b.store(v, p, align=al)
-            else:
+            elif mask is None:
                 b.store(v, b.bitcast(p, v.type.as_pointer()), align=al)
+            else:
+                vt = v.type
+                fn = intrinsic(self.m, f"llvm.masked.store.{type_suffix(vt)}.p0{type_suffix(vt)}", VOID,
+                               [vt, vt.as_pointer(), I32, mask.type])
+                b.call(fn, [v, b.bitcast(p, vt.as_pointer()), I32(al), mask])
 
     # -- loops ---------------------------------------------------------------------------
     def inner_loop(self, start, stop, in_base, out_base, strides):
-        """Lanes [start, stop) of the inner dim: W-wide vector body, then the scalar tail."""
+        """Lanes [start, stop) of the inner dim: W-wide vector body, then one masked vector
+        step for the tail (no scalar copy of the expression)."""
         b, W = self.b, self.W
-        given_w, given_1 = {}, {}
+        given = {}
         for k, s in enumerate(strides):      # broadcast inputs are loop-invariant: load once
             if s == 0:
-                x = self.load(k, in_base[k], 0, 1)
-                given_1[k], given_w[k] = x, splat(b, x, W)
+                given[k] = splat(b, self.load(k, in_base[k], 0, 1), W)
         n = b.sub(stop, start)
         vec_stop = b.add(start, b.mul(b.sdiv(n, I64(W)), I64(W)))
-        for lo_, hi_, w, given in ((start, vec_stop, W, given_w), (vec_stop, stop, 1, given_1)):
-            with counted_loop(b, lo_, hi_, w, "v" if w > 1 else "t") as i:
-                offs = [base if s == 0 else b.add(base, b.mul(i, I64(s))) for base, s in zip(in_base, strides)]
-                self.eval_store(offs, b.add(out_base, i), strides, w, given)
+
+        def offsets_at(i):
+            return [base if s == 0 else b.add(base, b.mul(i, I64(s))) for base, s in zip(in_base, strides)]
+
+        with counted_loop(b, start, vec_stop, W, "v") as i:
+            self.eval_store(offsets_at(i), b.add(out_base, i), strides, W, given)
+        rem = b.sub(stop, vec_stop)
+        with b.if_then(b.icmp_signed(">", rem, I64(0))):
+            lanes = ir.Constant(ir.VectorType(I64, W), [I64(x) for x in range(W)])
+            mask = b.icmp_signed("<", lanes, splat(b, rem, W))
+            self.eval_store(offsets_at(vec_stop), b.add(out_base, vec_stop), strides, W, given, mask)
 
     def unravel(self, u, dims):
         """Index of each dim in `dims` (last fastest) for flat unit index u."""
