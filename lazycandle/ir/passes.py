@@ -37,10 +37,10 @@ def _forward(n, ops, nodes, operands) -> int | None:
             cand = ops[0]
     elif name == "neg" and ops[0].kind == "node" and _is_identity_read(ops[0], n.shape):
         inner = ops[0].index
-        if nodes[inner].op.name == "neg":
+        if nodes[inner].op.name == "neg" and nodes[inner].shape == n.shape:
             cand = operands[inner][0]
     if cand is not None and cand.kind == "node" and _is_identity_read(cand, n.shape) \
-            and nodes[cand.index].dtype is n.dtype:
+            and nodes[cand.index].dtype is n.dtype and nodes[cand.index].shape == n.shape:
         return cand.index
     return None
 

@@ -60,7 +60,8 @@ def group_nodes(cap: Capture):
         group_of[j] = gid
         if n.op.category == REDUCE:
             o = ops[0]
-            if o.kind == "node" and nodes[o.index].op.category == ELEMENTWISE and _identity_read(o, nodes[o.index].shape):
+            if o.kind == "node" and nodes[o.index].op.category == ELEMENTWISE and o.shape == nodes[o.index].shape \
+                    and _identity_read(o, o.shape):
                 G = members[group_of[o.index]]
                 private = not (G & targets) and all(consumers[y] <= G | {j} for y in G)
                 if private:
@@ -77,7 +78,7 @@ def group_nodes(cap: Capture):
             if o.kind != "node":
                 continue
             p = o.index
-            if nodes[p].op.category == ELEMENTWISE and _identity_read(o, n.shape):
+            if nodes[p].op.category == ELEMENTWISE and nodes[p].shape == n.shape and _identity_read(o, n.shape):
                 direct.append(group_of[p])
             else:
                 indirect.add(p)
@@ -163,7 +164,7 @@ def _fused_kernel(cap: Capture, group, mat) -> Kernel:
     def ref(o):
         if o.kind == "const":
             return ("c", o.value, o.dtype.name)
-        if o.kind == "node" and o.index in members and _identity_read(o, shape):
+        if o.kind == "node" and o.index in members and cap.nodes[o.index].shape == shape and _identity_read(o, shape):
             return ("v", instr_of[o.index])
         if o.kind == "in":
             key = ("slot", o.index, o.strides)
