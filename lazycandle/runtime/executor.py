@@ -83,17 +83,37 @@ class Plan:
                 self.steps.append(STEPS[cap.nodes[k.nodes[0]].op.name](k, cap))
             else:
                 raise NotImplementedError(f"kernel kind {k.kind}")
+        self._plan_memory()
+
+    def _plan_memory(self):
+        """Liveness: allocate each buffer right before the kernel that writes it and release
+        intermediates after their last reader, so later kernels reuse the blocks (buffers.py)."""
+        first_write, last_read = {}, {}
+        for i, k in enumerate(self.kernels):
+            for j in k.outputs:
+                first_write.setdefault(j, i)
+            for bind in k.inputs:
+                if bind[0] == "node":
+                    last_read[bind[1]] = i
+        keep = set(self.targets)
+        self.alloc_at = [[j for j in sorted(self.materialized) if first_write.get(j, 0) == i]
+                         for i in range(len(self.kernels))]
+        self.free_after = [[j for j, r in last_read.items() if r == i and j not in keep]
+                           for i in range(len(self.kernels))]
 
     def run(self, in_bufs, offsets):
         """in_bufs: 1-D arrays per capture input; offsets: per operand slot.  Returns the target
         buffers in capture-target order."""
         from .buffers import alloc
         bufs = {}
-        for j in sorted(self.materialized):
-            shape, dt = self.node_meta[j]
-            bufs[j] = alloc(prod(shape), dt)
         slots = self.slots
-        for step, k in zip(self.steps, self.kernels):
+        for i, (step, k) in enumerate(zip(self.steps, self.kernels)):
+            if i > 0:
+                for j in self.free_after[i - 1]:
+                    bufs.pop(j, None)
+            for j in self.alloc_at[i]:
+                shape, dt = self.node_meta[j]
+                bufs[j] = alloc(prod(shape), dt)
             if step is None:
                 continue
             if isinstance(step, NodeStep):
