@@ -63,16 +63,83 @@ def optimize(cap: Capture) -> Capture:
         remap[j] = seen[key] = len(nodes)
         nodes.append(n)
         operands.append(new_ops)
-    targets = [remap[t] for t in cap.targets]
+    out = dce(Capture(cap.key, cap.inputs, cap.slots, nodes, operands, [remap[t] for t in cap.targets]))
+    out.extra["notes"] = notes
+    return out
+
+
+def dce(cap: Capture) -> Capture:
+    """Drop nodes no target needs."""
+    nodes, operands, targets = cap.nodes, cap.operands, cap.targets
     live = set(targets)
     for j in range(len(nodes) - 1, -1, -1):
         if j in live:
             live |= {o.index for o in operands[j] if o.kind == "node"}
+    if len(live) == len(nodes):
+        return cap
     order = [j for j in range(len(nodes)) if j in live]
     new_index = {j: i for i, j in enumerate(order)}
     out = Capture(cap.key, cap.inputs, cap.slots, [nodes[j] for j in order],
                   [[replace(o, index=new_index[o.index]) if o.kind == "node" else o for o in operands[j]]
                    for j in order],
                   [new_index[t] for t in targets])
-    out.extra["notes"] = notes
+    out.extra = dict(cap.extra)
     return out
+
+
+RECOMPUTE_BUDGET = 48   # op cost units a reduction may recompute instead of reading a buffer
+
+
+def recompute_into_reductions(cap: Capture) -> Capture:
+    """A reduction whose elementwise producers are also used elsewhere would force them into a
+    buffer (written once, read twice).  When they are cheap, give the reduction its own copy of
+    them instead, so it fuses them and the intermediate never touches memory (softmax:
+    exp(x - max) is recomputed by the sum and by the division; layer_norm: (x - mean)^2)."""
+    from .ops import ELEMENTWISE, REDUCE
+    nodes, operands = cap.nodes, cap.operands
+    consumers = [set() for _ in nodes]
+    for j, ops in enumerate(operands):
+        for o in ops:
+            if o.kind == "node":
+                consumers[o.index].add(j)
+    clones = {}          # reduce node index -> list of producer indices to clone (topological)
+    for r, n in enumerate(nodes):
+        if n.op.category != REDUCE:
+            continue
+        o = operands[r][0]
+        if o.kind != "node" or nodes[o.index].op.category != ELEMENTWISE or nodes[o.index].shape != o.shape \
+                or not _is_identity_read(o, o.shape):
+            continue
+        sub, stack = set(), [o.index]
+        while stack:
+            p = stack.pop()
+            if p in sub:
+                continue
+            sub.add(p)
+            for q in operands[p]:
+                if q.kind == "node" and nodes[q.index].op.category == ELEMENTWISE and \
+                        nodes[q.index].shape == nodes[p].shape and _is_identity_read(q, q.shape):
+                    stack.append(q.index)
+        private = not (sub & set(cap.targets)) and all(consumers[y] <= sub | {r} for y in sub)
+        cost = sum(nodes[y].op.cost for y in sub)
+        if private or cost > RECOMPUTE_BUDGET:
+            continue
+        clones[r] = sorted(sub)
+    if not clones:
+        return cap
+    new_nodes, new_ops, where = [], [], {}
+    for j, (n, ops) in enumerate(zip(nodes, operands)):
+        local = dict(where)
+        if j in clones:
+            for p in clones[j]:
+                local[p] = len(new_nodes)
+                new_nodes.append(nodes[p])
+                new_ops.append([replace(q, index=local[q.index]) if q.kind == "node" else q for q in operands[p]])
+        where[j] = len(new_nodes)
+        new_nodes.append(n)
+        new_ops.append([replace(q, index=local[q.index]) if q.kind == "node" else q for q in ops])
+    out = Capture(cap.key, cap.inputs, cap.slots, new_nodes, new_ops, [where[t] for t in cap.targets])
+    out.extra["notes"] = cap.extra.get("notes", []) + [
+        f"reduction n{where[r]} recomputes its producers ({', '.join(nodes[p].op.name for p in ps)})"
+        for r, ps in clones.items()]
+    return dce(out)

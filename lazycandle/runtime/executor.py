@@ -46,9 +46,9 @@ class Plan:
 
     def __init__(self, cap):
         from ..codegen import elementwise as ew, reduce as red
-        from ..ir.passes import optimize
+        from ..ir.passes import optimize, recompute_into_reductions
         src_desc = describe(cap)
-        cap = optimize(cap)
+        cap = recompute_into_reductions(optimize(cap))
         self.kernels, self.materialized, self.notes = schedule(cap)
         self.notes = cap.extra.get("notes", []) + self.notes
         # descriptions for the dump tool; the plan is cached, so it must not pin Nodes/buffers
