@@ -1,26 +1,29 @@
 """Conversions between a dtype's storage type and its compute type, for scalars and vectors.
 
 `decode(b, codec, v)` turns stored values (half, or raw integer bits for bf16 / f8 / f6 / f4)
-into float; `encode(b, codec, v)` rounds a float (or double) value to the storage format,
-bit-identical to NumPy / ml_dtypes `astype` for every input, NaN payloads included;
-`roundtrip(b, codec, v)` is decode(encode(v)) bit for bit but computed without leaving float,
-used after every op of a low-precision chain so that fusion never changes a value.  The codec
-name comes from the dtype table (DType.codec).  Everything is branch-free integer / float
-arithmetic and selects, so it vectorises inside a fused loop.
+into float (or double, `to=F64`); `encode(b, codec, v)` rounds a float or double value to the
+storage format, bit-identical to NumPy / ml_dtypes `astype` for every input, NaN payloads
+included; `roundtrip(b, codec, v)` equals decode(encode(v)) bit for bit but stays in float and
+is cheaper: it runs after every op of a low-precision chain so that fusion never changes a value.
+The codec name comes from the dtype table (DType.codec).  Everything is branch-free integer /
+float arithmetic and selects (no libcalls), so it vectorises inside a fused loop; f32 paths are
+unaffected by FTZ/DAZ.
 
-The ml_dtypes 0.6 rules this reproduces (the tests check them bit for bit):
+The ml_dtypes 0.6 rules reproduced here (the tests check them bit for bit):
 * bf16 / half / f8e4m3 / f6 / f4: round to nearest even, target subnormals included.
-* NaN: half keeps NumPy's payload (sign | 0x7c00 | mantissa >> 13, never 0x7c00; no quieting),
-  bf16 gives sign | 0x7fc0, f8e4m3 sign | 0x7f; f6 / f4 have no NaN and give a zero whose sign
-  is the NaN's sign inverted (+NaN -> -0, -NaN -> +0: their quiet_NaN() is the -0 pattern).
-* overflow and +-inf: bf16 / half go to +-inf, f8e4m3 to +-NaN (|x| > 464), f6 / f4 saturate.
-* f8e8m0 (unsigned powers of two, no zero): rounds half *up* (1.5 -> 2, 3 -> 4), x <= 2^-127
-  gives 2^-127 and (2^-127, 2^-126) gives 2^-126; zero, negatives, inf, NaN and >= 1.5 * 2^127
-  give NaN (0xff).
-* double input: ml_dtypes converts double -> float -> codec (two roundings); NumPy's half rounds
-  once.  `encode(..., single_rounding=True)` rounds double inputs once for every codec instead.
-* decode of an f6 / f4 byte with bits above the format set: ml_dtypes treats any of them as the
-  sign (byte 0x40 of f6 is -0.0); reproduced so that all 256 bytes decode like ml_dtypes.
+* NaN: half keeps NumPy's payload (sign | 0x7c00 | mantissa >> 13, never 0x7c00, no quieting;
+  NumPy also widens half NaNs without quieting), bf16 gives sign | 0x7fc0, f8e4m3 sign | 0x7f;
+  f6 / f4 have no NaN and give a zero with the NaN's sign inverted (+NaN -> -0, -NaN -> +0:
+  their quiet_NaN() is the -0 pattern).
+* overflow and +-inf: bf16 / half give +-inf, f8e4m3 +-NaN (|x| > 464), f6 / f4 saturate.
+* f8e8m0 (unsigned powers of two, no zero): rounds half *up* (1.5 -> 2, 3 -> 4); 0 < x <= 2^-127
+  gives 2^-127 and 2^-127 < x < 2^-126 gives 2^-126; zero, negatives (-0 too), inf, NaN and
+  x >= 1.5 * 2^127 give NaN (0xff).
+* double input: ml_dtypes converts double -> float -> codec (two roundings; e.g. f8e8m0 of 1e-300
+  is NaN because the float is 0) and so does encode by default; NumPy's half rounds once.
+  `encode(..., single_rounding=True)` rounds double input once for every codec.
+* decoding an f6 / f4 byte with bits above the format set: ml_dtypes takes any of them as the
+  sign (f6 byte 0x40 is -0.0); reproduced, so all 256 bytes decode like ml_dtypes.
 """
 from __future__ import annotations
 

@@ -58,6 +58,8 @@ def _cast(b, v, src: D.DType, dst: D.DType):
     if src.is_float:
         if dst.is_float:
             if dst.codec:
+                if isinstance(scalar_type(v.type), ir.FloatType):
+                    return codecs.roundtrip(b, dst.codec, v)
                 return codecs.decode(b, dst.codec, codecs.encode(b, dst.codec, v))
             if v.type == dst_t:
                 return v
