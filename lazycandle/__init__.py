@@ -5,6 +5,7 @@ from .errors import (Error, DTypeMismatchBinaryOp, UnsupportedDTypeForOp, Unsupp
                      EmptyReduction, UnboundPlaceholder, FeedError)
 from .tensor import (Tensor, tensor, from_numpy, full, zeros, ones, zeros_like, ones_like, arange, randn, rand,
                      placeholder, realize, cpu)
+from .tensor_index import cat, stack
 from . import nn
 from .graph_api import compile, Program, jit, dump
 from .config import get_num_threads, set_num_threads, num_threads, set_matmul_backend, get_matmul_backend

@@ -15,6 +15,7 @@ from .tensor_math import MathMixin
 from .tensor_views import ViewMixin
 from .tensor_reduce import ReduceMixin
 from .tensor_matmul import MatmulMixin
+from .tensor_index import IndexMixin
 
 
 class Device:
@@ -37,7 +38,7 @@ def _as_shape(shape) -> tuple:
     return shape
 
 
-class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin):
+class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")
