@@ -13,13 +13,15 @@ from .ir.ops import OPS
 from .tensor_views import broadcast_shapes
 
 
-def check_dtype(op: str, dt) -> None:
-    """Raise UnsupportedDTypeForOp when `op` cannot compute in `dt`."""
+def check_dtype(op: str, dt, shape=None) -> None:
+    """Raise UnsupportedDTypeForOp when `op` cannot compute in `dt` (the message names the
+    operand's shape when given)."""
+    where = f" (shape {tuple(shape)})" if shape is not None else ""
     if dt.storage_only:
-        raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is storage-only (no arithmetic)")
+        raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is storage-only (no arithmetic){where}")
     kind = OPS.get(op)
     if kind is not None and kind.float_only and not dt.is_float:
-        raise UnsupportedDTypeForOp(f"{op}: not supported for integer dtype {dt.name}")
+        raise UnsupportedDTypeForOp(f"{op}: not supported for integer dtype {dt.name}{where}")
 
 
 def _is_scalar(x) -> bool:
@@ -31,7 +33,7 @@ class MathMixin:
 
     # ---- building blocks ---------------------------------------------------------------
     def _unary(self, op, arg=None):
-        check_dtype(op, self.dtype)
+        check_dtype(op, self.dtype, self.shape)
         return type(self)(Node(op, (self._node,), arg, self.shape, self.dtype))
 
     def _scalar_like(self, value):
@@ -41,7 +43,7 @@ class MathMixin:
     def _binary(self, op, other, broadcast: bool, reflected=False):
         T = type(self)
         if _is_scalar(other):
-            check_dtype(op, self.dtype)
+            check_dtype(op, self.dtype, self.shape)
             other = self._scalar_like(other)
         elif not isinstance(other, T):
             return NotImplemented
@@ -49,7 +51,7 @@ class MathMixin:
         if a.dtype is not b.dtype:
             raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch lhs {a.dtype.name} rhs {b.dtype.name} "
                                         f"(shapes {a.shape} and {b.shape})")
-        check_dtype(op, a.dtype)
+        check_dtype(op, a.dtype, a.shape)
         if a.shape != b.shape:
             if not broadcast:
                 raise ShapeMismatchBinaryOp(f"{op}: shape mismatch lhs {a.shape} rhs {b.shape} "
@@ -84,21 +86,21 @@ class MathMixin:
 
     def affine(self, mul, add):
         """x * mul + add, computed in the tensor's dtype."""
-        check_dtype("affine", self.dtype)
+        check_dtype("affine", self.dtype, self.shape)
         from .tensor import scalar_in_dtype
         return self._unary("affine", (scalar_in_dtype(mul, self.dtype), scalar_in_dtype(add, self.dtype)))
 
     def clamp(self, lo, hi):
-        check_dtype("clamp", self.dtype)
+        check_dtype("clamp", self.dtype, self.shape)
         from .tensor import scalar_in_dtype
         return self._unary("clamp", (scalar_in_dtype(lo, self.dtype), scalar_in_dtype(hi, self.dtype)))
 
     def powf(self, e):
-        check_dtype("powf", self.dtype)
+        check_dtype("powf", self.dtype, self.shape)
         return self._unary("powf", float(e))
 
     def elu(self, alpha):
-        check_dtype("elu", self.dtype)
+        check_dtype("elu", self.dtype, self.shape)
         return self._unary("elu", float(alpha))
 
     def to_dtype(self, dtype):
@@ -138,7 +140,8 @@ class MathMixin:
         """Pick on_true where this mask (u8/u32/i64, nonzero = true) is set, else on_false."""
         T = type(self)
         if self.dtype not in (D.u8, D.u32, D.i64):
-            raise UnsupportedDTypeForOp(f"where_cond: mask dtype must be u8, u32 or i64, got {self.dtype.name}")
+            raise UnsupportedDTypeForOp(f"where_cond: mask dtype must be u8, u32 or i64, got {self.dtype.name} "
+                                        f"(shape {self.shape})")
         if _is_scalar(on_true) and isinstance(on_false, T):
             on_true = on_false._scalar_like(on_true)
         if _is_scalar(on_false) and isinstance(on_true, T):
@@ -147,12 +150,13 @@ class MathMixin:
             raise TypeError("where_cond: on_true and on_false must be tensors (or one a scalar)")
         if on_true.dtype is not on_false.dtype:
             raise DTypeMismatchBinaryOp(f"where_cond: dtype mismatch on_true {on_true.dtype.name} "
-                                        f"on_false {on_false.dtype.name}")
+                                        f"on_false {on_false.dtype.name} (shapes {on_true.shape} and {on_false.shape})")
         if not (self.shape == on_true.shape == on_false.shape):
             raise ShapeMismatchBinaryOp(f"where_cond: shape mismatch mask {self.shape} on_true {on_true.shape} "
                                         f"on_false {on_false.shape}")
         if on_true.dtype.storage_only:
-            raise UnsupportedDTypeForOp(f"where_cond: dtype {on_true.dtype.name} is storage-only")
+            raise UnsupportedDTypeForOp(f"where_cond: dtype {on_true.dtype.name} is storage-only "
+                                        f"(shape {on_true.shape})")
         return T(Node("where", (self._node, on_true._node, on_false._node), None, self.shape, on_true.dtype))
 
     # ---- operators (broadcast like NumPy; scalars take the tensor's dtype) -------------

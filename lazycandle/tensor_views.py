@@ -10,14 +10,19 @@ from .ir.node import Node
 
 
 def norm_dim(dim, rank, op, extra=0) -> int:
-    """Dim index with negatives counting from the end; `extra` widens the range (unsqueeze)."""
+    """Dim index with negatives counting from the end; `extra` widens the range (unsqueeze).
+    `rank` may be the shape itself (then the error message names it)."""
+    shape = tuple(rank) if isinstance(rank, (tuple, list)) else None
+    if shape is not None:
+        rank = len(shape)
+    where = f"rank {rank}" + (f" (shape {shape})" if shape is not None else "")
     n = rank + extra
     try:
         d = int(dim)
     except (TypeError, ValueError):
-        raise DimOutOfRange(f"{op}: dim must be an int, got {dim!r}") from None
+        raise DimOutOfRange(f"{op}: dim must be an int, got {dim!r} for {where}") from None
     if d < -n or d >= n or n == 0:
-        raise DimOutOfRange(f"{op}: dim {dim} out of range for rank {rank}")
+        raise DimOutOfRange(f"{op}: dim {dim} out of range for {where}")
     return d + n if d < 0 else d
 
 
@@ -64,7 +69,7 @@ class ViewMixin:
         return self._view(lay, f"reshape{shape}")
 
     def transpose(self, d0, d1):
-        d0, d1 = norm_dim(d0, self.rank, "transpose"), norm_dim(d1, self.rank, "transpose")
+        d0, d1 = norm_dim(d0, self.shape, "transpose"), norm_dim(d1, self.shape, "transpose")
         perm = list(range(self.rank))
         perm[d0], perm[d1] = d1, d0
         return self._view(self._node.layout.permute(perm), f"transpose({d0}, {d1})")
@@ -79,13 +84,13 @@ class ViewMixin:
             dims = dims[0]
         if len(dims) != self.rank:
             raise DimOutOfRange(f"permute: {len(dims)} dims given for rank {self.rank} (shape {self.shape})")
-        dims = [norm_dim(d, self.rank, "permute") for d in dims]
+        dims = [norm_dim(d, self.shape, "permute") for d in dims]
         if sorted(dims) != list(range(self.rank)):
             raise DimOutOfRange(f"permute: {tuple(dims)} is not a permutation of the dims of shape {self.shape}")
         return self._view(self._node.layout.permute(dims), f"permute{tuple(dims)}")
 
     def narrow(self, dim, start, length):
-        dim = norm_dim(dim, self.rank, "narrow")
+        dim = norm_dim(dim, self.shape, "narrow")
         size = self.shape[dim]
         start, length = int(start), int(length)
         if start < 0 or length < 0 or start + length > size:
@@ -112,11 +117,11 @@ class ViewMixin:
         return self.broadcast_as(tuple(batch) + self.shape)
 
     def unsqueeze(self, dim):
-        dim = norm_dim(dim, self.rank, "unsqueeze", extra=1)
+        dim = norm_dim(dim, self.shape, "unsqueeze", extra=1)
         return self._view(self._node.layout.unsqueeze(dim), f"unsqueeze({dim})")
 
     def squeeze(self, dim):
-        dim = norm_dim(dim, self.rank, "squeeze")
+        dim = norm_dim(dim, self.shape, "squeeze")
         if self.shape[dim] != 1:
             return self
         return self._view(self._node.layout.select(dim, 0), f"squeeze({dim})")
@@ -124,8 +129,8 @@ class ViewMixin:
     def flatten(self, start_dim=0, end_dim=-1):
         if self.rank == 0:
             return self.reshape((1,))
-        s = norm_dim(start_dim, self.rank, "flatten")
-        e = norm_dim(end_dim, self.rank, "flatten")
+        s = norm_dim(start_dim, self.shape, "flatten")
+        e = norm_dim(end_dim, self.shape, "flatten")
         if s > e:
             raise DimOutOfRange(f"flatten: start_dim {start_dim} > end_dim {end_dim} for shape {self.shape}")
         return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
@@ -134,15 +139,24 @@ class ViewMixin:
         return self.reshape((self.elem_count,))
 
     def chunk(self, n, dim=0):
-        dim = norm_dim(dim, self.rank, "chunk")
+        """Split `dim` into n pieces like candle: sizes differ by at most one, the larger
+        first (7 in 3 -> 3, 2, 2); fewer elements than n gives pieces of one."""
+        dim = norm_dim(dim, self.shape, "chunk")
         n = int(n)
         if n < 1:
             raise ValueError(f"chunk: need n >= 1, got {n}")
         size = self.shape[dim]
-        step = -(-size // n) if size else 0
-        if step == 0:
+        if size == 0:
             return [self]
-        return [self.narrow(dim, s, min(step, size - s)) for s in range(0, size, step)]
+        if size < n:
+            return [self.narrow(dim, i, 1) for i in range(size)]
+        base, extra = divmod(size, n)
+        out, start = [], 0
+        for i in range(n):
+            length = base + (1 if i < extra else 0)
+            out.append(self.narrow(dim, start, length))
+            start += length
+        return out
 
     def contiguous(self):
         """A tensor with its own row-major buffer: self when the layout already is one."""
