@@ -19,6 +19,7 @@ import math
 from fractions import Fraction
 
 import llvmlite.ir as ir
+import numpy as np
 
 from . import vmath_core as core
 from .vmath_core import V, exp_parts
@@ -27,12 +28,10 @@ from .vmath_pow import powf
 from .vmath_trig import cos, sin
 
 
-def _dd(v: V, decimal: str):
-    """A real constant as hi + lo in v's precision (exact decimal value, not its double)."""
-    exact = Fraction(decimal)
-    hi = v.c(float(exact))
-    hi_val = float(exact) if v.key == "f64" else float(__import__("numpy").float32(float(exact)))
-    return hi, v.c(float(exact - Fraction(hi_val)))
+def _dd(v: V, exact: Fraction):
+    """A real constant as hi + lo in v's precision."""
+    hi = float(exact) if v.key == "f64" else float(np.float32(float(exact)))
+    return v.c(hi), v.c(float(exact - Fraction(hi)))
 
 
 # ---- tanh -------------------------------------------------------------------------------------
@@ -47,6 +46,7 @@ _TANH = {   # odd minimax x + x^3 P(x^2) on [0, 0.625]; above: 1 - 2t/(1+t), t =
 
 
 def tanh(v: V, x):
+    """tanh(x) = sign(x) (|x| + |x|^3 P(x^2)) below 0.625, else sign(x) (1 - 2t/(1+t))."""
     cut, P = _TANH[v.key]
     a = v.abs(x)
     z = v.mul(a, a)
@@ -57,19 +57,26 @@ def tanh(v: V, x):
 
 
 # ---- logistic family ----------------------------------------------------------------------------
-def _logistic(v: V, w, w_lo=None, mul=None):
+def _logistic(v: V, w, w_lo=None, mul=None, compensated=True):
     """mul / (1 + e^-w), with e^-|w| = (p + p_lo) s1 s2 kept in pieces so that tiny results
-    underflow gradually and the division is compensated:
+    underflow gradually and (if compensated) the division is corrected by its remainder:
     w >= 0: mul / (1 + t);  w < 0: ((mul p s1) / (1 + t)) s2,  t = e^-|w|."""
     neg = v.cmp("<", w, v.c(0.0))
     a = v.neg(v.abs(w))
     a_lo = None if w_lo is None else v.sel(neg, w_lo, v.neg(w_lo))
+    one, zero = v.c(1.0), v.c(0.0)
+    if not compensated:
+        p, s1, s2 = exp_parts(v, a, a_lo)
+        ps1 = v.mul(p, s1)
+        num = v.sel(neg, ps1, one)
+        num = num if mul is None else v.mul(num, mul)
+        res = v.div(num, v.add(one, v.mul(ps1, s2)))
+        return v.mul(res, v.sel(neg, s2, one))
     p, p_lo, s1, s2 = exp_parts(v, a, a_lo, with_lo=True)
     ps1 = v.mul(p, s1)
     t = v.mul(ps1, s2)
     d, d_lo = v.fast_two_sum(v.c(1.0), t)
     d_lo = v.fma(v.mul(p_lo, s1), s2, d_lo)                # 1 + t = d + d_lo
-    one, zero = v.c(1.0), v.c(0.0)
     n_hi = v.sel(neg, ps1, one)
     n_lo = v.sel(neg, v.mul(p_lo, s1), zero)
     if mul is not None:
@@ -83,30 +90,35 @@ def _logistic(v: V, w, w_lo=None, mul=None):
 
 
 def sigmoid(v: V, x):
+    """1 / (1 + e^-x), accurate (and gradually underflowing) for x << 0 too."""
     return v.sel(v.isnan(x), x, _logistic(v, x))
 
 
-def _negative_tail(v: V, x, res, under):
-    """x * (something vanishing) for very negative x: -0 where it underflows, NaN at -inf
-    (NumPy's x / (1 + exp(-x)) gives -inf / inf there)."""
+def _x_times_fixups(v: V, x, res, under):
+    """Special values of x * g(x), g -> 1 at +inf and -> 0 at -inf: -0 where the result
+    underflows, NaN at -inf (NumPy's x / (1 + exp(-x)) is -inf / inf), x for +-0, +inf, NaN."""
     res = v.sel(under, v.c(-0.0), res)
     res = v.sel(v.cmp("==", x, v.c(-math.inf)), v.c(math.nan), res)
-    return v.sel(v.isnan(x), x, res)
+    keep = v.b.or_(v.cmp("==", x, v.c(0.0)), v.cmp("==", x, v.c(math.inf)))
+    return v.sel(v.b.or_(keep, v.isnan(x)), x, res)
 
 
 def silu(v: V, x):
+    """x / (1 + e^-x); silu(-inf) = NaN like NumPy's formula."""
     res = _logistic(v, x, None, x)
-    return _negative_tail(v, x, res, v.cmp("<", x, v.c(core._EXP[v.key].lo)))
+    return _x_times_fixups(v, x, res, v.cmp("<", x, v.c(core._EXP[v.key].lo)))
 
 
 _GELU_CLAMP = {"f32": 1e4, "f64": 1e100}   # beyond: gelu(x) = x, or -0
+_GELU_K1 = Fraction("0.7978845608028654") * 2               # the decimal constants, exactly
+_GELU_K2 = _GELU_K1 * Fraction("0.044715")
 
 
 def gelu(v: V, x):
     """tanh-approximation GELU = x * sigmoid(2u), 2u = x (k1 + k2 x^2); 2u is formed in
     double-word arithmetic because e^(2u) for x << 0 amplifies its rounding error |2u| times."""
-    k1, k1l = _dd(v, str(Fraction("0.7978845608028654") * 2))
-    k2, k2l = _dd(v, str(Fraction("0.7978845608028654") * 2 * Fraction("0.044715")))
+    k1, k1l = _dd(v, _GELU_K1)
+    k2, k2l = _dd(v, _GELU_K2)
     big = _GELU_CLAMP[v.key]
     xc = v.clamp(x, -big, big)
     x2, x2l = v.two_prod(xc, xc)
@@ -116,8 +128,8 @@ def gelu(v: V, x):
     al = v.add(v.add(e, tl), k1l)
     wh, wl = v.two_prod(xc, ah)
     wl = v.fma(xc, al, wl)
-    res = _logistic(v, wh, wl, x)
-    return _negative_tail(v, x, res, v.cmp("<", wh, v.c(core._EXP[v.key].lo)))
+    res = _logistic(v, wh, wl, x, compensated=v.key == "f64")      # f32: 4-ulp budget, speed
+    return _x_times_fixups(v, x, res, v.cmp("<", wh, v.c(core._EXP[v.key].lo)))
 
 
 def elu(v: V, x, alpha: float):
@@ -155,7 +167,11 @@ FUNCS = {name: _builder(name) for name in _IMPLS}
 
 
 def emit(b: ir.IRBuilder, name: str, x: ir.Value, *params: float) -> ir.Value:
-    """Emit `name`(x, *params) at b's position; returns a value of x's type."""
+    """Emit `name`(x, *params) at b's position; returns a value of x's type.
+
+    sin and cos add basic blocks (a branch around the huge-argument reduction, taken only
+    when some lane has |x| >= 2^40 (f32) / 2^32 (f64)) and leave the builder at the end of
+    their join block: take phi incoming blocks from `b.block` after emitting."""
     try:
         fn = FUNCS[name]
     except KeyError:

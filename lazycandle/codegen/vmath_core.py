@@ -187,8 +187,8 @@ def exp_parts(v: V, x, x_lo=None, with_lo=False):
     k = v.roundeven(v.mul(xc, v.c(1.4426950408889634)))
     r = v.fma(k, v.c(-K.ln2_hi), xc)
     r = v.fma(k, v.c(-K.ln2_lo), r)
-    if x_lo is not None:
-        r = v.add(r, x_lo)
+    if x_lo is not None:                                  # (meaningless once x is clamped)
+        r = v.add(r, v.sel(v.cmp("==", x, xc), x_lo, v.c(0.0)))
     p = v.poly(r, K.coeffs)
     q = v.fma(p, r, v.c(1.0))
     p = v.fma(q, r, v.c(1.0))
@@ -235,9 +235,9 @@ class _LogConsts:
 
 _LOG = {
     "f32": _LogConsts(0x3F3504F3, (0.6666677594184875, 0.3997754156589508, 0.29871729016304016)),
-    "f64": _LogConsts(0x3FE6A09E667F3BCD, (0.6666666666666666, 0.4000000000000624, 0.2857142856908732,
-                                           0.2222222264657597, 0.18181775683442658, 0.1538708996343348,
-                                           0.13250136239851953, 0.13251162791238974)),
+    "f64": _LogConsts(0x3FE6A09E667F3BCD, (0.6666666666666666, 0.40000000000002256, 0.2857142857010003,
+                                           0.22222222519829682, 0.1818178437613034, 0.15386756881535374,
+                                           0.13256828941783652, 0.13196218748429792)),   # Q0 = 2/3 fixed
 }
 
 

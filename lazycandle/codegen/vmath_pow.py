@@ -1,1 +1,89 @@
-def powf(v, x, e): raise NotImplementedError
+"""powf(x, e) for a constant exponent with np.power's (C99 pow's) special cases.
+
+|x|^e = exp(e log|x|).  The product e log|x| must be accurate to ~2^-54 absolute for a
+1-ulp result, so f32 computes log and exp in double (then rounds once), and f64 carries
+log|x| as a double-double (atanh series with the leading terms in double-word arithmetic)
+into exp's reduction.  Exponents 0, 1, -1, 2 and 1/2 are exact special cases (1/2 is sqrt, as in NumPy 2's power); the sign for
+negative x (odd integer e) and the NaN for negative x with non-integer e are decided from e
+at build time.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from . import vmath_core as core
+from .vmath_core import V
+
+
+def _log_dd(v: V, ax):
+    """log(ax) as (hi, lo) to ~2^-66 relative, ax >= 0 (specials: hi = log's, lo = 0)."""
+    L = core._LOG[v.key]
+    K = core._EXP[v.key]
+    ef, f = core.log_reduce(v, ax)
+    d, d_lo = v.fast_two_sum(v.c(2.0), f)
+    s = v.div(f, d)
+    rem = v.fma(v.neg(s), d_lo, v.fma(v.neg(s), d, f))
+    s_lo = v.div(rem, d)                                   # s + s_lo = f / (2 + f)
+    z, z_lo = v.two_prod(s, s)
+    z_lo = v.fma(v.add(s, s), s_lo, z_lo)
+    c, c_lo = v.two_prod(s, z)                             # s^3
+    c_lo = v.fma(s, z_lo, v.fma(s_lo, z, c_lo))
+    tt = Fraction(2, 3)
+    tt_hi = float(tt)
+    t, t_lo = v.two_prod(c, v.c(tt_hi))                    # (2/3) s^3
+    t_lo = v.fma(c, v.c(float(tt - Fraction(tt_hi))), v.fma(c_lo, v.c(tt_hi), t_lo))
+    u = v.mul(v.mul(c, z), v.poly(z, L.coeffs[1:]))        # rest of 2 atanh(s) - 2s
+    a, a_lo = v.two_prod(ef, v.c(K.ln2_hi))
+    a_lo = v.fma(ef, v.c(K.ln2_lo), a_lo)
+    sh, e1 = v.two_sum(a, v.add(s, s))
+    sh, e2 = v.two_sum(sh, t)
+    lo = v.add(v.add(v.add(a_lo, v.add(s_lo, s_lo)), v.add(t_lo, u)), v.add(e1, e2))
+    hi, lo = v.fast_two_sum(sh, lo)
+    hi = core.log_specials(v, ax, hi)
+    finite = v.cmp("<", v.abs(hi), v.c(math.inf))
+    return hi, v.sel(finite, lo, v.c(0.0))
+
+
+def _abs_pow(v: V, ax, e: float):
+    """|x|^e for ax = |x| (NaN, 0 and inf handled by log / exp's own rules)."""
+    if v.key == "f32":
+        w = v.other("f64")
+        y = w.mul(core.log(w, v.b.fpext(ax, w.t)), w.c(e))
+        return v.b.fptrunc(core.exp(w, y), v.t)
+    hi, lo = _log_dd(v, ax)
+    y, y_lo = v.two_prod(hi, v.c(e))
+    y_lo = v.fma(lo, v.c(e), y_lo)
+    y_lo = v.sel(v.cmp("<", v.abs(y), v.c(2000.0)), y_lo, v.c(0.0))   # beyond: 0 or inf anyway
+    p, s1, s2 = core.exp_parts(v, y, y_lo)
+    return v.sel(v.isnan(y), y, v.mul(v.mul(p, s1), s2))
+
+
+def powf(v: V, x, e: float):
+    """np.power(x, e) with e a constant (rounded to x's precision first, as NumPy does)."""
+    if v.key == "f32":
+        e = float(np.float32(e))
+    if e == 0.0:
+        return v.c(1.0)                                    # even for NaN x
+    if e == 1.0:
+        return x
+    if e == 2.0:
+        return v.mul(x, x)
+    if e == -1.0:
+        return v.div(v.c(1.0), x)
+    if e == 0.5:                                           # NumPy 2 uses sqrt here: (-0)^.5 = -0, (-inf)^.5 = NaN
+        return v.sqrt(x)
+    res = _abs_pow(v, v.abs(x), e)
+    finite = math.isfinite(e)
+    is_int = finite and e == math.floor(e)
+    if is_int and abs(e) < 2.0 ** 53 and int(e) % 2 == 1:
+        res = v.copysign(res, x)                           # odd integer: sign of x (also for -0, -inf)
+    if finite and not is_int:                              # negative finite x: NaN
+        neg = v.b.and_(v.cmp("<", x, v.c(0.0)), v.cmp(">", x, v.c(-math.inf)))
+        res = v.sel(neg, v.c(math.nan), res)
+    one = v.c(1.0)
+    if math.isinf(e):
+        res = v.sel(v.cmp("==", x, v.c(-1.0)), one, res)    # pow(-1, +-inf) = 1
+    return v.sel(v.cmp("==", x, one), one, res)            # pow(1, anything) = 1

@@ -24,11 +24,13 @@ def width(dtype) -> int:
     return jit.vector_bits() // (np.dtype(dtype).itemsize * 8)
 
 
-def kernel_ir(name: str, dtype, params=()) -> str:
-    """LLVM IR text of the test kernel for `name` on dtype."""
+def kernel_ir(name: str, dtype, params=(), lanes: int | None = None) -> str:
+    """LLVM IR text of the test kernel for `name` on dtype (vector body of `lanes` lanes,
+    default width(dtype); lanes=1 makes the body scalar too)."""
     dtype = np.dtype(dtype)
-    t, w, size = _TYPES[dtype], width(dtype), dtype.itemsize
-    vt = ir.VectorType(t, w)
+    t, size = _TYPES[dtype], dtype.itemsize
+    w = lanes or width(dtype)
+    vt = ir.VectorType(t, w) if w > 1 else t
     mod = ir.Module(name=f"vmath_{name}")
     mod.triple, mod.data_layout = jit.triple_and_layout()
     fn = ir.Function(mod, ir.FunctionType(VOID, [t.as_pointer(), t.as_pointer(), I64]), name="k")
@@ -67,14 +69,14 @@ def kernel_ir(name: str, dtype, params=()) -> str:
     return str(mod)
 
 
-def get_kernel(name: str, dtype, params=()):
-    """ctypes function for (name, dtype, params), compiled once per process."""
+def get_kernel(name: str, dtype, params=(), lanes: int | None = None):
+    """ctypes function for (name, dtype, params, lanes), compiled once per process."""
     dtype = np.dtype(dtype)
     params = tuple(float(p) for p in params)
-    key = (name, dtype, params)
+    key = (name, dtype, params, lanes)
     fn = _cache.get(key)
     if fn is None:
-        cm = jit.compile_ir(kernel_ir(name, dtype, params), export=["k"], name=f"vmath_{name}")
+        cm = jit.compile_ir(kernel_ir(name, dtype, params, lanes), export=["k"], name=f"vmath_{name}")
         ptr = ctypes.POINTER(_CTYPES[dtype])
         fn = ctypes.CFUNCTYPE(None, ptr, ptr, ctypes.c_int64)(cm.address("k"))
         fn._cm = cm                     # keep the code alive
@@ -82,14 +84,16 @@ def get_kernel(name: str, dtype, params=()):
     return fn
 
 
-def run(name: str, arr: np.ndarray, *params, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
-    """name(arr, *params) elementwise on a float32/float64 array (any shape)."""
+def run(name: str, arr: np.ndarray, *params, threads: int = 1, out: np.ndarray | None = None,
+        lanes: int | None = None) -> np.ndarray:
+    """name(arr, *params) elementwise on a float32/float64 array (any shape); `threads` > 1
+    splits the range with runtime.pool.parallel_for; `lanes` overrides the vector width."""
     a = np.ascontiguousarray(arr)
     if a.dtype not in _TYPES:
         raise TypeError(f"vmath_run: float32 or float64 array expected, got {a.dtype}")
     if out is None:
         out = np.empty_like(a)
-    fn = get_kernel(name, a.dtype, params)
+    fn = get_kernel(name, a.dtype, params, lanes)
     n, size = a.size, a.dtype.itemsize
     pa, po = a.ctypes.data, out.ctypes.data
     ptr = ctypes.POINTER(_CTYPES[a.dtype])
@@ -99,7 +103,7 @@ def run(name: str, arr: np.ndarray, *params, threads: int = 1, out: np.ndarray |
 
     if threads > 1:
         from ..runtime.pool import parallel_for
-        parallel_for(chunk, 0, n, align=width(a.dtype), threads=threads, min_cost=0)
+        parallel_for(chunk, 0, n, align=lanes or width(a.dtype), threads=threads, min_cost=0)
     else:
         chunk(0, n)
     return out
