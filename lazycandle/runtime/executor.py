@@ -33,6 +33,16 @@ class Step:
                           cost_per_item=self.cost, align=self.align)
 
 
+def _compiled_step(k, codegen, size, extent, align):
+    """Compile kernel k's spec with `codegen` (elementwise or reduce); None when it has no work."""
+    if size == 0:
+        return None
+    cm, name = codegen.compile_spec(k.spec)
+    k.compiled = cm
+    cost = len(k.spec.instrs) * prod(k.spec.shape) / extent
+    return Step(k, _KERNEL_FN(cm.address(name)), extent, align, cost)
+
+
 def describe(cap):
     """Node-free description of a capture: inputs, nodes (op, arg, shape, dtype, operands), targets."""
     ins = [("placeholder" if n.op.name == "placeholder" else "buffer", n.arg if n.op.name == "placeholder" else None,
@@ -59,26 +69,11 @@ class Plan:
         for k in self.kernels:
             if k.kind == "elementwise":
                 spec = k.spec
-                if prod(spec.shape) == 0:
-                    self.steps.append(None)
-                    continue
-                cm, name = ew.compile_spec(spec)
-                fn = _KERNEL_FN(cm.address(name))
-                k.compiled = cm
-                extent = ew.parallel_extent(spec)
-                cost = len(spec.instrs) * prod(spec.shape) / extent
-                align = spec.width() if len(spec.shape) == 1 else 1
-                self.steps.append(Step(k, fn, extent, align, cost))
+                self.steps.append(_compiled_step(k, ew, prod(spec.shape), ew.parallel_extent(spec),
+                                                 spec.width() if len(spec.shape) == 1 else 1))
             elif k.kind == "reduce":
                 spec = k.spec
-                if prod(spec.out_shape) == 0:
-                    self.steps.append(None)
-                    continue
-                cm, name = red.compile_spec(spec)
-                k.compiled = cm
-                extent = spec.parallel_extent
-                cost = len(spec.instrs) * prod(spec.shape) / extent
-                self.steps.append(Step(k, _KERNEL_FN(cm.address(name)), extent, 1, cost))
+                self.steps.append(_compiled_step(k, red, prod(spec.out_shape), spec.parallel_extent, 1))
             elif cap.nodes[k.nodes[0]].op.name in STEPS:
                 self.steps.append(STEPS[cap.nodes[k.nodes[0]].op.name](k, cap))
             else:
