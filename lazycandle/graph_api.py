@@ -125,7 +125,6 @@ def jit(fn):
 
     def wrapper(*args):
         arrays = [a.numpy() if isinstance(a, Tensor) else np.asarray(a) for a in args]
-        sig = tuple((a.shape, a.dtype.str if a.dtype.names is None else a.dtype) for a in arrays)
         sig = tuple((a.shape, DType.from_numpy(a.dtype).name) for a in arrays)
         entry = cache.get(sig)
         if entry is None:

@@ -123,12 +123,8 @@ class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin):
 
 
 # ---- creation -------------------------------------------------------------------------
-def _from_array(arr: np.ndarray, dtype: DType | None) -> Tensor:
-    if dtype is None:
-        if arr.dtype == np.float64 and getattr(arr, "_lc_from_python", False):
-            dtype = D.f32
-        else:
-            dtype = D.DType.from_numpy(arr.dtype)
+def _from_array(arr: np.ndarray, dtype: DType) -> Tensor:
+    """A realized tensor holding a row-major copy of `arr` as `dtype` (creation: NumPy copies)."""
     buf = np.array(arr, dtype=dtype.numpy, copy=True, order="C").reshape(-1)
     return Tensor(Node("buffer", (), None, arr.shape, dtype, buffer=buf))
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import llvmlite.ir as ir
 
-from ..codegen.llvmutil import I1, call_intrinsic, const, vec, width_of, FM_ELEMENTWISE as FM
+from ..codegen.llvmutil import call_intrinsic, const, FM_ELEMENTWISE as FM
 
 SOURCE, VIEW, ELEMENTWISE, REDUCE, MATMUL, INDEX = "source", "view", "elementwise", "reduce", "matmul", "index"
 
@@ -42,20 +42,6 @@ def _op(name, category, **kw) -> OpKind:
 
 
 # ---- emission helpers ------------------------------------------------------------------
-def _zero(v):
-    return const(v.type, 0.0 if isinstance(v.type.element if hasattr(v.type, "element") else v.type,
-                                           (ir.FloatType, ir.DoubleType, ir.HalfType)) else 0)
-
-
-def _is_float_val(v):
-    t = v.type.element if isinstance(v.type, ir.VectorType) else v.type
-    return isinstance(t, (ir.FloatType, ir.DoubleType, ir.HalfType))
-
-
-def _bool_to(b, c, like):
-    return b.zext(c, like.type) if not _is_float_val(like) else b.uitofp(c, like.type)
-
-
 def _vmath(fname):
     def emit(b, dt, vals, arg):
         from ..codegen import vmath
