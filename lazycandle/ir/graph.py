@@ -37,19 +37,33 @@ class Operand:
         return ("n", self.index, self.shape, self.strides, self.offset)
 
 
-@dataclass
 class Capture:
-    key: tuple
-    inputs: list                # base Nodes: realized buffers or placeholders
-    slots: list                 # (input index, offset) per "in" operand slot
-    nodes: list                 # computed Nodes, topological
-    operands: list              # list[list[Operand]] per computed node
-    targets: list               # node index per target
-    extra: dict = field(default_factory=dict)
+    """A canonical capture.  `operands` (Operand objects) are built on first use from the raw
+    operand keys, so a plan-cache hit never pays for them."""
+
+    def __init__(self, key, inputs, slots, nodes, operands, targets, raw=None):
+        self.key, self.inputs, self.slots, self.nodes, self.targets = key, inputs, slots, nodes, targets
+        self._operands, self._raw = operands, raw
+        self.extra = {}
+
+    @property
+    def operands(self):
+        if self._operands is None:
+            self._operands = [[_operand_from_raw(r, self) for r in ops] for ops in self._raw]
+        return self._operands
 
     @property
     def offsets(self):
         return [off for _, off in self.slots]
+
+
+def _operand_from_raw(r, cap):
+    if r[0] == "c":
+        from ..dtype import DType
+        return Operand("const", -1, r[3], tuple(0 for _ in r[3]), value=r[1], dtype=DType.from_name(r[2]))
+    if r[0] == "i":
+        return Operand("in", r[1], r[2], r[3], src=cap.slots[r[1]][0])
+    return Operand("node", r[1], r[2], r[3], r[4])
 
 
 def _argkey(a):
@@ -60,57 +74,58 @@ def _argkey(a):
     return a
 
 
-def is_input(n) -> bool:
-    return n.realized or n.op.name == "placeholder"
-
-
 def capture(targets) -> Capture:
     """Canonical capture of everything the (unrealized, non-view) `targets` depend on."""
     index: dict = {}
-    inputs, input_keys, nodes, operands, node_keys = [], [], [], [], []
+    inputs, input_keys, nodes, raw, node_keys = [], [], [], [], []
     slots, slot_index = [], {}
-
-    def operand(src):
-        base, lay = src.base, src.layout
-        if base.op.name == "const" and not base.realized:
-            return Operand("const", -1, lay.shape, lay.strides, value=base.arg, dtype=base.dtype)
-        kind, idx = index[id(base)]
-        if kind == "in":
-            sk = (idx, lay.shape, lay.strides, lay.offset)
-            s = slot_index.get(sk)
-            if s is None:
-                s = slot_index[sk] = len(slots)
-                slots.append((idx, lay.offset))
-            return Operand("in", s, lay.shape, lay.strides, src=idx)
-        return Operand("node", idx, lay.shape, lay.strides, lay.offset)
-
     for root in targets:
         stack = [(root, False)]
         while stack:
             n, expanded = stack.pop()
-            if id(n) in index:
+            nid = id(n)
+            if nid in index:
                 continue
-            if is_input(n):
-                index[id(n)] = ("in", len(inputs))
+            op = n.op.name
+            if n.buffer is not None or op == "placeholder":
+                index[nid] = ("i", len(inputs))
                 inputs.append(n)
-                input_keys.append(("ph", n.arg) if n.op.name == "placeholder" else ("buf",))
-                input_keys[-1] += (n.shape, n.dtype.name)
+                input_keys.append(("ph", n.arg, n.shape, n.dtype.name) if op == "placeholder"
+                                  else ("buf", n.shape, n.dtype.name))
                 continue
             if not expanded:
                 stack.append((n, True))
                 for s in reversed(n.srcs):
                     b = s.base
-                    if id(b) not in index and not (b.op.name == "const" and not b.realized):
+                    if id(b) not in index and not (b.buffer is None and b.op.name == "const"):
                         stack.append((b, False))
                 continue
-            ops = [operand(s) for s in n.srcs]
-            index[id(n)] = ("node", len(nodes))
+            ops = []
+            for src in n.srcs:
+                base, lay = src.base, src.layout
+                if base.buffer is None and base.op.name == "const":
+                    ops.append(("c", base.arg, base.dtype.name, lay.shape))
+                    continue
+                kind, idx = index[id(base)]
+                if kind == "i":
+                    sk = (idx, lay.shape, lay.strides, lay.offset)
+                    sl = slot_index.get(sk)
+                    if sl is None:
+                        sl = slot_index[sk] = len(slots)
+                        slots.append((idx, lay.offset))
+                    ops.append(("i", sl, lay.shape, lay.strides))
+                else:
+                    ops.append(("n", idx, lay.shape, lay.strides, lay.offset))
+            ops = tuple(ops)
+            index[nid] = ("n", len(nodes))
             nodes.append(n)
-            operands.append(ops)
-            node_keys.append((n.op.name, _argkey(n.arg), n.shape, n.dtype.name, tuple(o.key() for o in ops)))
+            raw.append(ops)
+            arg = n.arg
+            node_keys.append((op, arg if arg is None or isinstance(arg, (int, float, str)) else _argkey(arg),
+                              n.shape, n.dtype.name, ops))
     tgt = [index[id(t)][1] for t in targets]
     key = (tuple(input_keys), tuple(node_keys), tuple(tgt), tuple(sk[:3] for sk in slot_index))
-    return Capture(key, inputs, slots, nodes, operands, tgt)
+    return Capture(key, inputs, slots, nodes, None, tgt, raw)
 
 
 def to_networkx(cap: Capture) -> nx.DiGraph:
