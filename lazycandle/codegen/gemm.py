@@ -1,4 +1,4 @@
-"""The generated tiled GEMM (BLIS-style), one LLVM module per (dtype, tile shape, stride pattern).
+"""The generated tiled GEMM (BLIS-style), one LLVM module per (dtype, register tile).
 
     for each task (batch, m-range, n-range)            <- tasks are split over the thread pool
       for jc in n-range step NC:                         B block (KC x NC) lives in L3
@@ -8,10 +8,12 @@
 
 Packing reads any strides (stride 0, transposed, gaps) and converts storage -> accumulator type
 (f16/bf16/f8 -> f32, narrow ints -> i32), so the micro-kernel only ever sees aligned, dense,
-zero-padded panels.  The micro-kernel keeps MR x NV vectors of VW lanes as loop phis, broadcasts
+zero-padded panels.  When asked (a_keep), Ap holds the task's whole packed A and is reused
+across NC blocks and across consecutive tasks reading the same A (a broadcast lhs).  The micro-kernel keeps MR x NV vectors of VW lanes as loop phis, broadcasts
 one A element per row and issues explicit `llvm.fma` (ints: mul + add, wrapping).  Results are
 added across KC blocks in the output itself, or, when the output type is narrower than the
-accumulator, in an accumulator-typed scratch tile W, and rounded once on the last block.
+accumulator, in an accumulator-typed scratch W (the task's rows x NC) and rounded once on the
+last block.
 """
 from __future__ import annotations
 
@@ -23,15 +25,15 @@ import llvmlite.ir as ir
 
 from ..dtype import DType
 from . import jit
-from .gemm_ir import (ONE, ZERO, I1, I64, acc_add, acc_type, define, for_range, from_acc, gep, i64,
-                      if_then, imin, load, mul, add, new_module, storage_type, store, to_acc, vload,
+from .gemm_ir import (ONE, ZERO, I64, acc_add, acc_type, define, finalize_ir, for_range, from_acc, gep, i64,
+                      if_then, imin, load, mul, add, new_module, storage_type, store, to_acc, type_bytes, vload,
                       vstore, zero)
-from .llvmutil import VOID, call_intrinsic, splat, vec
+from .llvmutil import I1, VOID, call_intrinsic, splat, vec
 
 MAX_BATCH_RANK = 8
 # Parameter block passed to the driver (one int64 each; batch arrays of MAX_BATCH_RANK follow).
 FIELDS = ("a", "b", "o", "m", "n", "k", "rsa", "csa", "rsb", "csb", "ldo", "mc", "kc", "nc",
-          "mchunk", "nchunk", "mtasks", "ntasks", "bp_off", "w_off", "rank")
+          "mchunk", "nchunk", "mtasks", "ntasks", "bp_off", "w_off", "rank", "a_keep", "a_rows")
 BATCH_ARRAYS = ("bshape", "bsa", "bsb", "bso")
 NPARAMS = len(FIELDS) + len(BATCH_ARRAYS) * MAX_BATCH_RANK
 
@@ -44,15 +46,14 @@ def param_index(name: str, i: int = 0) -> int:
 
 @dataclass(frozen=True)
 class GemmSpec:
-    """What one compiled GEMM kernel is specialised on."""
+    """What one compiled GEMM kernel is specialised on (strides and sizes are run-time values:
+    the packers pick their loop by stride at run time)."""
     dtype: DType
     mr: int          # rows of the register tile
     nv: int          # vectors per row of the register tile
     vw: int          # lanes per vector
-    a_pat: str       # "k": A's k stride is 1; "m": A's m stride is 1; "g": general strides
-    b_pat: str       # "n": B's n stride is 1; "k": B's k stride is 1; "g": general
     unroll: int = 4  # k-loop unroll of the micro-kernel
-    prefetch: int = 1  # prefetch the C tile before, and A ahead inside, the k loop
+    prefetch: int = 8  # prefetch the C tile before the k loop, and A this many unrolled steps ahead
 
     @property
     def nr(self) -> int:
@@ -65,7 +66,7 @@ class GemmSpec:
 
     @property
     def key(self) -> str:
-        return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_{self.a_pat}{self.b_pat}_u{self.unroll}"
+        return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}"
 
 
 def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
@@ -73,8 +74,7 @@ def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
     sized so MR*NV accumulators + NV B vectors + 1 broadcast fit the vector register file
     (16 registers up to AVX2, 32 with AVX-512)."""
     bits = vector_bits or jit.vector_bits()
-    acc_bits = acc_type(dt).width if isinstance(acc_type(dt), ir.IntType) else \
-        {ir.FloatType: 32, ir.DoubleType: 64}[type(acc_type(dt))]
+    acc_bits = 8 * type_bytes(acc_type(dt))
     vw = bits // acc_bits
     regs = 32 if bits >= 512 else 16
     nv = 4 if regs == 32 else 2
@@ -85,53 +85,85 @@ def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
 
 
 # ---- packing ----------------------------------------------------------------------------
-def _stride(pattern_unit: bool, runtime):
-    return ONE if pattern_unit else runtime
-
-
-def _emit_pack(m: ir.Module, spec: GemmSpec, name: str, width: int, unit_row: bool, unit_col: bool,
-               vector_rows: bool):
-    """pack(src, rs, cs, rows, kb, dst): rows x kb block of src (element (r, k) at r*rs + k*cs)
-    -> panels dst[r/width][k][width], zero padded past `rows`.  unit_row / unit_col specialise
-    rs == 1 / cs == 1.  vector_rows: the `width` values of one k are contiguous in src (rs == 1),
-    so they are read as one vector."""
+# Both operands are packed into panels dst[r / W][k][W] (W = MR for A, NR for B) of kbp >= kb
+# k-rows each, zero padded past `rows` and past `kb`, so the micro-kernel needs no remainder
+# loop and no bounds checks.  A's rows are i (stride rsa) and its k stride is csa; B's "rows"
+# are j (stride csb) and its k stride is rsb.
+def _emit_pack_scalar(m: ir.Module, spec: GemmSpec):
+    """pack_s(src, rs, cs, rows, kb, kbp, dst, W): any strides and panel width, one element
+    at a time, walking each row along k (contiguous when cs == 1)."""
     dt = spec.dtype
     st, at = storage_type(dt), acc_type(dt)
-    fn, b = define(m, name, VOID, [st.as_pointer(), I64, I64, I64, I64, at.as_pointer()])
-    src, rs, cs, rows, kb, dst = fn.args
-    rs, cs = _stride(unit_row, rs), _stride(unit_col, cs)
-    esize = dt.size_in_bytes
-    full = b.sdiv(rows, i64(width))
-    with for_range(b, ZERO, full, name="p") as p:
-        base = gep(b, src, mul(b, mul(b, p, i64(width)), rs))
-        out = gep(b, dst, mul(b, mul(b, p, kb), i64(width)))
-        with for_range(b, ZERO, kb, name="k") as k:
-            o = mul(b, k, i64(width))
-            if vector_rows:
-                v = to_acc(b, dt, vload(b, base, mul(b, k, cs), width, esize))
-                vstore(b, v, out, o, min(64, width * _acc_bytes(at)))
-            else:
-                for r in range(width):
-                    x = to_acc(b, dt, load(b, base, add(b, mul(b, i64(r), rs), mul(b, k, cs)), esize))
-                    store(b, x, out, add(b, o, i64(r)), _acc_bytes(at))
-    rem = b.sub(rows, mul(b, full, i64(width)))
-    with if_then(b, b.icmp_signed(">", rem, ZERO), "tail"):
-        base = gep(b, src, mul(b, mul(b, full, i64(width)), rs))
-        out = gep(b, dst, mul(b, mul(b, full, kb), i64(width)))
-        with for_range(b, ZERO, kb, name="kt") as k:
-            o = mul(b, k, i64(width))
-            for r in range(width):
-                slot = gep(b, out, add(b, o, i64(r)))
-                b.store(zero(at), slot, align=_acc_bytes(at))
-                with if_then(b, b.icmp_signed("<", i64(r), rem), f"r{r}"):
-                    x = to_acc(b, dt, load(b, base, add(b, mul(b, i64(r), rs), mul(b, k, cs)), esize))
-                    b.store(x, slot, align=_acc_bytes(at))
+    ab, eb = type_bytes(at), dt.size_in_bytes
+    fn, b = define(m, "pack_s", VOID, [st.as_pointer(), I64, I64, I64, I64, I64, at.as_pointer(), I64])
+    src, rs, cs, rows, kb, kbp, dst, W = fn.args
+    npanel = b.sdiv(add(b, rows, b.sub(W, ONE)), W)
+    with for_range(b, ZERO, npanel, name="p") as p:
+        base = gep(b, src, mul(b, mul(b, p, W), rs))
+        out = gep(b, dst, mul(b, mul(b, p, kbp), W))
+        nrows = imin(b, W, b.sub(rows, mul(b, p, W)))
+        with if_then(b, b.or_(b.icmp_signed("<", nrows, W), b.icmp_signed("<", kb, kbp)), "pad"):
+            with for_range(b, ZERO, mul(b, kbp, W), name="z") as z:
+                store(b, zero(at), out, z, ab)
+        with for_range(b, ZERO, nrows, name="r") as r:
+            row = gep(b, base, mul(b, r, rs))
+            with for_range(b, ZERO, kb, name="k") as k:
+                v = to_acc(b, dt, load(b, row, mul(b, k, cs), eb))
+                store(b, v, out, add(b, mul(b, k, W), r), ab)
     b.ret_void()
     return fn
 
 
-def _acc_bytes(t) -> int:
-    return t.width // 8 if isinstance(t, ir.IntType) else {ir.FloatType: 4, ir.DoubleType: 8}[type(t)]
+def _emit_pack(m: ir.Module, spec: GemmSpec, name: str, width: int, pack_s):
+    """pack(src, rs, cs, rows, kb, kbp, dst) for panels of `width` (MR for A, NR for B).  Full
+    panels: when rs == 1 (B row-major) each k is one vector load, walking whole rows of B;
+    otherwise k-outer with the `width` scalar loads unrolled (contiguous when rs == 1, one
+    stream per row when cs == 1).  The last, partial panel and the k padding go to pack_s."""
+    dt = spec.dtype
+    st, at = storage_type(dt), acc_type(dt)
+    ab, eb = type_bytes(at), dt.size_in_bytes
+    fn, b = define(m, name, VOID, [st.as_pointer(), I64, I64, I64, I64, I64, at.as_pointer()])
+    src, rs, cs, rows, kb, kbp, dst = fn.args
+    W = i64(width)
+    full = b.sdiv(rows, W)
+    panel = mul(b, kbp, W)                       # elements per packed panel
+
+    def rows_of_b():
+        with for_range(b, ZERO, kb, name="kv") as k:
+            row = gep(b, src, mul(b, k, cs))
+            out = gep(b, dst, mul(b, k, W))
+            with for_range(b, ZERO, full, name="pv") as p:
+                v = to_acc(b, dt, vload(b, row, mul(b, p, W), width, eb))
+                vstore(b, v, out, mul(b, p, panel), min(64, width * ab))
+
+    def k_outer():
+        with for_range(b, ZERO, full, name="pg") as p:
+            base = gep(b, src, mul(b, mul(b, p, W), rs))
+            out = gep(b, dst, mul(b, p, panel))
+            with for_range(b, ZERO, kb, name="kg") as k:
+                col = gep(b, base, mul(b, k, cs))
+                o = gep(b, out, mul(b, k, W))
+                for r in range(width):
+                    store(b, to_acc(b, dt, load(b, col, mul(b, i64(r), rs), eb)), o, i64(r), ab)
+
+    if width == spec.nr:                         # B's panel is a whole number of vectors
+        with b.if_else(b.icmp_signed("==", rs, ONE)) as (unit, other):
+            with unit:
+                rows_of_b()
+            with other:
+                k_outer()
+    else:
+        k_outer()
+    # k padding of the full panels, then the partial panel
+    with for_range(b, ZERO, full, name="pz") as p:
+        out = gep(b, dst, mul(b, p, panel))
+        with for_range(b, mul(b, kb, W), panel, name="z") as z:
+            store(b, zero(at), out, z, ab)
+    done = mul(b, full, W)
+    b.call(pack_s, [gep(b, src, mul(b, done, rs)), rs, cs, b.sub(rows, done), kb, kbp,
+                    gep(b, dst, mul(b, full, panel)), W])
+    b.ret_void()
+    return fn
 
 
 # ---- micro-kernel -----------------------------------------------------------------------
@@ -146,55 +178,54 @@ def _emit_micro(m: ir.Module, spec: GemmSpec):
     gets sum_k ap[k][i] * bp[k][j]; first/last say whether this is the first/last KC block."""
     dt = spec.dtype
     st, at = storage_type(dt), acc_type(dt)
-    MR, NV, VW, NR = spec.mr, spec.nv, spec.vw, spec.nr
+    MR, NV, VW, NR, U = spec.mr, spec.nv, spec.vw, spec.nr, spec.unroll
     vt = vec(at, VW)
-    ab = _acc_bytes(at)
+    ab = type_bytes(at)
     fn, b = define(m, "micro", VOID, [I64, at.as_pointer(), at.as_pointer(), st.as_pointer(), I64,
                                       at.as_pointer(), I64, I64, I64, I1, I1])
     kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = fn.args
     tile = b.alloca(at, size=MR * NR)
-
-    def step(bb, k, accs):
-        bvs = [vload(bb, bp, add(bb, mul(bb, k, i64(NR)), i64(v * VW)), VW, min(64, VW * ab)) for v in range(NV)]
-        out = []
-        for i in range(MR):
-            a = splat(bb, load(bb, ap, add(bb, mul(bb, k, i64(MR)), i64(i)), ab), VW)
-            out.append([_fma(bb, a, bvs[v], accs[i][v]) for v in range(NV)])
-        return out
-
-    accs = [[zero(vt)] * NV for _ in range(MR)]
-    U = spec.unroll
+    o_rows = [b.gep(o, [mul(b, i64(i), ldo)]) for i in range(MR)]
+    w_rows = [b.gep(w, [mul(b, i64(i), ldw)]) for i in range(MR)]
     if spec.prefetch:
-        sb = dt.size_in_bytes
-        for i in range(MR):
+        for row in o_rows:
             for off in sorted({0, NR - 1}):
-                _prefetch(b, gep(b, o, add(b, mul(b, i64(i), ldo), i64(off))), write=True)
+                _prefetch(b, b.gep(row, [i64(off)]), write=True)
 
-    def unrolled(bb, k, a):
+    def steps(bb, a_ptr, b_ptr, accs):
+        """U k-steps reading the panels at a_ptr / b_ptr (constant offsets only)."""
         if spec.prefetch:
-            _prefetch(bb, gep(bb, ap, mul(bb, add(bb, k, i64(8 * U)), i64(MR))), write=False)
-        return _unrolled(bb, k, a, U, step)
+            _prefetch(bb, bb.gep(a_ptr, [i64(spec.prefetch * U * MR)]), write=False)
+        for u in range(U):
+            bvs = [vload(bb, b_ptr, i64(u * NR + v * VW), VW, min(64, VW * ab)) for v in range(NV)]
+            new = []
+            for i in range(MR):
+                a = splat(bb, load(bb, a_ptr, i64(u * MR + i), ab), VW)
+                new.append([_fma(bb, a, bvs[v], accs[i][v]) for v in range(NV)])
+            accs = new
+        return accs
 
-    kmain = mul(b, b.sdiv(kb, i64(U)), i64(U))
-    accs = _acc_loop(b, ZERO, kmain, U, accs, unrolled, "ku")
-    accs = _acc_loop(b, kmain, kb, 1, accs, step, "k1")
+    accs = _acc_loop(b, kb, U, ap, bp, MR * U, NR * U, [[zero(vt)] * NV for _ in range(MR)], steps)
 
     full = b.and_(b.icmp_signed("==", mr, i64(MR)), b.icmp_signed("==", nr, i64(NR)))
     with b.if_else(full) as (then, otherwise):
         with then:
-            for i in range(MR):
-                for v in range(NV):
-                    _finish(b, spec, accs[i][v], o, add(b, mul(b, i64(i), ldo), i64(v * VW)),
-                            w, add(b, mul(b, i64(i), ldw), i64(v * VW)), first, last)
+            def whole_tile(mode):
+                for i in range(MR):
+                    for v in range(NV):
+                        _apply(b, spec, mode, accs[i][v], o_rows[i], i64(v * VW), w_rows[i], i64(v * VW))
+            _by_mode(b, spec, first, last, whole_tile)
         with otherwise:
             for i in range(MR):
                 for v in range(NV):
                     vstore(b, accs[i][v], tile, i64(i * NR + v * VW), ab)
-            with for_range(b, ZERO, mr, name="ei") as ei:
-                with for_range(b, ZERO, nr, name="ej") as ej:
-                    x = load(b, tile, add(b, mul(b, ei, i64(NR)), ej), ab)
-                    _finish(b, spec, x, o, add(b, mul(b, ei, ldo), ej), w, add(b, mul(b, ei, ldw), ej),
-                            first, last)
+
+            def edge_tile(mode):
+                with for_range(b, ZERO, mr, name="ei") as ei:
+                    with for_range(b, ZERO, nr, name="ej") as ej:
+                        x = load(b, tile, add(b, mul(b, ei, i64(NR)), ej), ab)
+                        _apply(b, spec, mode, x, o, add(b, mul(b, ei, ldo), ej), w, add(b, mul(b, ei, ldw), ej))
+            _by_mode(b, spec, first, last, edge_tile)
     b.ret_void()
     return fn
 
@@ -207,33 +238,26 @@ def _prefetch(b, ptr, write: bool):
     b.call(fn, [b.bitcast(ptr, p8), i32(1 if write else 0), i32(3), i32(1)])
 
 
-def _unrolled(b, k, accs, U, step):
-    for u in range(U):
-        accs = step(b, add(b, k, i64(u)), accs)
-    return accs
-
-
-def _acc_loop(b, lo, hi, stride, accs, body, name):
-    """Counted loop carrying the accumulator grid in phis; returns the grid after the loop."""
+def _acc_loop(b, kb, U, ap, bp, a_step, b_step, accs, body):
+    """for (k = 0; k < kb; k += U) with the accumulator grid and both panel pointers in phis;
+    returns the grid after the loop."""
     pre = b.block
-    head = b.append_basic_block(f"{name}.body")
-    done = b.append_basic_block(f"{name}.done")
-    b.cbranch(b.icmp_signed("<", lo, hi), head, done)
+    head = b.append_basic_block("k.body")
+    done = b.append_basic_block("k.done")
+    b.cbranch(b.icmp_signed(">", kb, ZERO), head, done)
     b.position_at_end(head)
-    k = b.phi(I64, name)
-    k.add_incoming(lo, pre)
+    k = b.phi(I64, "k")
+    pa, pb = b.phi(ap.type, "pa"), b.phi(bp.type, "pb")
     phis = [[b.phi(a.type) for a in row] for row in accs]
-    for prow, arow in zip(phis, accs):
-        for p, a in zip(prow, arow):
-            p.add_incoming(a, pre)
-    new = body(b, k, phis)
-    k2 = b.add(k, i64(stride), flags=["nsw", "nuw"])
+    for phi, init in [(k, ZERO), (pa, ap), (pb, bp)] + [(p, a) for pr, ar in zip(phis, accs) for p, a in zip(pr, ar)]:
+        phi.add_incoming(init, pre)
+    new = body(b, pa, pb, phis)
+    k2 = b.add(k, i64(U), flags=["nsw", "nuw"])
     end = b.block
-    k.add_incoming(k2, end)
-    for prow, nrow in zip(phis, new):
-        for p, n in zip(prow, nrow):
-            p.add_incoming(n, end)
-    b.cbranch(b.icmp_signed("<", k2, hi), head, done)
+    for phi, nxt in [(k, k2), (pa, b.gep(pa, [i64(a_step)], inbounds=True)), (pb, b.gep(pb, [i64(b_step)], inbounds=True))] + \
+            [(p, n) for pr, nr in zip(phis, new) for p, n in zip(pr, nr)]:
+        phi.add_incoming(nxt, end)
+    b.cbranch(b.icmp_signed("<", k2, kb), head, done)
     b.position_at_end(done)
     outs = []
     for arow, nrow in zip(accs, new):
@@ -247,12 +271,34 @@ def _acc_loop(b, lo, hi, stride, accs, body, name):
     return outs
 
 
-def _finish(b, spec: GemmSpec, x, o, oi, w, wi, first, last):
-    """Write accumulator value(s) x to the output (index oi) or scratch W (index wi)."""
+def _by_mode(b, spec: GemmSpec, first, last, emit):
+    """Branch once on (first, last) KC block and emit the tile store for that case:
+    "set" / "add" into the output when it has the accumulator type, otherwise "round"
+    (single block), "w_set", "w_add" (scratch W) and "w_round" (W + tile, rounded to the output)."""
+    if not spec.needs_w:
+        with b.if_else(first) as (then, otherwise):
+            with then:
+                emit("set")
+            with otherwise:
+                emit("add")
+        return
+    code = b.or_(b.shl(b.zext(first, I64), ONE), b.zext(last, I64))
+    after = b.append_basic_block("mode.end")
+    sw = b.switch(code, after)
+    for value, mode in ((3, "round"), (2, "w_set"), (0, "w_add"), (1, "w_round")):
+        blk = b.append_basic_block(f"mode.{mode}")
+        sw.add_case(i64(value), blk)
+        b.position_at_end(blk)
+        emit(mode)
+        b.branch(after)
+    b.position_at_end(after)
+
+
+def _apply(b, spec: GemmSpec, mode: str, x, o, oi, w, wi):
+    """Store accumulator value(s) x as `mode` says (see _by_mode); oi / wi index o / w."""
     dt = spec.dtype
     width = x.type.count if isinstance(x.type, ir.VectorType) else 1
-    eb = dt.size_in_bytes
-    ab = _acc_bytes(acc_type(dt))
+    eb, ab = dt.size_in_bytes, type_bytes(acc_type(dt))
 
     def ld(ptr, idx, align):
         return vload(b, ptr, idx, width, align) if width > 1 else load(b, ptr, idx, align)
@@ -260,31 +306,27 @@ def _finish(b, spec: GemmSpec, x, o, oi, w, wi, first, last):
     def st(val, ptr, idx, align):
         (vstore if width > 1 else store)(b, val, ptr, idx, align)
 
-    if not spec.needs_w:
-        with b.if_else(first) as (then, otherwise):
-            with then:
-                st(x, o, oi, eb)
-            with otherwise:
-                st(acc_add(b, ld(o, oi, eb), x), o, oi, eb)
-        return
-    with b.if_else(first) as (then, otherwise):
-        with then:
-            with b.if_else(last) as (t2, o2):
-                with t2:
-                    st(from_acc(b, dt, x), o, oi, eb)
-                with o2:
-                    st(x, w, wi, ab)
-        with otherwise:
-            s = acc_add(b, ld(w, wi, ab), x)
-            with b.if_else(last) as (t2, o2):
-                with t2:
-                    st(from_acc(b, dt, s), o, oi, eb)
-                with o2:
-                    st(s, w, wi, ab)
+    if mode == "set":
+        st(x, o, oi, eb)
+    elif mode == "add":
+        st(acc_add(b, ld(o, oi, eb), x), o, oi, eb)
+    elif mode == "round":
+        st(from_acc(b, dt, x), o, oi, eb)
+    elif mode == "w_set":
+        st(x, w, wi, ab)
+    elif mode == "w_add":
+        st(acc_add(b, ld(w, wi, ab), x), w, wi, ab)
+    else:
+        st(from_acc(b, dt, acc_add(b, ld(w, wi, ab), x)), o, oi, eb)
 
 
 # ---- driver -----------------------------------------------------------------------------
 def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str):
+    """The exported lc_gemm_<key>(params*, t_lo, t_hi, ws*): runs tasks [t_lo, t_hi) of the
+    problem in the parameter block (FIELDS, then the batch arrays; addresses as integers,
+    strides in elements).  ws: the calling thread's 64-byte aligned scratch, in accumulator
+    elements Ap at 0, Bp at bp_off, W at w_off.  Task t is batch t // (mtasks*ntasks), block
+    (t % ... // ntasks, t % ntasks) of mchunk x nchunk outputs."""
     dt = spec.dtype
     st, at = storage_type(dt), acc_type(dt)
     MR, NR = spec.mr, spec.nr
@@ -305,10 +347,15 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
     wsa = b.bitcast(ws, at.as_pointer())
     Ap = wsa
     Bp = gep(b, wsa, p("bp_off"))
-    W = gep(b, wsa, p("w_off"))
+    W = b.gep(wsa, [p("w_off")])          # not inbounds: only allocated when partial sums need it
     per_batch = mul(b, mtasks, ntasks)
     offs = [b.alloca(I64) for _ in range(3)]
     rem_slot, pc_slot = b.alloca(I64), b.alloca(I64)
+    # a_keep: Ap holds the task's whole packed A (all KC x MC blocks), kept across the NC blocks
+    # and across consecutive tasks that read the same A rows (broadcast lhs, split over n)
+    a_keep = b.icmp_signed("!=", p("a_keep"), ZERO)
+    a_rows = p("a_rows")
+    prev_a, prev_m0 = b.alloca(I64), b.alloca(I64)
 
     with for_range(b, t_lo, t_hi, name="t") as t:
         bi = b.sdiv(t, per_batch)
@@ -334,7 +381,14 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
         m1 = imin(b, M, add(b, m0, mchunk))
         n0 = mul(b, inn, nchunk)
         n1 = imin(b, N, add(b, n0, nchunk))
+        a_off = b.load(offs[0])
+        same_a = b.and_(b.icmp_signed(">", t, t_lo),
+                        b.and_(b.icmp_signed("==", a_off, b.load(prev_a)), b.icmp_signed("==", m0, b.load(prev_m0))))
+        fresh_a = b.not_(b.and_(a_keep, same_a))
+        b.store(a_off, prev_a)
+        b.store(m0, prev_m0)
         with for_range(b, n0, n1, nc, name="jc") as jc:
+            pack_a_now = b.or_(b.not_(a_keep), b.and_(fresh_a, b.icmp_signed("==", jc, n0)))
             nb = imin(b, nc, b.sub(n1, jc))
             # pc loop runs at least once so that K == 0 writes zeros
             b.store(ZERO, pc_slot)
@@ -344,23 +398,29 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
             b.position_at_end(loop)
             pc = b.load(pc_slot)
             kb = imin(b, kc, b.sub(K, pc))
-            b.call(pack_b, [gep(b, B, add(b, mul(b, pc, rsb), mul(b, jc, csb))), csb, rsb, nb, kb, Bp])
+            kbp = mul(b, b.sdiv(add(b, kb, i64(spec.unroll - 1)), i64(spec.unroll)), i64(spec.unroll))
+            b.call(pack_b, [gep(b, B, add(b, mul(b, pc, rsb), mul(b, jc, csb))), csb, rsb, nb, kb, kbp, Bp])
             first = b.icmp_signed("==", pc, ZERO)
             last = b.icmp_signed(">=", add(b, pc, kb), K)
             with for_range(b, m0, m1, mc, name="ic") as ic:
                 mb = imin(b, mc, b.sub(m1, ic))
-                b.call(pack_a, [gep(b, A, add(b, mul(b, ic, rsa), mul(b, pc, csa))), rsa, csa, mb, kb, Ap])
+                ap_blk = gep(b, Ap, b.select(a_keep, add(b, mul(b, pc, a_rows), mul(b, b.sub(ic, m0), kbp)), ZERO))
+                # a kept block is not packed again: zero rows (a select, not a branch, so that
+                # LLVM does not unswitch, i.e. duplicate, the loop nest on the flag)
+                rows_a = b.select(pack_a_now, mb, ZERO)
+                b.call(pack_a, [gep(b, A, add(b, mul(b, ic, rsa), mul(b, pc, csa))), rsa, csa, rows_a, kb, kbp,
+                                ap_blk])
                 with for_range(b, ZERO, nb, i64(NR), name="jr") as jr:
                     nr = imin(b, i64(NR), b.sub(nb, jr))
-                    bpanel = gep(b, Bp, mul(b, jr, kb))
+                    bpanel = gep(b, Bp, mul(b, jr, kbp))
                     col = add(b, jc, jr)
                     with for_range(b, ZERO, mb, i64(MR), name="ir") as ir_:
                         mr = imin(b, i64(MR), b.sub(mb, ir_))
                         row = add(b, ic, ir_)
                         oi = add(b, mul(b, row, ldo), col)
-                        wi = add(b, mul(b, b.sub(row, m0), nchunk), b.sub(col, n0))
-                        b.call(micro, [kb, gep(b, Ap, mul(b, ir_, kb)), bpanel, gep(b, O, oi), ldo,
-                                       gep(b, W, wi), nchunk, mr, nr, first, last])
+                        wi = add(b, mul(b, b.sub(row, m0), nb), jr)      # W: the task's rows x this NC block
+                        b.call(micro, [kbp, gep(b, ap_blk, mul(b, ir_, kbp)), bpanel, gep(b, O, oi), ldo,
+                                       b.gep(W, [wi]), nb, mr, nr, first, last])
             b.store(add(b, pc, kc), pc_slot)
             b.cbranch(b.icmp_signed("<", b.load(pc_slot), K), loop, after)
             b.position_at_end(after)
@@ -371,16 +431,13 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
 def build_ir(spec: GemmSpec) -> tuple:
     """(IR text, exported driver name) for one GEMM kernel."""
     m = new_module(f"gemm_{spec.key}")
-    # pack_a reads rows i (stride rsa) and k (stride csa); pack_b reads "rows" j (stride csb)
-    # and k (stride rsb): both produce [row/width][k][width] panels.
-    pack_a = _emit_pack(m, spec, "pack_a", spec.mr, unit_row=spec.a_pat == "m", unit_col=spec.a_pat == "k",
-                        vector_rows=False)
-    pack_b = _emit_pack(m, spec, "pack_b", spec.nr, unit_row=spec.b_pat == "n", unit_col=spec.b_pat == "k",
-                        vector_rows=spec.b_pat == "n")
+    pack_s = _emit_pack_scalar(m, spec)
+    pack_a = _emit_pack(m, spec, "pack_a", spec.mr, pack_s)
+    pack_b = _emit_pack(m, spec, "pack_b", spec.nr, pack_s)
     micro = _emit_micro(m, spec)
     name = f"lc_gemm_{spec.key}"
     _emit_driver(m, spec, pack_a, pack_b, micro, name)
-    return str(m), name
+    return finalize_ir(m), name
 
 
 _FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)

@@ -12,12 +12,10 @@ import ctypes
 import threading
 from dataclasses import dataclass
 
-import llvmlite.ir as ir
-
 from ..dtype import DType
 from . import jit
-from .gemm_ir import (ONE, ZERO, I64, acc_type, add, define, for_range, from_acc, gep, i64, load, mul,
-                      new_module, storage_type, store, to_acc)
+from .gemm_ir import (ONE, ZERO, I64, acc_type, add, define, finalize_ir, for_range, from_acc, gep, i64, load, mul,
+                      new_module, storage_type, store, to_acc, type_bytes)
 from .llvmutil import VOID
 
 MAX_RANK = 8
@@ -41,11 +39,12 @@ class CopySpec:
 
 
 def build_ir(spec: CopySpec) -> tuple:
+    """(IR text, exported name) of one copy kernel."""
     dt = spec.dtype
     st, at = storage_type(dt), acc_type(dt)
     src_t, dst_t = (st, at) if spec.direction == "in" else (at, st)
     conv = to_acc if spec.direction == "in" else from_acc
-    src_b, dst_b = ((dt.size_in_bytes, _bytes(at)) if spec.direction == "in" else (_bytes(at), dt.size_in_bytes))
+    src_b, dst_b = ((dt.size_in_bytes, type_bytes(at)) if spec.direction == "in" else (type_bytes(at), dt.size_in_bytes))
     m = new_module(f"gemm_copy_{spec.key}")
     name = f"lc_gemm_copy_{spec.key}"
     fn, b = define(m, name, VOID, [I64.as_pointer(), I64, I64], internal=False)
@@ -77,15 +76,12 @@ def build_ir(spec: CopySpec) -> tuple:
             b.store(add(b, b.load(do_slot), mul(b, idx, p(add(b, i64(po["ds"]), dd)))), do_slot)
         s_row = gep(b, src, b.load(so_slot))
         d_row = gep(b, dst, b.load(do_slot))
-        with for_range(b, ZERO, ncol, name="j") as j:
+        # unit strides: leave the loop to LLVM's vectoriser (the conversions vectorise)
+        with for_range(b, ZERO, ncol, name="j", plain=not spec.unit_inner) as j:
             x = load(b, s_row, mul(b, j, scol), src_b)
             store(b, conv(b, dt, x), d_row, mul(b, j, dcol), dst_b)
     b.ret_void()
-    return str(m), name
-
-
-def _bytes(t) -> int:
-    return t.width // 8 if isinstance(t, ir.IntType) else {ir.FloatType: 4, ir.DoubleType: 8}[type(t)]
+    return finalize_ir(m), name
 
 
 _FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)

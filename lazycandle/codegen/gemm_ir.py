@@ -9,7 +9,7 @@ import llvmlite.ir as ir
 
 from ..dtype import DType
 from . import codecs
-from .llvmutil import I1, I64, ltype, vec, width_of
+from .llvmutil import I64, ltype, vec, width_of
 
 ZERO = ir.Constant(I64, 0)
 ONE = ir.Constant(I64, 1)
@@ -24,6 +24,15 @@ def acc_name(dt: DType) -> str:
     16/8-bit floats), at least i32 for integers (the low bits of a wider wrapping sum are the
     narrow wrapping sum)."""
     return dt.compute if dt.is_float else f"i{max(32, dt.bits)}"
+
+
+def type_bytes(t: ir.Type) -> int:
+    """Size of a scalar integer or float type in bytes."""
+    return t.width // 8 if isinstance(t, ir.IntType) else {ir.HalfType: 2, ir.FloatType: 4, ir.DoubleType: 8}[type(t)]
+
+
+def acc_bytes(dt: DType) -> int:
+    return type_bytes(acc_type(dt))
 
 
 def storage_type(dt: DType) -> ir.Type:
@@ -104,9 +113,33 @@ def add(b, x, y):
 
 
 # ---- control flow -----------------------------------------------------------------------
+_PLAIN = "lc.loop.plain"
+
+
+def plain_loop_md(module: ir.Module):
+    """Loop metadata asking LLVM to neither vectorise nor unroll the loop: our kernels carry
+    explicit vector code, and re-vectorising their scalar edge loops only costs compile time.
+    Completed into a self-referencing node by `finalize_ir`."""
+    return module.add_metadata([ir.MetaDataString(module, _PLAIN)])
+
+
+def finalize_ir(module: ir.Module) -> str:
+    """IR text of `module` with the plain-loop placeholder turned into real loop metadata."""
+    text = str(module)
+    marker = f'!{{ !"{_PLAIN}" }}'
+    for line in text.splitlines():
+        if line.endswith(marker):
+            node = line.split(" = ")[0]
+            text = text.replace(line, f'{node} = distinct !{{{node}, !{{!"llvm.loop.vectorize.enable", i1 false}}, '
+                                      f'!{{!"llvm.loop.unroll.disable"}}}}')
+            break
+    return text
+
+
 @contextmanager
-def for_range(b: ir.IRBuilder, start, stop, step=ONE, name="i"):
-    """`for (i = start; i < stop; i += step)` with an i64 phi; yields i."""
+def for_range(b: ir.IRBuilder, start, stop, step=ONE, name="i", plain=True):
+    """`for (i = start; i < stop; i += step)` with an i64 phi; yields i.  plain: mark the loop
+    not to be vectorised or unrolled by LLVM."""
     pre = b.block
     head = b.append_basic_block(f"{name}.head")
     body = b.append_basic_block(f"{name}.body")
@@ -119,7 +152,9 @@ def for_range(b: ir.IRBuilder, start, stop, step=ONE, name="i"):
     b.position_at_end(body)
     yield i
     i.add_incoming(b.add(i, step, flags=["nsw", "nuw"]), b.block)
-    b.branch(head)
+    br = b.branch(head)
+    if plain:
+        br.set_metadata("llvm.loop", plain_loop_md(b.module))
     b.position_at_end(done)
 
 
@@ -156,4 +191,3 @@ def new_module(name: str) -> ir.Module:
     return m
 
 
-__all__ = ["I1", "I64"]

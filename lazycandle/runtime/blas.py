@@ -68,6 +68,7 @@ def _load() -> dict:
             if st["set_threads"] is not None:
                 st["set_threads"].argtypes = [ctypes.c_int]
                 st["set_threads"](config.get_num_threads())
+                st["current"] = config.get_num_threads()
                 config.on_threads_change(set_num_threads)
         st["loaded"] = True
         _state.update(st)
@@ -90,16 +91,19 @@ def info() -> dict:
 
 
 def set_num_threads(n: int) -> None:
+    """Set the library's own thread count (called on every lazycandle.set_num_threads)."""
     st = _load()
     if st.get("set_threads") is not None:
         with _lock:
-            st["set_threads"](int(n))
+            if _state.get("current") != int(n):
+                st["set_threads"](int(n))
+                _state["current"] = int(n)
 
 
 @contextlib.contextmanager
 def single_threaded():
-    """Run BLAS calls of the block single-threaded (used while the lazycandle pool itself runs
-    independent GEMMs in parallel); restores the configured count afterwards."""
+    """BLAS calls of the block run single-threaded inside the library (lazycandle's pool runs
+    them in parallel); the library's count goes back to lazycandle's setting afterwards."""
     with _lock:
         set_num_threads(1)
         try:

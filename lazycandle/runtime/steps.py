@@ -55,10 +55,19 @@ class MatmulStep(NodeStep):
     """BLAS or the tiled GEMM, chosen at run time by the backend setting."""
 
     def setup(self, cap):
-        self.kernel.backend = config.get_matmul_backend()
+        from .matmul import choose_backend, geometry
+        la, lb = self.operands[0][3], self.operands[1][3]
+        setting = config.get_matmul_backend()
+        try:
+            picked = choose_backend(geometry(la, lb, self.dtype), setting)
+        except Exception:   # the runtime decides again at each call
+            picked = setting
+        self.kernel.backend = picked if setting != "auto" else f"auto -> {picked}"
 
     def run_node(self, in_bufs, offsets, bufs):
         from .matmul import matmul
         a, la = self.operand(0, in_bufs, offsets, bufs)
         b, lb = self.operand(1, in_bufs, offsets, bufs)
-        self.kernel.backend = matmul(a, la, b, lb, bufs[self.out], self.dtype, config.get_matmul_backend())
+        setting = config.get_matmul_backend()
+        used = matmul(a, la, b, lb, bufs[self.out], self.dtype, setting)
+        self.kernel.backend = used if setting != "auto" else f"auto -> {used}"

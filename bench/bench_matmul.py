@@ -1,0 +1,182 @@
+"""Matmul benchmark: lazycandle's kernels (runtime.matmul on raw storage, as the executor calls
+them) against NumPy in the same process.  Median of >= 9 runs after a warm-up.
+
+    python bench/bench_matmul.py [--quick] [--threads N]
+    from bench.bench_matmul import run; rows = run(quick=True)
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from lazycandle import config
+from lazycandle import dtype as D
+from lazycandle.layout import Layout
+from lazycandle.runtime import blas
+from lazycandle.runtime.matmul import matmul
+
+
+def numpy_blas_info() -> dict:
+    """Core type NumPy's own OpenBLAS picked (threadpoolctl when installed, else ctypes)."""
+    try:
+        from threadpoolctl import threadpool_info
+        for lib in threadpool_info():
+            if lib.get("internal_api") == "openblas":
+                return {"library": lib.get("filepath"), "corename": lib.get("architecture"),
+                        "threads": lib.get("num_threads")}
+    except ImportError:
+        pass
+    libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+    for path in glob.glob(os.path.join(libdir, "*openblas*.so*")):
+        lib = ctypes.CDLL(path)
+        for sym in ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename"):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return {"library": os.path.basename(path), "corename": fn().decode()}
+    return {"library": None, "corename": None}
+
+
+def environment() -> dict:
+    return {"OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+            "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
+            "lazycandle_blas": blas.info(), "numpy_blas": numpy_blas_info(),
+            "threads": config.get_num_threads(), "loadavg": os.getloadavg()}
+
+
+SETTLE_S = 0.15    # NumPy's OpenBLAS worker threads spin ~0.1 s after a call: let them stop
+WARM_S = 0.03      # then run the next side for this long untimed: an idle vCPU comes back slow
+
+
+def _warm(fn) -> None:
+    t0 = time.perf_counter()
+    fn()
+    while time.perf_counter() - t0 < WARM_S:
+        fn()
+
+
+def _median_ms_pair(fa, fb, reps: int, rounds: int = 8) -> tuple:
+    """(median a, median b, min a, min b) in ms: fa and fb each timed in blocks of reps/rounds
+    calls, blocks alternating, each block after a pause and an untimed warm-up.  Not
+    call-by-call interleaving: NumPy's OpenBLAS threads keep spinning on the cores for a while
+    after each call, which would slow down whatever runs next."""
+    ta, tb = [], []
+    per = max(1, -(-reps // rounds))
+    for _ in range(rounds):
+        for fn, acc in ((fa, ta), (fb, tb)):
+            time.sleep(SETTLE_S)
+            _warm(fn)
+            for _ in range(per):
+                t0 = time.perf_counter()
+                fn()
+                acc.append(time.perf_counter() - t0)
+    return (statistics.median(ta) * 1e3, statistics.median(tb) * 1e3, min(ta) * 1e3, min(tb) * 1e3)
+
+
+def _storage(x: np.ndarray, batch_broadcast: tuple = ()):
+    """Flat buffer and Layout of a contiguous array, optionally broadcast to a leading batch."""
+    lay = Layout.contiguous(x.shape)
+    if batch_broadcast:
+        lay = lay.broadcast_as(batch_broadcast + x.shape)
+    return x.reshape(-1), lay
+
+
+CASES = [
+    # name, dtype, a shape, b shape, backend, target (ratio to numpy or GFLOP/s)
+    ("f32 1024 blas", D.f32, (1024, 1024), (1024, 1024), "blas", ("ratio", 0.95)),
+    ("f32 2048 blas", D.f32, (2048, 2048), (2048, 2048), "blas", ("ratio", 0.95)),
+    ("f32 1024 tiled", D.f32, (1024, 1024), (1024, 1024), "tiled", ("ratio", 0.85)),
+    ("f32 2048 tiled", D.f32, (2048, 2048), (2048, 2048), "tiled", None),
+    ("f32 1024 auto", D.f32, (1024, 1024), (1024, 1024), "auto", None),
+    ("f16 1024 auto", D.f16, (1024, 1024), (1024, 1024), "auto", ("gflops", 200)),
+    ("f16 1024 tiled", D.f16, (1024, 1024), (1024, 1024), "tiled", None),
+    ("f16 1024 blas", D.f16, (1024, 1024), (1024, 1024), "blas", None),
+    ("bf16 1024 auto", D.bf16, (1024, 1024), (1024, 1024), "auto", ("gflops", 200)),
+    ("bf16 1024 blas", D.bf16, (1024, 1024), (1024, 1024), "blas", None),
+    ("f64 1024 auto", D.f64, (1024, 1024), (1024, 1024), "auto", None),
+    ("i32 512 tiled", D.i32, (512, 512), (512, 512), "tiled", None),
+    ("bmm 16x256^3 auto", D.f32, (16, 256, 256), (16, 256, 256), "auto", ("ratio", 1.2)),
+    ("bmm 16x256^3 blas", D.f32, (16, 256, 256), (16, 256, 256), "blas", None),
+    ("bmm 16x256^3 tiled", D.f32, (16, 256, 256), (16, 256, 256), "tiled", None),
+    ("bcast-lhs 256^2@16x256^2 auto", D.f32, (256, 256), (16, 256, 256), "auto", ("ratio", 1.2)),
+    ("bmm 256x32^3 auto", D.f32, (256, 32, 32), (256, 32, 32), "auto", None),
+    ("f32 64 auto", D.f32, (64, 64), (64, 64), "auto", None),
+]
+QUICK = {"f32 1024 blas", "f32 1024 tiled", "f16 1024 auto", "bf16 1024 auto", "bmm 16x256^3 auto",
+         "bcast-lhs 256^2@16x256^2 auto"}
+
+
+def run(quick: bool = False, threads: int | None = 2, reps: int | None = None) -> list:
+    """Benchmark rows: name, backend used, lazycandle ms, numpy ms, ratio (numpy / ours),
+    GFLOP/s, and the target when there is one."""
+    reps = reps or (10 if quick else 16)
+    old = config.get_num_threads()
+    if threads:
+        config.set_num_threads(threads)
+    rng = np.random.default_rng(0)
+    rows = []
+    try:
+        for name, dt, a_shape, b_shape, backend, target in CASES:
+            if quick and name not in QUICK:
+                continue
+            a = rng.standard_normal(a_shape).astype(dt.numpy) if dt.is_float else \
+                rng.integers(-100, 100, a_shape).astype(dt.numpy)
+            b = rng.standard_normal(b_shape).astype(dt.numpy) if dt.is_float else \
+                rng.integers(-100, 100, b_shape).astype(dt.numpy)
+            batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+            abuf, alay = _storage(a, batch if len(a_shape) - 2 < len(batch) else ())
+            bbuf, blay = _storage(b, batch if len(b_shape) - 2 < len(batch) else ())
+            out = np.empty(batch + (a_shape[-2], b_shape[-1]), dt.numpy)
+            used = matmul(abuf, alay, bbuf, blay, out, dt, backend)
+            # NumPy in the same dtype where it has a BLAS (f32/f64), else its f32 matmul
+            na, nb_ = (a, b) if dt in (D.f32, D.f64) else (a.astype(np.float32), b.astype(np.float32))
+            nout = np.empty(out.shape, na.dtype)
+            ours, theirs, ours_min, theirs_min = _median_ms_pair(
+                lambda: matmul(abuf, alay, bbuf, blay, out, dt, backend), lambda: np.matmul(na, nb_, out=nout), reps)
+            flops = 2.0 * math.prod(out.shape) * a_shape[-1]
+            row = {"name": name, "dtype": dt.name, "backend": used, "ms": round(ours, 3),
+                   "numpy_ms": round(theirs, 3), "numpy_dtype": str(na.dtype),
+                   "ratio": round(theirs / ours, 3), "gflops": round(flops / ours / 1e6, 1),
+                   "ms_min": round(ours_min, 3), "numpy_ms_min": round(theirs_min, 3),
+                   "ratio_of_mins": round(theirs_min / ours_min, 3)}
+            if target:
+                kind, value = target
+                row["target"] = f"{kind} >= {value}"
+                row["met"] = (row["ratio"] if kind == "ratio" else row["gflops"]) >= value
+            rows.append(row)
+    finally:
+        config.set_num_threads(old)
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=None)
+    args = ap.parse_args(argv)
+    env = environment()
+    print(f"# threads={args.threads} loadavg={env['loadavg']} OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']} "
+          f"OPENBLAS_L2_SIZE={env['OPENBLAS_L2_SIZE']}")
+    print(f"# lazycandle BLAS: {env['lazycandle_blas'].get('corename')} "
+          f"({env['lazycandle_blas'].get('config')}); numpy BLAS: {env['numpy_blas'].get('corename')}")
+    print(f"{'case':32s} {'backend':7s} {'ms':>9s} {'numpy ms':>9s} {'ratio':>6s} {'GFLOP/s':>8s} "
+          f"{'(min ratio)':>11s}  target on the median ratio")
+    for r in run(args.quick, args.threads, args.reps):
+        tgt = f"{r['target']} {'ok' if r['met'] else 'MISSED'}" if "target" in r else ""
+        np_note = "" if r["numpy_dtype"] == {"f32": "float32", "f64": "float64"}.get(r["dtype"]) else " (np f32)"
+        print(f"{r['name']:32s} {r['backend']:7s} {r['ms']:9.3f} {r['numpy_ms']:9.3f} {r['ratio']:6.2f} "
+              f"{r['gflops']:8.1f} {r['ratio_of_mins']:11.2f}  {tgt}{np_note}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""The matmul kernels (lazycandle.runtime.matmul) on raw storage + Layout, both backends,
+against NumPy: float64 reference for floats (rounded once for f16/bf16/f8), wrap-around
+uint64 arithmetic for integers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from ml_dtypes import finfo
+
+from lazycandle import config
+from lazycandle import dtype as D
+from lazycandle.layout import Layout, contiguous_strides
+from lazycandle.runtime import matmul as MM
+from lazycandle.runtime.matmul import matmul
+
+FLOATS = [D.f32, D.f64, D.f16, D.bf16, D.f8e4m3]
+INTS = [D.i32, D.i64, D.u32, D.i16, D.u8]
+BACKENDS = ["blas", "tiled"]
+
+
+# ---- operands ---------------------------------------------------------------------------
+def fill(rng, dt: D.DType, n: int, exact: bool = True) -> np.ndarray:
+    """n random storage elements.  Float data is exactly representable and small enough that
+    an f32 accumulation is exact, so low-precision results can be compared bit for bit."""
+    if dt.is_int:
+        info = np.iinfo(dt.numpy)
+        return rng.integers(info.min, info.max, size=n, endpoint=True, dtype=dt.numpy)
+    if exact:
+        vals = np.array([-1, -0.5, 0, 0.5, 1]) if dt is D.f8e4m3 else np.arange(-3, 4)
+        return rng.choice(vals, size=n).astype(dt.numpy)
+    return rng.standard_normal(n).astype(dt.numpy)
+
+
+def operand(rng, dt, shape, strides=None, offset=0, exact=True):
+    """A storage buffer, its Layout, and the NumPy view of the same elements."""
+    strides = tuple(contiguous_strides(shape)) if strides is None else tuple(strides)
+    span = 1 + sum((d - 1) * s for d, s in zip(shape, strides)) if all(shape) else 0
+    buf = fill(rng, dt, offset + max(span, 0) + 3, exact)
+    view = np.lib.stride_tricks.as_strided(buf[offset:], shape, [s * buf.itemsize for s in strides])
+    return buf, Layout(tuple(shape), strides, offset), view
+
+
+def transposed(shape):
+    """Strides of a (..., r, c) view that is the transpose of a contiguous (..., c, r) array."""
+    s = list(contiguous_strides(shape[:-2] + (shape[-1], shape[-2])))
+    s[-1], s[-2] = s[-2], s[-1]
+    return tuple(s)
+
+
+# ---- reference --------------------------------------------------------------------------
+def reference(av, bv, dt):
+    if dt.is_int:
+        wide = np.matmul(av.astype(np.int64).astype(np.uint64), bv.astype(np.int64).astype(np.uint64))
+        return wide.astype(dt.numpy)
+    with np.errstate(invalid="ignore"):
+        return np.matmul(av.astype(np.float64), bv.astype(np.float64))
+
+
+def ulp(x: np.ndarray, dt) -> np.ndarray:
+    fi = finfo(dt.numpy)
+    e = np.floor(np.log2(np.maximum(np.abs(x), float(fi.smallest_normal))))
+    return np.exp2(e - fi.nmant)
+
+
+def check(out, ref, dt, exact=True):
+    got = out.reshape(ref.shape)
+    if dt.is_int:
+        np.testing.assert_array_equal(got, ref)
+        return
+    scale = max(float(np.abs(ref).max()) if ref.size else 0.0, 1e-30)
+    if dt in (D.f32, D.f64):
+        tol = (1e-5 if dt is D.f32 else 1e-12) * scale
+        err = np.abs(got.astype(np.float64) - ref).max() if ref.size else 0.0
+        assert err <= tol, f"{dt}: max error {err} > {tol} (scale {scale})"
+        return
+    rounded = ref.astype(dt.numpy).astype(np.float64)
+    g = got.astype(np.float64)
+    if exact:
+        np.testing.assert_array_equal(g, rounded)
+    else:
+        bad = np.abs(g - rounded) > ulp(rounded, dt) + 2.0 ** -20 * scale
+        assert not bad.any(), f"{dt}: {bad.sum()} elements beyond 1 ulp, e.g. {g[bad][:4]} vs {rounded[bad][:4]}"
+
+
+def run(a, b, dt, backend, out_shape):
+    (abuf, alay, _), (bbuf, blay, _) = a, b
+    out = np.full(int(np.prod(out_shape)), 7, dt.numpy)       # garbage that must be overwritten
+    used = matmul(abuf, alay, bbuf, blay, out, dt, backend)
+    return out, used
+
+
+def mm_case(rng, dt, backend, a_shape, b_shape, a_str=None, b_str=None, a_off=0, b_off=0, exact=True):
+    a = operand(rng, dt, a_shape, a_str, a_off, exact)
+    b = operand(rng, dt, b_shape, b_str, b_off, exact)
+    out_shape = tuple(a_shape[:-1]) + (b_shape[-1],)
+    out, used = run(a, b, dt, backend, out_shape)
+    check(out, reference(a[2], b[2], dt), dt, exact)
+    return out, used
+
+
+# ---- tests ------------------------------------------------------------------------------
+SHAPES = [(1, 1, 1), (7, 7, 7), (64, 64, 64), (129, 129, 129), (257, 257, 257),
+          (1, 257, 7), (129, 1, 64), (64, 129, 1), (257, 7, 129), (5, 300, 3)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dt", FLOATS + INTS, ids=lambda d: d.name)
+def test_shapes(dt, backend):
+    rng = np.random.default_rng(1)
+    for m, k, n in SHAPES:
+        _, used = mm_case(rng, dt, backend, (m, k), (k, n))
+        expected = "tiled" if (dt.is_int or backend == "tiled") else "blas"
+        assert used == expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dt", [D.f16, D.bf16, D.f32, D.f64], ids=lambda d: d.name)
+def test_random_normal_data(dt, backend):
+    rng = np.random.default_rng(2)
+    for m, k, n in [(33, 300, 17), (129, 257, 65)]:
+        mm_case(rng, dt, backend, (m, k), (k, n), exact=False)
+
+
+LAYOUTS = {
+    "nn": lambda m, k, n: (None, None, 0, 0),
+    "tn": lambda m, k, n: (transposed((m, k)), None, 0, 0),
+    "nt": lambda m, k, n: (None, transposed((k, n)), 0, 0),
+    "tt": lambda m, k, n: (transposed((m, k)), transposed((k, n)), 0, 0),
+    "narrow+offset": lambda m, k, n: ((k + 5, 1), (n + 3, 1), 11, 4),
+    "strided cols": lambda m, k, n: ((2 * k, 2), (1, k + 2), 1, 3),
+    "broadcast rows": lambda m, k, n: ((0, 1), (n, 1), 2, 0),      # every row of a the same
+    "broadcast cols": lambda m, k, n: ((k, 1), (1, 0), 0, 5),      # every column of b the same
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("dt", [D.f32, D.f16, D.i32, D.f64], ids=lambda d: d.name)
+def test_layouts(dt, layout, backend):
+    rng = np.random.default_rng(3)
+    for m, k, n in [(7, 5, 3), (129, 66, 70), (20, 257, 33)]:
+        a_str, b_str, a_off, b_off = LAYOUTS[layout](m, k, n)
+        mm_case(rng, dt, backend, (m, k), (k, n), a_str, b_str, a_off, b_off)
+
+
+def _batch_strides(shape, broadcast_dims, base=None):
+    s = list(contiguous_strides(shape) if base is None else base)
+    for d in broadcast_dims:
+        s[d] = 0
+    return tuple(s)
+
+
+BATCHED = {
+    # name: (a_shape, b_shape, a_strides, b_strides)
+    "plain": ((4, 9, 13), (4, 13, 6), None, None),
+    "rhs broadcast (fold into m)": ((5, 9, 13), (5, 13, 6), None, (0, 6, 1)),
+    "lhs broadcast": ((6, 9, 13), (6, 13, 11), (0, 13, 1), None),
+    "lhs broadcast row, rhs transposed (fold into n)": ((6, 1, 13), (6, 13, 11), (0, 13, 1), (143, 1, 13)),
+    "lhs broadcast, rhs transposed": ((3, 9, 13), (3, 13, 11), (0, 13, 1), (143, 1, 13)),
+    "both broadcast": ((3, 4, 5), (3, 5, 6), (0, 5, 1), (0, 6, 1)),
+    "permuted batch": ((3, 4, 5, 6), (3, 4, 6, 2), (5 * 6, 3 * 5 * 6, 6, 1), None),
+    "mixed broadcast 4d": ((2, 3, 7, 5), (2, 3, 5, 4), (35, 0, 5, 1), (0, 20, 4, 1)),
+    "transposed batch": ((4, 9, 13), (4, 13, 6), (117, 1, 9), (78, 1, 13)),
+    "many small": ((64, 3, 4), (64, 4, 5), None, None),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(BATCHED))
+@pytest.mark.parametrize("dt", [D.f32, D.bf16, D.i64], ids=lambda d: d.name)
+def test_batched(dt, case, backend):
+    rng = np.random.default_rng(4)
+    a_shape, b_shape, a_str, b_str = BATCHED[case]
+    mm_case(rng, dt, backend, a_shape, b_shape, a_str, b_str, 3, 1)
+
+
+def test_broadcast_lhs_big_blas():
+    """(m, k) broadcast against (B, k, n): the case candle 0.11 computes as (m, B*n)."""
+    rng = np.random.default_rng(5)
+    for backend in BACKENDS:
+        mm_case(rng, D.f32, backend, (8, 64, 48), (8, 48, 40), (0, 48, 1), None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dt", [D.f32, D.f16, D.i32, D.u8], ids=lambda d: d.name)
+def test_zero_sizes(dt, backend):
+    rng = np.random.default_rng(6)
+    for a_shape, b_shape in [((0, 4), (4, 5)), ((3, 4), (4, 0)), ((3, 0), (0, 5)), ((0, 3, 4), (0, 4, 5)),
+                             ((2, 3, 0), (2, 0, 5)), ((0, 0), (0, 0))]:
+        out, _ = mm_case(rng, dt, backend, a_shape, b_shape)
+        if a_shape[-1] == 0:
+            assert (out.astype(np.float64) == 0).all()        # k == 0: zeros, not garbage
+
+
+def test_no_copy_for_contiguous_or_transposed(monkeypatch):
+    """Under "blas", f32 operands that are contiguous or transposed go to sgemm as they are."""
+    def boom(*args, **kw):
+        raise AssertionError("operand copied")
+    monkeypatch.setattr(MM, "CopyPlan", boom)
+    monkeypatch.setattr(MM, "_plans", {})
+    rng = np.random.default_rng(7)
+    for m, k, n in [(33, 17, 9), (1, 5, 7), (6, 1, 4)]:
+        for a_str, b_str in [(None, None), (transposed((m, k)), None), (None, transposed((k, n))),
+                             (transposed((m, k)), transposed((k, n)))]:
+            mm_case(rng, D.f32, "blas", (m, k), (k, n), a_str, b_str)
+    mm_case(rng, D.f64, "blas", (3, 9, 13), (3, 13, 11), (0, 13, 1), (143, 1, 13))
+
+
+def test_blas_folds_broadcast_rhs_into_one_call(monkeypatch):
+    from lazycandle.runtime import blas
+    calls = []
+    real = blas.gemm
+    monkeypatch.setattr(blas, "gemm", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
+    monkeypatch.setattr(MM, "_plans", {})
+    rng = np.random.default_rng(8)
+    mm_case(rng, D.f32, "blas", (5, 9, 13), (5, 13, 6), None, (0, 6, 1))
+    assert calls == [45]                       # one GEMM with M = 5 * 9
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dt", [D.f32, D.bf16, D.i32, D.f64], ids=lambda d: d.name)
+def test_threads_give_identical_results(dt, backend):
+    rng = np.random.default_rng(9)
+    a = operand(rng, dt, (3, 150, 260), exact=False)
+    b = operand(rng, dt, (3, 260, 140), transposed((3, 260, 140)), exact=False)
+    a1 = operand(rng, dt, (300, 257), exact=False)
+    b1 = operand(rng, dt, (257, 190), exact=False)
+    old = config.get_num_threads()
+    try:
+        results = []
+        for t in (1, 2):
+            config.set_num_threads(t)
+            results.append((run(a, b, dt, backend, (3, 150, 140))[0], run(a1, b1, dt, backend, (300, 190))[0]))
+    finally:
+        config.set_num_threads(old)
+    for x, y in zip(*results):
+        np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dt", [D.f32, D.f16], ids=lambda d: d.name)
+def test_nan_inf_propagate(dt, backend):
+    rng = np.random.default_rng(13)
+    a = operand(rng, dt, (9, 20))
+    b = operand(rng, dt, (20, 7))
+    a[0][3] = np.inf            # a[0, 3]: row 0 gets inf (or nan where it meets a zero)
+    a[0][2 * 20 + 5] = np.nan   # a[2, 5]: row 2 is all nan
+    b[0][4 * 7 + 1] = -np.inf   # b[4, 1]: column 1 gets -inf
+    out, _ = run(a, b, dt, backend, (9, 7))
+    ref = reference(a[2], b[2], dt).astype(dt.numpy).astype(np.float64)
+    np.testing.assert_array_equal(out.reshape(9, 7).astype(np.float64), ref)
+
+
+def test_auto_and_unknown_backend():
+    rng = np.random.default_rng(10)
+    _, used = mm_case(rng, D.f32, "auto", (300, 300), (300, 300))
+    assert used in ("blas", "tiled")
+    _, used = mm_case(rng, D.i32, "auto", (30, 30), (30, 30))
+    assert used == "tiled"
+    with pytest.raises(ValueError):
+        mm_case(rng, D.f32, "cuda", (3, 3), (3, 3))
+
+
+def test_blas_thread_count_follows_config():
+    from lazycandle.runtime import blas
+    if not blas.available():
+        pytest.skip("no BLAS library")
+    old = config.get_num_threads()
+    try:
+        config.set_num_threads(1)
+        assert blas.info()["threads"] == 1
+        config.set_num_threads(2)
+        assert blas.info()["threads"] == 2
+    finally:
+        config.set_num_threads(old)
+
+
+@st.composite
+def problems(draw):
+    dt = draw(st.sampled_from([D.f32, D.f64, D.f16, D.bf16, D.f8e4m3, D.i32, D.i64, D.u32, D.u8]))
+    backend = draw(st.sampled_from(BACKENDS))
+    m, k, n = (draw(st.integers(0, 19)) for _ in range(3))
+    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+
+    def strides(shape, trans):
+        base = transposed(shape) if trans and len(shape) >= 2 else contiguous_strides(shape)
+        out = []
+        for d, s in zip(shape, base):
+            kind = draw(st.sampled_from(["keep", "keep", "gap", "zero"]))
+            out.append(0 if kind == "zero" else
+                       s * 2 if kind == "gap" else s)
+        return tuple(out)
+
+    a_shape, b_shape = batch + (m, k), batch + (k, n)
+    return (dt, backend, a_shape, b_shape, strides(a_shape, draw(st.booleans())),
+            strides(b_shape, draw(st.booleans())), draw(st.integers(0, 5)), draw(st.integers(0, 5)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_hypothesis_strides(problem):
+    dt, backend, a_shape, b_shape, a_str, b_str, a_off, b_off = problem
+    mm_case(np.random.default_rng(11), dt, backend, a_shape, b_shape, a_str, b_str, a_off, b_off)
+
+
+def test_tiled_generator_is_parametric(monkeypatch):
+    """The 512-bit tile (6 x 4 vectors of 16 f32, as on AVX-512) stays correct; LLVM
+    legalises it on narrower hosts, so this runs everywhere."""
+    from lazycandle.codegen import gemm
+    real = gemm.choose_tile
+    monkeypatch.setattr(gemm, "choose_tile", lambda dt, bits=None: real(dt, 512))
+    monkeypatch.setattr(MM, "_plans", {})
+    rng = np.random.default_rng(12)
+    for dt in (D.f32, D.bf16):
+        for m, k, n in [(7, 5, 70), (129, 200, 65)]:
+            mm_case(rng, dt, "tiled", (m, k), (k, n), transposed((m, k)), None)
+
+
+@pytest.mark.parametrize("keep_a", [True, False])
+@pytest.mark.parametrize("dt", [D.f32, D.f16, D.bf16, D.i16, D.f64], ids=lambda d: d.name)
+def test_tiled_cache_blocking_edges(dt, keep_a, monkeypatch):
+    """Tiny MC / KC / NC and scratch budgets, and tasks split however small, so every blocking
+    loop, the partial-sum scratch of the 16-bit types (per NC block), the packed-A reuse across
+    NC blocks and tasks, and the task split all run many times with ragged edges."""
+    monkeypatch.setattr(MM, "_plans", {})
+    monkeypatch.setattr(MM, "_blocking", lambda spec, ab, k: (2 * spec.mr, 8, 2 * spec.nr))
+    monkeypatch.setattr(MM, "W_BYTES", 4096)
+    monkeypatch.setattr(MM, "W_MAX_ROWS", 20)
+    monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "A_KEEP_BYTES", 1 << 30 if keep_a else 0)
+    rng = np.random.default_rng(14)
+    old = config.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            config.set_num_threads(threads)
+            for m, k, n in [(50, 37, 70), (13, 9, 100), (64, 8, 33)]:
+                mm_case(rng, dt, "tiled", (m, k), (k, n), transposed((m, k)))
+                mm_case(rng, dt, "tiled", (3, m, k), (3, k, n), None, (0, n, 1))
+                mm_case(rng, dt, "tiled", (3, m, k), (3, k, n), (0, k, 1), transposed((3, k, n)), 2, 1)
+    finally:
+        config.set_num_threads(old)
