@@ -58,9 +58,14 @@ def kernel_text(i, k, desc) -> list:
     spec = k.spec
     names = ", ".join(f"n{j} {desc['nodes'][j][0]}" for j in k.nodes)
     lines = [f"kernel {i}: {k.kind}" + (f" [{k.backend}]" if getattr(k, "backend", None) else "") + f"  fuses {names}"]
+    node_ops = desc["nodes"][k.nodes[0]][4] if spec is None else None
     for pos, bind in enumerate(k.inputs):
-        strides = spec.inputs[pos][1] if spec is not None else ""
-        dt = spec.inputs[pos][0] if spec is not None else ""
+        if spec is not None:
+            strides, dt = spec.inputs[pos][1], spec.inputs[pos][0]
+        else:
+            o = node_ops[pos]
+            strides = f"{o.strides} shape {o.shape}"
+            dt = (desc["inputs"][o.src][3] if o.kind == "in" else desc["nodes"][o.index][3]).name
         if bind[0] == "slot":
             inp = desc["slots"][bind[1]][0]
             kind, name, _, _ = desc["inputs"][inp]
