@@ -125,7 +125,9 @@ class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin):
 # ---- creation -------------------------------------------------------------------------
 def _from_array(arr: np.ndarray, dtype: DType) -> Tensor:
     """A realized tensor holding a row-major copy of `arr` as `dtype` (creation: NumPy copies)."""
-    buf = np.array(arr, dtype=dtype.numpy, copy=True, order="C").reshape(-1)
+    from .runtime.buffers import alloc
+    buf = alloc(arr.size, dtype)
+    np.copyto(buf.reshape(arr.shape), arr, casting="unsafe")
     return Tensor(Node("buffer", (), None, arr.shape, dtype, buffer=buf))
 
 
