@@ -166,6 +166,9 @@ def _transpose(b, rows):
     return rows
 
 
+SUPER = 8          # a tiled kernel's unit spans SUPER x SUPER tiles of W x W
+
+
 def tile_dim(spec: EwSpec):
     """The dim to tile with the output's inner dim when an input is transposed relative to the
     output (stride 1 along that dim, strided along the inner dim); else None."""
@@ -310,52 +313,60 @@ class _Kernel:
             self.inner_loop(I64(0), I64(shape[-1]), in_base, out_base, [s[-1] for s in self.strides])
 
     def build_tiled(self, t):
-        """Units are W-row blocks of dim t (times the other outer dims).  A full block runs W x W
-        tiles: inputs transposed w.r.t. the output are read as W contiguous vectors and
-        transposed in registers; the rest reads row by row."""
+        """Units are blocks of SB rows of dim t by SB columns of the inner dim (times the other
+        outer dims), so a unit touches few pages of every operand (TLB) and reuses each cache
+        line it loads.  Inside, full W x W tiles read inputs transposed w.r.t. the output as W
+        contiguous vectors and transpose them in registers; the rest reads row by row; edges
+        use the row path with its masked tail."""
         b, W, spec = self.b, self.W, self.spec
         lo, hi = self.fn.args[1], self.fn.args[2]
         shape = spec.shape
         j = len(shape) - 1
+        SB = SUPER * W
         out_strides = contiguous_strides(shape)
         others = [d for d in range(j) if d != t]
-        nblk = -(-shape[t] // W)
+        n_ib, n_jb = -(-shape[t] // SB), -(-shape[j] // SB)
+        jstr = [s[j] for s in self.strides]
+        transposed = [k for k, s in enumerate(self.strides) if s[t] == 1 and s[j] not in (0, 1)]
         with counted_loop(b, lo, hi, 1, "unit") as u:
-            blk = b.urem(u, I64(nblk))
-            idx = self.unravel(b.udiv(u, I64(nblk)), others) if others else {}
-            i0 = b.mul(blk, I64(W))
-            idx[t] = i0
+            ib = b.urem(u, I64(n_ib))
+            rest = b.udiv(u, I64(n_ib))
+            jb = b.urem(rest, I64(n_jb))
+            idx = self.unravel(b.udiv(rest, I64(n_jb)), others) if others else {}
+            i_lo = b.mul(ib, I64(SB))
+            idx[t] = i_lo
             in_base, out_base = self.offsets(idx)
-            rows_left = b.sub(I64(shape[t]), i0)
-            full = b.icmp_signed(">=", rows_left, I64(W))
-            jstr = [s[j] for s in self.strides]
-            with b.if_else(full) as (then, other):
-                with then:
-                    jvec = shape[j] // W * W
-                    transposed = [k for k, s in enumerate(self.strides) if s[t] == 1 and s[j] not in (0, 1)]
-                    with counted_loop(b, I64(0), I64(jvec), W, "j") as j0:
-                        tiles = {}
-                        for k in transposed:
-                            rows = [self.load(k, b.add(in_base[k], b.mul(b.add(j0, I64(r)), I64(jstr[k]))), 1, W)
-                                    for r in range(W)]
-                            tiles[k] = _transpose(b, rows)
-                        for c in range(W):
-                            offs = [b.add(b.add(base, I64(c * s[t])), b.mul(j0, I64(s[j])))
-                                    for base, s in zip(in_base, self.strides)]
-                            oo = b.add(b.add(out_base, I64(c * out_strides[t])), j0)
-                            self.eval_store(offs, oo, jstr, W, {k: tiles[k][c] for k in transposed})
-                    if jvec < shape[j]:
-                        with counted_loop(b, I64(0), I64(W), 1, "c") as c:
-                            self._row(in_base, out_base, c, t, out_strides, I64(jvec))
-                with other:
-                    with counted_loop(b, I64(0), rows_left, 1, "c") as c:
-                        self._row(in_base, out_base, c, t, out_strides, I64(0))
+            i_n = b.select(b.icmp_signed("<", b.sub(I64(shape[t]), i_lo), I64(SB)), b.sub(I64(shape[t]), i_lo), I64(SB))
+            j_lo = b.mul(jb, I64(SB))
+            j_n = b.select(b.icmp_signed("<", b.sub(I64(shape[j]), j_lo), I64(SB)), b.sub(I64(shape[j]), j_lo), I64(SB))
+            j_hi = b.add(j_lo, j_n)
+            i_full = b.mul(b.sdiv(i_n, I64(W)), I64(W))
+            j_vec = b.add(j_lo, b.mul(b.sdiv(j_n, I64(W)), I64(W)))
+            with counted_loop(b, I64(0), i_full, W, "ib") as c0:
+                base = [b.add(x, b.mul(c0, I64(s[t]))) for x, s in zip(in_base, self.strides)]
+                ob = b.add(out_base, b.mul(c0, I64(out_strides[t])))
+                with counted_loop(b, j_lo, j_vec, W, "j") as j0:
+                    tiles = {}
+                    for k in transposed:
+                        rows = [self.load(k, b.add(base[k], b.mul(b.add(j0, I64(r)), I64(jstr[k]))), 1, W)
+                                for r in range(W)]
+                        tiles[k] = _transpose(b, rows)
+                    for c in range(W):
+                        offs = [b.add(b.add(x, I64(c * s[t])), b.mul(j0, I64(s[j])))
+                                for x, s in zip(base, self.strides)]
+                        oo = b.add(b.add(ob, I64(c * out_strides[t])), j0)
+                        self.eval_store(offs, oo, jstr, W, {k: tiles[k][c] for k in transposed})
+                with b.if_then(b.icmp_signed("<", j_vec, j_hi)):
+                    with counted_loop(b, I64(0), I64(W), 1, "c") as c:
+                        self._row(base, ob, c, t, out_strides, j_vec, j_hi)
+            with counted_loop(b, i_full, i_n, 1, "r") as c:
+                self._row(in_base, out_base, c, t, out_strides, j_lo, j_hi)
 
-    def _row(self, in_base, out_base, c, t, out_strides, jstart):
+    def _row(self, in_base, out_base, c, t, out_strides, jstart, jstop):
         b = self.b
         base = [b.add(x, b.mul(c, I64(s[t]))) for x, s in zip(in_base, self.strides)]
         ob = b.add(out_base, b.mul(c, I64(out_strides[t])))
-        self.inner_loop(jstart, I64(self.spec.shape[-1]), base, ob, [s[-1] for s in self.strides])
+        self.inner_loop(jstart, jstop, base, ob, [s[-1] for s in self.strides])
 
 
 def build(spec: EwSpec, name: str = "ew") -> str:
@@ -377,7 +388,8 @@ def parallel_extent(spec: EwSpec) -> int:
         return spec.parallel_extent
     shape = spec.shape
     others = prod(d for i, d in enumerate(shape[:-1]) if i != t)
-    return others * -(-shape[t] // spec.width())
+    sb = SUPER * spec.width()
+    return others * -(-shape[t] // sb) * -(-shape[-1] // sb)
 
 
 def compile_spec(spec: EwSpec):
