@@ -20,7 +20,7 @@ from .. import dtype as D
 from ..ir.ops import OPS
 from . import codecs, jit
 from ..layout import contiguous_strides
-from .llvmutil import I1, I8, I32, I64, VOID, intrinsic, type_suffix, ltype, vec, splat, const, call_intrinsic, width_of, scalar_type
+from .llvmutil import I8, I32, I64, VOID, intrinsic, type_suffix, ltype, vec, splat, const, width_of, scalar_type
 from .loops import new_module, kernel_function, arg_pointer, counted_loop
 
 

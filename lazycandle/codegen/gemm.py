@@ -18,7 +18,6 @@ last block.
 from __future__ import annotations
 
 import ctypes
-import threading
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
@@ -441,20 +440,5 @@ def build_ir(spec: GemmSpec) -> tuple:
 
 
 _FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
-_kernels: dict = {}
-_klock = threading.Lock()
-
-
-def get_kernel(spec: GemmSpec):
-    """Compiled driver for `spec` as a ctypes function fn(params*, t_lo, t_hi, workspace*)."""
-    fn = _kernels.get(spec)
-    if fn is None:
-        with _klock:
-            fn = _kernels.get(spec)
-            if fn is None:
-                text, name = build_ir(spec)
-                cm = jit.compile_ir(text, [name], name=name)
-                fn = _FN(cm.address(name))
-                fn._module = cm
-                _kernels[spec] = fn
-    return fn
+# Compiled driver for a spec as a ctypes function fn(params*, t_lo, t_hi, workspace*).
+get_kernel = jit.KernelCache(build_ir, _FN)

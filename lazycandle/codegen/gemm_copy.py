@@ -9,7 +9,6 @@ direction, unit inner strides); shapes and strides are runtime parameters.
 from __future__ import annotations
 
 import ctypes
-import threading
 from dataclasses import dataclass
 
 from ..dtype import DType
@@ -85,20 +84,5 @@ def build_ir(spec: CopySpec) -> tuple:
 
 
 _FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
-_kernels: dict = {}
-_lock = threading.Lock()
-
-
-def get_kernel(spec: CopySpec):
-    """Compiled copy kernel as a ctypes function fn(params*, row_lo, row_hi)."""
-    fn = _kernels.get(spec)
-    if fn is None:
-        with _lock:
-            fn = _kernels.get(spec)
-            if fn is None:
-                text, name = build_ir(spec)
-                cm = jit.compile_ir(text, [name], name=name)
-                fn = _FN(cm.address(name))
-                fn._module = cm
-                _kernels[spec] = fn
-    return fn
+# Compiled driver for a spec as a ctypes function fn(params*, row_lo, row_hi).
+get_kernel = jit.KernelCache(build_ir, _FN)

@@ -159,3 +159,27 @@ def _disk_put(key, obj):
         os.replace(tmp, p)
     except OSError:
         pass
+
+
+class KernelCache:
+    """Compiled kernels by spec: `build(spec) -> (ir_text, function name)` runs once per spec;
+    calling the cache returns the function wrapped as the ctypes type `fntype` (its module is
+    kept alive on the wrapper as `_module`)."""
+
+    def __init__(self, build, fntype):
+        self.build, self.fntype = build, fntype
+        self._fns: dict = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, spec):
+        fn = self._fns.get(spec)
+        if fn is None:
+            with self._lock:
+                fn = self._fns.get(spec)
+                if fn is None:
+                    text, name = self.build(spec)
+                    cm = compile_ir(text, [name], name=name)
+                    fn = self.fntype(cm.address(name))
+                    fn._module = cm
+                    self._fns[spec] = fn
+        return fn

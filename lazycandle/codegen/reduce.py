@@ -21,10 +21,9 @@ from math import prod
 import llvmlite.ir as ir
 
 from .. import dtype as D
-from ..layout import contiguous_strides
 from . import jit
 from .elementwise import _Kernel, _emit_instrs, _bits
-from .llvmutil import I1, I32, I64, F64, ltype, vec, splat, const, width_of, FM_REDUCE
+from .llvmutil import I32, I64, F64, ltype, vec, splat, const, width_of, FM_REDUCE
 from .loops import counted_loop
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-import llvmlite.ir as ir
 
 from ..codegen.llvmutil import call_intrinsic, const, FM_ELEMENTWISE as FM
 

@@ -3,7 +3,6 @@ ops each kernel fused, its buffers, its loop nest), each kernel's LLVM IR and na
 text, Graphviz dot or Mermaid."""
 from __future__ import annotations
 
-from math import prod
 
 STAGES = ("graph", "optimized", "schedule", "llvm", "asm")
 FORMATS = ("text", "dot", "mermaid")

@@ -6,8 +6,6 @@ from __future__ import annotations
 import ctypes
 from math import prod
 
-import numpy as np
-
 from .. import config
 from ..errors import UnboundPlaceholder
 from ..ir.graph import capture
