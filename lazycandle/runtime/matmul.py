@@ -439,7 +439,7 @@ class BlasPlan:
 
 # ---- entry point ------------------------------------------------------------------------
 def _blas_ok(g: Geometry) -> bool:
-    return (_blas_kind(g.dtype) is not None and g.k > 0 and blas.available()
+    return (_blas_kind(g.dtype) is not None and min(g.m, g.n, g.k) > 0 and blas.available()
             and max(g.k, g.nbatch * g.m, g.nbatch * g.n) <= blas.BLASINT_MAX)
 
 
