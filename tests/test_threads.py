@@ -1,0 +1,70 @@
+"""The one thread setting: API, env var, scope, and concurrent use from Python threads."""
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import lazycandle as lc
+
+
+def test_set_get_and_scope():
+    old = lc.get_num_threads()
+    lc.set_num_threads(3)
+    assert lc.get_num_threads() == 3
+    with lc.num_threads(1):
+        assert lc.get_num_threads() == 1
+    assert lc.get_num_threads() == 3
+    lc.set_num_threads(old)
+    with pytest.raises(ValueError):
+        lc.set_num_threads(0)
+
+
+def test_env_and_default():
+    code = "import lazycandle as lc, os; print(lc.get_num_threads(), len(os.sched_getaffinity(0)))"
+    env = dict(os.environ, LAZYCANDLE_NUM_THREADS="5")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split()[0] == "5"
+    env.pop("LAZYCANDLE_NUM_THREADS")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    a, b = out.stdout.split()
+    assert a == b
+
+
+def test_blas_threads_follow_setting():
+    from lazycandle.runtime import blas
+    if not blas.available():
+        pytest.skip("no BLAS")
+    with lc.num_threads(1):
+        assert blas.info()["threads"] == 1
+    with lc.num_threads(2):
+        assert blas.info()["threads"] == 2
+
+
+def test_concurrent_realize_from_python_threads():
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((120, 90)).astype(np.float32) for _ in range(3)]
+    errors = []
+
+    def work(i):
+        try:
+            for k in range(8):
+                x = xs[(i + k) % 3]
+                t = lc.tensor(x) * float(k % 3 + 1)
+                got = lc.nn.softmax_last_dim(t).numpy()
+                y = x.astype(np.float64) * (k % 3 + 1)
+                e = np.exp(y - y.max(-1, keepdims=True))
+                np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+                m = (lc.tensor(x) @ lc.tensor(x).t()).numpy()
+                np.testing.assert_allclose(m, x.astype(np.float64) @ x.T, rtol=1e-4, atol=1e-3)
+        except Exception as ex:  # collected and asserted in the main thread
+            errors.append(repr(ex))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
