@@ -10,6 +10,7 @@ import llvmlite.ir as ir
 from ..dtype import DType
 from . import codecs
 from .llvmutil import I64, ltype, vec, width_of
+from .loops import counted_loop
 
 ZERO = ir.Constant(I64, 0)
 ONE = ir.Constant(I64, 1)
@@ -140,22 +141,9 @@ def finalize_ir(module: ir.Module) -> str:
 def for_range(b: ir.IRBuilder, start, stop, step=ONE, name="i", plain=True):
     """`for (i = start; i < stop; i += step)` with an i64 phi; yields i.  plain: mark the loop
     not to be vectorised or unrolled by LLVM."""
-    pre = b.block
-    head = b.append_basic_block(f"{name}.head")
-    body = b.append_basic_block(f"{name}.body")
-    done = b.append_basic_block(f"{name}.done")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64, name)
-    i.add_incoming(start, pre)
-    b.cbranch(b.icmp_signed("<", i, stop), body, done)
-    b.position_at_end(body)
-    yield i
-    i.add_incoming(b.add(i, step, flags=["nsw", "nuw"]), b.block)
-    br = b.branch(head)
-    if plain:
-        br.set_metadata("llvm.loop", plain_loop_md(b.module))
-    b.position_at_end(done)
+    tag = (lambda br: br.set_metadata("llvm.loop", plain_loop_md(b.module))) if plain else None
+    with counted_loop(b, start, stop, step, name, on_latch=tag) as i:
+        yield i
 
 
 @contextmanager

@@ -31,9 +31,10 @@ def arg_pointer(b: ir.IRBuilder, ptrs, index: int, elem_type: ir.Type, name=""):
 
 
 @contextlib.contextmanager
-def counted_loop(b: ir.IRBuilder, start, stop, step=1, name="i"):
+def counted_loop(b: ir.IRBuilder, start, stop, step=1, name="i", on_latch=None):
     """for (i = start; i < stop; i += step): yields i.  The body may create blocks.
-    Runs zero times when start >= stop."""
+    Runs zero times when start >= stop.  `on_latch(branch)` may tag the back edge (loop
+    metadata)."""
     step = I64(step) if isinstance(step, int) else step
     pre = b.block
     fn = pre.function
@@ -49,5 +50,7 @@ def counted_loop(b: ir.IRBuilder, start, stop, step=1, name="i"):
     yield i
     nxt = b.add(i, step, name=f"{name}.next", flags=("nsw",))
     i.add_incoming(nxt, b.block)
-    b.branch(head)
+    latch = b.branch(head)
+    if on_latch is not None:
+        on_latch(latch)
     b.position_at_end(done)
