@@ -333,16 +333,23 @@ def _conv(op, x, kernel, padding, stride, dilation, groups, shapes):
     return y.reshape((b, co, oh, ow))
 
 
+def _tensor_list(ts, op):
+    """`ts` as a non-empty list of Tensors, or the error naming `op`."""
+    T = _tensor_type()
+    ts = list(ts)
+    if not ts:
+        raise ValueError(f"{op}: needs at least one tensor")
+    for t in ts:
+        if not isinstance(t, T):
+            raise TypeError(f"{op}: expected Tensors, got {type(t).__name__}")
+    return ts
+
+
 def cat(ts, dim=0):
     """Concatenate tensors of one dtype and rank along `dim` (other dims must be equal)."""
     op = "cat"
     T = _tensor_type()
-    ts = list(ts)
-    if not ts:
-        raise ValueError("cat: needs at least one tensor")
-    for t in ts:
-        if not isinstance(t, T):
-            raise TypeError(f"cat: expected Tensors, got {type(t).__name__}")
+    ts = _tensor_list(ts, "cat")
     t0 = ts[0]
     dim = _dim(dim, t0.shape, op)
     for t in ts[1:]:
@@ -361,13 +368,7 @@ def cat(ts, dim=0):
 
 def stack(ts, dim=0):
     """Stack tensors of one shape along a new dim `dim` (unsqueeze + cat)."""
-    T = _tensor_type()
-    ts = list(ts)
-    if not ts:
-        raise ValueError("stack: needs at least one tensor")
-    for t in ts:
-        if not isinstance(t, T):
-            raise TypeError(f"stack: expected Tensors, got {type(t).__name__}")
+    ts = _tensor_list(ts, "stack")
     t0 = ts[0]
     dim = _dim(dim, t0.shape, "stack", extra=1)
     for t in ts[1:]:
