@@ -5,8 +5,10 @@ optimiser and code generator entirely."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
+import warnings
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -93,15 +95,25 @@ def _optimize(ir_text: str):
 _mem_cache: dict = {}
 _counter = [0]
 
+DISK_FORMAT = 2          # bump when the on-disk entry layout changes
+_MAGIC = b"LCKOBJ\n"
+
+
+def _compile_key(ir_text: str) -> dict:
+    """Everything the object code depends on; stored in each disk entry and checked on load."""
+    h = _host()
+    return {"format": DISK_FORMAT, "ir_sha256": hashlib.sha256(ir_text.encode()).hexdigest(),
+            "triple": h["triple"], "cpu": h["cpu"], "features": h["features"],
+            "llvmlite": llvmlite.__version__}
+
 
 def _cache_key(ir_text: str) -> str:
-    h = _host()
-    blob = "\0".join([ir_text, h["triple"], h["cpu"], h["features"], llvmlite.__version__, "v1"])
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return hashlib.sha256(json.dumps(_compile_key(ir_text), sort_keys=True).encode()).hexdigest()
 
 
 def compile_ir(ir_text: str, export: list, name: str = "kernel") -> CompiledModule:
-    """Compile IR text exporting the named functions.  Cached in memory and on disk."""
+    """Compile IR text exporting the named functions.  Cached in memory and on disk; a disk
+    entry that fails verification or linking is dropped and the kernel compiled afresh."""
     key = _cache_key(ir_text)
     cm = _mem_cache.get(key)
     if cm is not None:
@@ -110,23 +122,35 @@ def compile_ir(ir_text: str, export: list, name: str = "kernel") -> CompiledModu
         cm = _mem_cache.get(key)
         if cm is not None:
             return cm
-        obj = _disk_get(key)
-        if obj is None:
-            mod = _optimize(ir_text)
-            obj = _host()["tm"].emit_object(mod)
-            _disk_put(key, obj)
-        builder = llvm.JITLibraryBuilder().add_object_img(obj)
-        for fn in export:
-            builder.export_symbol(fn)
-        _counter[0] += 1
-        lib = builder.link(_host()["lljit"], f"lc_{_counter[0]}_{key[:12]}")
+        ckey = _compile_key(ir_text)
+        obj = _disk_get(key, ckey)
+        lib = None
+        if obj is not None:
+            try:
+                lib = _link(obj, export, key)
+                stats["disk_hits"] += 1
+            except RuntimeError as e:
+                _disk_drop(key, f"it does not link ({e})")
+        if lib is None:
+            obj = _host()["tm"].emit_object(_optimize(ir_text))
+            lib = _link(obj, export, key)
+            _disk_put(key, ckey, obj)
         cm = CompiledModule(name, ir_text, obj, lib)
         _mem_cache[key] = cm
         stats["compiled"] += 1
         return cm
 
 
-stats = {"compiled": 0, "disk_hits": 0}
+def _link(obj: bytes, export: list, key: str):
+    builder = llvm.JITLibraryBuilder().add_object_img(obj)
+    for fn in export:
+        builder.export_symbol(fn)
+    _counter[0] += 1
+    return builder.link(_host()["lljit"], f"lc_{_counter[0]}_{key[:12]}")
+
+
+stats = {"compiled": 0, "disk_hits": 0, "disk_dropped": 0}
+_warned = [False]
 
 
 def _disk_path(key):
@@ -134,31 +158,84 @@ def _disk_path(key):
     return os.path.join(d, key[:2], key + ".o") if d else None
 
 
-def _disk_get(key):
+def _encode_entry(ckey: dict, obj: bytes) -> bytes:
+    """A disk entry: magic line, one JSON header line (compile key, object sha256 and length),
+    then the object bytes."""
+    head = dict(ckey, obj_sha256=hashlib.sha256(obj).hexdigest(), obj_len=len(obj))
+    return _MAGIC + json.dumps(head, sort_keys=True, separators=(",", ":")).encode() + b"\n" + obj
+
+
+def _decode_entry(data: bytes, ckey: dict):
+    """The object bytes of a disk entry, or a string saying why the entry is not usable."""
+    if not data.startswith(_MAGIC):
+        return "it has no lazycandle header"
+    nl = data.find(b"\n", len(_MAGIC))
+    if nl < 0:
+        return "its header is cut off"
+    try:
+        head = json.loads(data[len(_MAGIC):nl])
+    except ValueError:
+        return "its header is unreadable"
+    if not isinstance(head, dict):
+        return "its header is unreadable"
+    for field, want in ckey.items():
+        if head.get(field) != want:
+            return f"its compile key differs ({field})"
+    obj = data[nl + 1:]
+    if head.get("obj_len") != len(obj):
+        return f"it holds {len(obj)} object bytes, its header says {head.get('obj_len')}"
+    if head.get("obj_sha256") != hashlib.sha256(obj).hexdigest():
+        return "its object bytes do not match their sha256"
+    return obj
+
+
+def _disk_get(key, ckey):
     p = _disk_path(key)
-    if p and os.path.exists(p):
-        try:
-            with open(p, "rb") as f:
-                data = f.read()
-            stats["disk_hits"] += 1
-            return data
-        except OSError:
-            return None
-    return None
+    if not p or not os.path.exists(p):
+        return None
+    try:
+        with open(p, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        _disk_drop(key, f"it is unreadable ({e.strerror})")
+        return None
+    obj = _decode_entry(data, ckey)
+    if isinstance(obj, str):
+        _disk_drop(key, obj)
+        return None
+    return obj
 
 
-def _disk_put(key, obj):
+def _disk_drop(key, why):
+    """Delete a bad disk entry (it is rewritten after the recompile) and warn once per process."""
+    p = _disk_path(key)
+    stats["disk_dropped"] += 1
+    try:
+        os.remove(p)
+    except OSError:
+        pass
+    if not _warned[0]:
+        _warned[0] = True
+        warnings.warn(f"lazycandle: dropped kernel cache entry {p}: {why}; recompiling it "
+                      f"(further bad entries in this process are replaced without a warning)",
+                      RuntimeWarning, stacklevel=2)
+
+
+def _disk_put(key, ckey, obj):
     p = _disk_path(key)
     if not p:
         return
+    tmp = p + f".{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         os.makedirs(os.path.dirname(p), exist_ok=True)
-        tmp = p + f".{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
-            f.write(obj)
+            f.write(_encode_entry(ckey, obj))
         os.replace(tmp, p)
     except OSError:
-        pass
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
 
 
 class KernelCache:
