@@ -22,6 +22,15 @@ _lock = threading.RLock()
 _state = {}
 
 
+def _new_lock_after_fork():
+    """A forked child has only the forking thread: a lock another thread held stays held."""
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 def _host():
     """Target machine, triple, data layout and LLJIT, created once per process."""
     if not _state:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import threading
 import weakref
 
@@ -24,6 +25,15 @@ _free: dict = {}                  # size -> [Block]
 _idle = [0]
 _lock = threading.Lock()
 stats = {"reused": 0, "fresh": 0}
+
+
+def _new_lock_after_fork():
+    """A forked child has only the forking thread: a lock another thread held stays held."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 class Block:

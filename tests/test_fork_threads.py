@@ -1,0 +1,106 @@
+"""The one pool under stress: set_num_threads while other Python threads run kernels, and
+os.fork() / multiprocessing's fork pool after a parallel kernel.  Each probe runs in its own
+process group with a timeout, so a hang or crash fails the test instead of the suite."""
+import os
+import signal
+import subprocess
+import sys
+
+import lazycandle as lc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lc.__file__)))
+
+RACE = """
+import sys, threading, time
+import numpy as np, lazycandle as lc
+rng = np.random.default_rng(0)
+x = rng.standard_normal((256, 1024)).astype(np.float32)
+w = rng.standard_normal((1024, 64)).astype(np.float32)
+ref_e, ref_s, ref_m = np.tanh(x * 1.5 + 0.25), x.astype(np.float64).sum(-1), x.astype(np.float64) @ w
+stop, errors = threading.Event(), []
+
+def work():
+    try:
+        for k in range(30):
+            t = lc.tensor(x)
+            np.testing.assert_allclose((t * 1.5 + 0.25).tanh().numpy(), ref_e, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(t.sum(-1).numpy(), ref_s, rtol=1e-4, atol=1e-3)
+            if k % 4 == 0:
+                np.testing.assert_allclose((t @ lc.tensor(w)).numpy(), ref_m, rtol=1e-4, atol=1e-3)
+    except BaseException as e:
+        errors.append(repr(e))
+
+def churn():
+    n = 2
+    while not stop.is_set():
+        lc.set_num_threads(n)          # every new maximum used to replace (shut down) the pool
+        n = n + 1 if n < 40 else 2
+        time.sleep(0.002)
+
+workers = [threading.Thread(target=work) for _ in range(4)]
+churner = threading.Thread(target=churn)
+churner.start()
+for t in workers: t.start()
+for t in workers: t.join()
+stop.set(); churner.join()
+print("errors:", errors[:3])
+sys.exit(1 if errors else 0)
+"""
+
+FORK = """
+import os, sys
+import numpy as np, lazycandle as lc
+lc.set_num_threads(4)
+x = np.linspace(-3, 3, 1 << 18, dtype=np.float32)
+m = np.ones((300, 300), np.float32)
+
+def run(k):
+    got = (lc.tensor(x) * float(k)).exp().sum(0).numpy()
+    return bool(np.isclose(got, np.exp(x.astype(np.float64) * k).sum(), rtol=1e-4))
+
+assert run(1) and (lc.tensor(m) @ lc.tensor(m)).numpy()[0, 0] == 300     # the pool is running
+if sys.argv[1] == "fork":
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if run(2) and (lc.tensor(m) @ lc.tensor(m)).numpy()[0, 0] == 300 else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+else:
+    import multiprocessing as mp
+    with mp.get_context("fork").Pool(2) as p:
+        assert p.map(run, [0.5, 1.5, 2.5]) == [True] * 3
+assert run(3)
+print("ok")
+"""
+
+
+def _probe(code, *args, timeout=150):
+    """Run code in a fresh process group; on timeout kill the whole group (forked children too)."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise AssertionError(f"probe {args} hung for {timeout}s")
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)     # nothing of the probe outlives it
+        except ProcessLookupError:
+            pass
+    assert p.returncode == 0, f"probe {args} exited {p.returncode}: {out[-1000:]} {err[-2000:]}"
+    return out
+
+
+def test_set_num_threads_while_threads_run_kernels():
+    assert "errors: []" in _probe(RACE)
+
+
+def test_forked_child_runs_parallel_kernels():
+    assert "ok" in _probe(FORK, "fork")
+
+
+def test_multiprocessing_fork_pool_runs_parallel_kernels():
+    assert "ok" in _probe(FORK, "mp")
