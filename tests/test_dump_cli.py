@@ -92,3 +92,19 @@ def test_disk_cache_skips_compilation(tmp_path):
     second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert first.stdout.strip() == "0" and int(second.stdout.strip()) >= 1
+
+
+@pytest.mark.parametrize("where", ["a_file", "below_a_file"])
+def test_unwritable_dump_dir_warns_once_and_computes(tmp_path, where):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    out_dir = blocker if where == "a_file" else blocker / "dumps"
+    code = ("import numpy as np, lazycandle as lc\n"
+            "a = lc.tensor(np.arange(6.0, dtype=np.float32))\n"
+            "print((a * 2).numpy().tolist(), (a + 1).exp().sum(0).numpy().round(3))\n")
+    env = dict(ENV, LAZYCANDLE_DUMP="graph,schedule", LAZYCANDLE_DUMP_DIR=str(out_dir))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[:6] == ["[0.0,", "2.0,", "4.0,", "6.0,", "8.0,", "10.0]"]
+    assert float(r.stdout.split()[6]) == pytest.approx(np.exp(np.arange(1.0, 7.0)).sum(), rel=1e-5)
+    assert r.stderr.count("cannot write dump") == 1, r.stderr

@@ -144,11 +144,15 @@ def get_plan(cap, targets=None) -> Plan:
 
 
 _dump_count = [0]
+_dump_warned = [False]
 
 
 def _dump_on_compile(plan, targets):
+    """LAZYCANDLE_DUMP: print or write the requested stages.  A dump file that cannot be written
+    warns once and is skipped: dumping never breaks the computation."""
     import os
     import sys
+    import warnings
     from ..ir.graph import views_graph
     from ..ir.printer import render
     _dump_count[0] += 1
@@ -159,12 +163,19 @@ def _dump_on_compile(plan, targets):
             text = render(stage, os.environ.get("LAZYCANDLE_DUMP_FORMAT", "text"), plan, built)
         except ValueError as e:
             text = f"(dump: {e})"
-        if out_dir:
-            os.makedirs(out_dir, exist_ok=True)
-            with open(os.path.join(out_dir, f"graph{_dump_count[0]:04d}.{stage}.txt"), "w") as f:
-                f.write(text + "\n")
-        else:
+        if not out_dir:
             print(f"==== lazycandle dump: graph {_dump_count[0]}, stage {stage}\n{text}", file=sys.stderr)
+            continue
+        path = os.path.join(out_dir, f"graph{_dump_count[0]:04d}.{stage}.txt")
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text + "\n")
+        except OSError as e:
+            if not _dump_warned[0]:
+                _dump_warned[0] = True
+                warnings.warn(f"lazycandle: cannot write dump {path} (LAZYCANDLE_DUMP_DIR={out_dir!r}): "
+                              f"{type(e).__name__}: {e}; dumps that fail are skipped", RuntimeWarning, stacklevel=2)
 
 
 def _prepare_targets(nodes):
