@@ -2,11 +2,12 @@
 from .dtype import DType, u8, u32, i16, i32, i64, bf16, f16, f32, f64, f8e4m3, f6e2m3, f6e3m2, f4, f8e8m0
 from .errors import (Error, DTypeMismatchBinaryOp, UnsupportedDTypeForOp, UnsupportedDType, ShapeMismatchBinaryOp,
                      BroadcastIncompatibleShapes, ShapeMismatch, DimOutOfRange, NarrowInvalidArgs, IndexOutOfBounds,
-                     EmptyReduction, UnboundPlaceholder, FeedError)
+                     EmptyReduction, UnboundPlaceholder, FeedError, SerializationError)
 from .tensor import (Tensor, tensor, from_numpy, full, zeros, ones, zeros_like, ones_like, arange, randn, rand,
                      placeholder, realize, cpu)
 from .tensor_index import cat, stack
 from . import nn
+from .serialization import save_safetensors, load_safetensors, load_safetensors_metadata, save_npz, load_npz
 from .graph_api import compile, Program, jit, dump
 from .config import get_num_threads, set_num_threads, num_threads, set_matmul_backend, get_matmul_backend
 

@@ -52,3 +52,7 @@ class UnboundPlaceholder(Error):
 
 class FeedError(Error, ValueError):
     pass
+
+
+class SerializationError(Error, ValueError):
+    """A tensor file that is truncated, corrupt or does not match what it declares."""
