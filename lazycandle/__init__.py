@@ -9,6 +9,7 @@ from .tensor_index import cat, stack
 from . import nn
 from .serialization import save_safetensors, load_safetensors, load_safetensors_metadata, save_npz, load_npz
 from .graph_api import compile, Program, jit, dump
+from .caches import clear_caches, cache_info
 from .config import get_num_threads, set_num_threads, num_threads, set_matmul_backend, get_matmul_backend
 
 __version__ = "0.1.0"

@@ -85,3 +85,12 @@ def dump_dir():
 
 def cache_dir():
     return os.environ.get("LAZYCANDLE_CACHE_DIR") or None
+
+
+def plan_cache_size() -> int:
+    """Compiled plans kept in memory (LRU), env LAZYCANDLE_PLAN_CACHE; default 512."""
+    env = os.environ.get("LAZYCANDLE_PLAN_CACHE", "")
+    try:
+        return max(0, int(env)) if env.strip() else 512
+    except ValueError:
+        return 512

@@ -29,7 +29,7 @@ from math import prod
 
 import llvmlite.ir as ir
 
-from .. import dtype as D
+from .. import caches, dtype as D
 from ..layout import merge_dims
 from . import codecs, jit
 from .llvmutil import I64, ltype
@@ -408,7 +408,7 @@ def build_im2col(spec: Im2colSpec, name: str = "im2col") -> str:
 
 # ---- compile cache ------------------------------------------------------------------------
 _BUILDERS = {IndexSpec: (build_index, "idx"), CopySpec: (build_copy, "copy"), Im2colSpec: (build_im2col, "im2col")}
-_cache: dict = {}
+_cache: dict = caches.register("index kernels", {})
 _lock = threading.Lock()
 
 

@@ -13,7 +13,7 @@ import warnings
 import llvmlite
 import llvmlite.binding as llvm
 
-from .. import config
+from .. import caches, config
 
 llvm.initialize_native_target()
 llvm.initialize_native_asmprinter()
@@ -101,7 +101,11 @@ def _optimize(ir_text: str):
     return mod
 
 
-_mem_cache: dict = {}
+def _code_bytes() -> int:
+    return sum(len(cm._obj) + len(cm.ir_text) for cm in list(_mem_cache.values()))
+
+
+_mem_cache: dict = caches.register("kernels", {}, _code_bytes)   # compile key -> CompiledModule
 _counter = [0]
 
 DISK_FORMAT = 2          # bump when the on-disk entry layout changes
@@ -250,12 +254,20 @@ def _disk_put(key, ckey, obj):
 class KernelCache:
     """Compiled kernels by spec: `build(spec) -> (ir_text, function name)` runs once per spec;
     calling the cache returns the function wrapped as the ctypes type `fntype` (its module is
-    kept alive on the wrapper as `_module`)."""
+    kept alive on the wrapper as `_module`).  Each instance is in the cache registry."""
 
     def __init__(self, build, fntype):
         self.build, self.fntype = build, fntype
         self._fns: dict = {}
         self._lock = threading.Lock()
+        caches.register(f"kernel functions of {build.__module__}", self)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._fns.clear()
+
+    def __len__(self):
+        return len(self._fns)
 
     def __call__(self, spec):
         fn = self._fns.get(spec)

@@ -11,12 +11,13 @@ import ctypes
 import llvmlite.ir as ir
 import numpy as np
 
+from .. import caches
 from . import jit, vmath
 from .llvmutil import F32, F64, I64, VOID
 
 _TYPES = {np.dtype(np.float32): F32, np.dtype(np.float64): F64}
 _CTYPES = {np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
-_cache: dict = {}
+_cache: dict = caches.register("vmath test kernels", {})
 
 
 def width(dtype) -> int:

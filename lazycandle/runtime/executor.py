@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 from math import prod
 
-from .. import config
+from .. import caches, config
 from ..errors import UnboundPlaceholder
 from ..ir.graph import capture
 from ..ir.node import Node
@@ -127,17 +127,17 @@ class Plan:
         return [bufs[t] for t in self.targets]
 
 
-_plans: dict = {}
+_plans = caches.register("plans", caches.LRU(config.plan_cache_size()))
 
 
 def get_plan(cap, targets=None) -> Plan:
-    """The compiled plan for a capture's structure (compiling on a miss; LAZYCANDLE_DUMP prints
-    the requested stages at every compile)."""
+    """The compiled plan for a capture's structure, from a bounded LRU cache (compiling on a
+    miss; LAZYCANDLE_DUMP prints the requested stages at every compile)."""
     plan = _plans.get(cap.key)
     if plan is None:
         plan = Plan(cap)
         plan.slots = list(cap.slots)
-        _plans[cap.key] = plan
+        plan = _plans.put(cap.key, plan)
         if config.dump_stages():
             _dump_on_compile(plan, targets)
     return plan

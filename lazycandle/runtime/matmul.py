@@ -21,7 +21,7 @@ from math import gcd, prod
 
 import numpy as np
 
-from .. import config
+from .. import caches, config
 from ..codegen import gemm, gemm_copy
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
@@ -480,7 +480,7 @@ def _address(arr: np.ndarray) -> int:
     return addr
 
 
-_plans: dict = {}
+_plans: dict = caches.register("matmul plans", {})
 _plans_lock = threading.Lock()
 _MAX_PLANS = 512
 

@@ -1,0 +1,110 @@
+"""Every in-memory cache of the process in one registry, so `lc.clear_caches()` and
+`lc.cache_info()` see them all, plus the bounded LRU mapping the plan cache uses.
+
+Caches only hold references: a Plan (and a Program, through its plan) keeps the compiled
+modules it calls alive itself, so clearing a cache never frees code that is still in use; the
+next lookup of a cleared entry simply compiles (or loads from the disk cache) again."""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+
+from . import config
+
+
+class LRU:
+    """A thread-safe mapping bounded to `maxsize` entries; the least recently used entry is
+    evicted first.  `maxsize` may be changed at any time (the excess is evicted on the next put)."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._data: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key, default=None):
+        with self._lock:
+            value = self._data.get(key, default)
+            if key in self._data:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key, value):
+        """Store value under key unless another thread stored one first; returns the stored one."""
+        with self._lock:
+            value = self._data.setdefault(key, value)
+            self._data.move_to_end(key)
+            while len(self._data) > max(0, self.maxsize):
+                self._data.popitem(last=False)
+            return value
+
+    def values(self) -> list:
+        with self._lock:
+            return list(self._data.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def __len__(self):
+        return len(self._data)
+
+
+_registry: dict = {}     # name -> (cache with clear() and __len__, nbytes() or None)
+_registry_lock = threading.Lock()
+
+
+def register(name: str, cache, nbytes=None):
+    """Register a module-level cache (anything with `clear()` and `len()`) under `name`;
+    `nbytes()` optionally reports the memory its entries hold.  Returns the cache."""
+    with _registry_lock:
+        _registry[name] = (cache, nbytes)
+    return cache
+
+
+def _loaded_registry() -> dict:
+    with _registry_lock:
+        return dict(_registry)
+
+
+def clear_caches(disk: bool = False) -> None:
+    """Drop every in-memory cache (compiled plans and kernels, kernel wrappers, matmul plans);
+    with `disk=True` also delete the objects in LAZYCANDLE_CACHE_DIR.  Programs and tensors
+    built before keep working: they hold their own compiled code."""
+    for cache, _ in _loaded_registry().values():
+        cache.clear()
+    if disk:
+        for path in _disk_files():
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+
+
+def _disk_files() -> list:
+    d = config.cache_dir()
+    if not d or not os.path.isdir(d):
+        return []
+    out = []
+    for root, _, files in os.walk(d):
+        out.extend(os.path.join(root, f) for f in files if f.endswith(".o"))
+    return out
+
+
+def cache_info() -> dict:
+    """{"plans", "kernels": counts; "memory_bytes": bytes of compiled code and IR held in
+    memory; "disk_entries", "disk_bytes": the LAZYCANDLE_CACHE_DIR objects (0 without it);
+    "disk_dir"; "caches": entry count of every registered cache by name}."""
+    reg = _loaded_registry()
+    counts = {name: len(cache) for name, (cache, _) in reg.items()}
+    memory = sum(nbytes() for _, nbytes in reg.values() if nbytes is not None)
+    disk_bytes = disk_entries = 0
+    for path in _disk_files():
+        try:
+            disk_bytes += os.path.getsize(path)
+            disk_entries += 1
+        except OSError:
+            pass
+    return {"plans": counts.get("plans", 0), "kernels": counts.get("kernels", 0), "memory_bytes": memory,
+            "disk_entries": disk_entries, "disk_bytes": disk_bytes, "disk_dir": config.cache_dir(),
+            "caches": counts}
