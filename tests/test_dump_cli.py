@@ -163,3 +163,24 @@ def test_one_node_numbering_across_stages_and_notes():
     reader, producer = map(int, re.match(r"note: %(\d+) \(sum\) reads %(\d+)", buf).groups())
     assert (reader, producer) == (s._node.srcs[0].id, deep._node.id)
     assert lc.dump(*outs, stage="schedule") == sched     # a cached plan is named the same way
+
+
+@pytest.mark.parametrize("where", ["missing", "directory"])
+def test_dump_of_missing_script_is_one_line_and_exit_2(tmp_path, where):
+    script = tmp_path / "missing.py" if where == "missing" else tmp_path
+    r = subprocess.run([sys.executable, "-m", "lazycandle", "dump", str(script)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and str(script) in r.stderr and "Traceback" not in r.stderr
+
+
+def test_info_prints_blas_in_words():
+    from lazycandle.runtime import blas
+    r = subprocess.run([sys.executable, "-m", "lazycandle", "info"], capture_output=True, text=True, timeout=120)
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("BLAS library:"))
+    assert "{" not in line and "'" not in line, line
+    info = blas.info()
+    if info.get("library"):
+        assert re.search(r"\d+ threads?\b", line) and info["config"].split()[0] in line
+        if info.get("corename"):
+            assert f"core {info['corename']}" in line
