@@ -123,7 +123,7 @@ def _emit_instrs(b, spec, load, w, decode_outputs=False):
         me = ("v", j)
         dtypes[me] = odt
         if op == "copy" and refs[0][0] == "i":
-            get(refs[0])                         # load the input, so the copy moves its storage bits
+            get(refs[0], want_raw=True)          # load the input, so the copy moves its storage bits
         if op == "copy" and refs[0] in raw:
             raw[me] = raw[refs[0]]
             continue
