@@ -162,8 +162,9 @@ def _derive(row: dict, stats: dict) -> None:
 
 
 def progress(row: dict, done: int, total: int) -> None:
-    """One line per case on stderr."""
-    head = f"[{done}/{total}] {row['name']:<16} t={row['threads']} "
+    """One line per case on stderr, named by the size this run measures (the case name keeps
+    the full-size figure, e.g. matmul_f32_1024 runs 512x512 under --quick)."""
+    head = f"[{done}/{total}] {row['title']:<30} t={row['threads']} "
     if row["status"] != "ok":
         msg = f"{row['status']}: {row['error']}"
     else:

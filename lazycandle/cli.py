@@ -18,6 +18,10 @@ def _dump(args) -> int:
     if args.format not in FORMATS:
         print(f"lazycandle dump: unknown format {args.format!r} (formats: {', '.join(FORMATS)})", file=sys.stderr)
         return 2
+    if not os.path.isfile(args.script):
+        why = "is not a file" if os.path.exists(args.script) else "does not exist"
+        print(f"lazycandle dump: script {args.script!r} {why}", file=sys.stderr)
+        return 2
     os.environ["LAZYCANDLE_DUMP"] = ",".join(stages)
     os.environ["LAZYCANDLE_DUMP_FORMAT"] = args.format
     if args.out:
@@ -41,7 +45,7 @@ def _info(args) -> int:
     print(f"matmul backend: {config.get_matmul_backend()}")
     try:
         from .runtime import blas
-        print(f"BLAS library:   {blas.info()}")
+        print(f"BLAS library:   {_blas_words(blas.info())}")
     except Exception as e:  # BLAS is optional for info
         print(f"BLAS library:   unavailable ({type(e).__name__}: {e})")
     cd = config.cache_dir()
@@ -51,6 +55,22 @@ def _info(args) -> int:
     else:
         print("kernel cache:   in memory only (set LAZYCANDLE_CACHE_DIR for a disk cache)")
     return 0
+
+
+def _blas_words(info: dict) -> str:
+    """`OpenBLAS 0.3.27, core SkylakeX, 2 threads (build: DYNAMIC_ARCH ...; /path/lib.so)` from
+    blas.info()."""
+    if not info.get("library"):
+        return "none found (matmul uses the generated tiled kernels)"
+    words = (info.get("config") or "").split()
+    name = " ".join(words[:2]) if words else os.path.basename(info["library"])
+    build = " ".join(w for w in words[2:] if w != info.get("corename"))
+    parts = [name]
+    if info.get("corename"):
+        parts.append(f"core {info['corename']}")
+    if info.get("threads") is not None:
+        parts.append(f"{info['threads']} thread{'s' if info['threads'] != 1 else ''}")
+    return ", ".join(parts) + f" ({'build: ' + build + '; ' if build else ''}{info['library']})"
 
 
 def _bench(argv) -> int:

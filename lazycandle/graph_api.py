@@ -91,7 +91,7 @@ class Program:
     __call__ = run
 
     def dump(self, stage="schedule", fmt="text") -> str:
-        return render(stage, fmt, self._plan, views_graph(self._user_nodes))
+        return render(stage, fmt, self._plan, views_graph(self._user_nodes), self._targets)
 
     def __repr__(self):
         return f"Program(inputs={self.inputs}, kernels={len(self._plan.kernels)})"
@@ -114,7 +114,7 @@ def dump(*ts, stage="graph", fmt="text") -> str:
         raise TypeError("dump: expected tensors")
     targets = [n for n, _ in _targets(ts)]
     plan = executor.get_plan(capture(targets), targets)
-    return render(stage, fmt, plan, views_graph([t._node for t in ts]))
+    return render(stage, fmt, plan, views_graph([t._node for t in ts]), targets)
 
 
 def jit(fn):

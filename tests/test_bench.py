@@ -142,3 +142,14 @@ def test_plot_is_written_with_matplotlib(tmp_path):
     row = {"name": "add", "threads": 1, "status": "ok", "x_numpy": 2.0, "x_best_peer": 0.5}
     assert "written" in plot(str(tmp_path / "p.png"), [row], [1])
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_progress_lines_name_the_sizes_that_run(capsys):
+    case = C.select(C.ALL_CASES, "matmul_f32_1024")[0]
+    rc = bench.main(["--tiny", "--peers", "none", "--no-peaks", "--only", case.name, "--repeats", "1",
+                     "--threads", "1"])
+    err = capsys.readouterr().err
+    assert rc == 0
+    line = next(ln for ln in err.splitlines() if ln.startswith("[1/1]"))
+    n = case.sizes["tiny"]
+    assert f"{n}x{n}" in line and "1024" not in line, line

@@ -122,3 +122,13 @@ def test_many_bad_entries_warn_once(warm_cache, tmp_path):
     out = _run(cache)
     assert out["tanh"] and out["sin"] and len(out["warnings"]) == 1
     assert out["stats"]["disk_dropped"] == 2
+
+
+def test_unreadable_entry_is_recompiled_with_a_warning(warm_cache, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(warm_cache, cache)
+    victim, _ = _entries(cache)
+    os.remove(victim)
+    os.mkdir(victim)                       # open() fails: the entry cannot be read at all
+    out = _run(cache)
+    assert out["tanh"] and out["sin"] and len(out["warnings"]) == 1 and "unreadable" in out["warnings"][0]

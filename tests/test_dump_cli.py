@@ -1,5 +1,6 @@
 """The IR dump tool (lc.dump, Program.dump, LAZYCANDLE_DUMP) and the command line."""
 import os
+import re
 import subprocess
 import sys
 
@@ -122,3 +123,64 @@ def test_unwritable_dump_dir_warns_once_and_computes(tmp_path, where):
     assert r.stdout.split()[:6] == ["[0.0,", "2.0,", "4.0,", "6.0,", "8.0,", "10.0]"]
     assert float(r.stdout.split()[6]) == pytest.approx(np.exp(np.arange(1.0, 7.0)).sum(), rel=1e-5)
     assert r.stderr.count("cannot write dump") == 1, r.stderr
+
+
+def _graph_ids(text):
+    """{id: op} of the `graph` stage lines `%7 = exp(%6) : ...`."""
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^%(\d+) = (\w+)", text, re.M)}
+
+
+def test_one_node_numbering_across_stages_and_notes():
+    a = lc.tensor(np.arange(32, dtype=np.float32).reshape(4, 8) / 32)
+    c = lc.tensor(np.ones((8, 4), np.float32))
+    x1 = a * 2.0 + c.t()
+    shared = x1.exp() + x1.exp()                       # CSE note
+    y = shared.sum_keepdim(-1) + x1                    # reduction recomputes its producers
+    deep = a
+    for _ in range(8):
+        deep = deep.tanh()                             # too costly to recompute:
+    s = deep.sum(1)                                    # the reduction reads a buffer (scheduler note)
+    outs = (y, deep, s)
+    ids = _graph_ids(lc.dump(*outs, stage="graph"))
+    opt = lc.dump(*outs, stage="optimized")
+    sched = lc.dump(*outs, stage="schedule")
+    for text in (opt, sched):
+        named = {int(m) for m in re.findall(r"%(\d+)'*", text)}
+        assert named and named <= set(ids), (named - set(ids), text)
+    for m in re.finditer(r"^%(\d+)'* = (\w+)", opt, re.M):      # same op under the same id
+        assert ids[int(m.group(1))] == m.group(2), m.group(0)
+    for m in re.finditer(r"%(\d+)'* (\w+)", sched.split("note:")[0]):
+        if m.group(2) in ids.values():
+            assert ids[int(m.group(1))] == m.group(2), m.group(0)
+    notes = [ln for ln in sched.splitlines() if ln.startswith("note:")]
+    cse = next(n for n in notes if "common subexpression" in n)
+    dup, same = map(int, re.match(r"note: %(\d+) \(exp\) .* the same as %(\d+)", cse).groups())
+    assert dup != same and ids[dup] == ids[same] == "exp"
+    rec = next(n for n in notes if "recomputes" in n)
+    red = int(re.match(r"note: reduction %(\d+)", rec).group(1))
+    assert ids[red] == "sum" and all(ids[int(i)] == op for i, op in re.findall(r"%(\d+) (\w+)", rec.split("(", 1)[1]))
+    buf = next(n for n in notes if "from a buffer" in n)
+    reader, producer = map(int, re.match(r"note: %(\d+) \(sum\) reads %(\d+)", buf).groups())
+    assert (reader, producer) == (s._node.srcs[0].id, deep._node.id)
+    assert lc.dump(*outs, stage="schedule") == sched     # a cached plan is named the same way
+
+
+@pytest.mark.parametrize("where", ["missing", "directory"])
+def test_dump_of_missing_script_is_one_line_and_exit_2(tmp_path, where):
+    script = tmp_path / "missing.py" if where == "missing" else tmp_path
+    r = subprocess.run([sys.executable, "-m", "lazycandle", "dump", str(script)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and str(script) in r.stderr and "Traceback" not in r.stderr
+
+
+def test_info_prints_blas_in_words():
+    from lazycandle.runtime import blas
+    r = subprocess.run([sys.executable, "-m", "lazycandle", "info"], capture_output=True, text=True, timeout=120)
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("BLAS library:"))
+    assert "{" not in line and "'" not in line, line
+    info = blas.info()
+    if info.get("library"):
+        assert re.search(r"\d+ threads?\b", line) and info["config"].split()[0] in line
+        if info.get("corename"):
+            assert f"core {info['corename']}" in line

@@ -104,3 +104,32 @@ def test_forked_child_runs_parallel_kernels():
 
 def test_multiprocessing_fork_pool_runs_parallel_kernels():
     assert "ok" in _probe(FORK, "mp")
+
+
+def test_pool_chunk_error_reaches_the_caller_after_all_chunks_finish():
+    from lazycandle.runtime import pool
+    done = []
+
+    def fn(a, b):
+        if a > 0:
+            raise KeyError(a)
+        done.append((a, b))
+
+    try:
+        pool.parallel_for(fn, 0, 4, min_cost=0, threads=4)
+    except KeyError:
+        pass
+    else:
+        raise AssertionError("a chunk's error was swallowed")
+    assert done == [(0, 1)]
+
+
+def test_parallel_for_inside_a_chunk_runs_inline():
+    from lazycandle.runtime import pool
+    seen = []
+
+    def outer(a, b):
+        pool.parallel_for(lambda c, d: seen.append((c, d)), a * 10, a * 10 + 4, min_cost=0, threads=4)
+
+    pool.parallel_for(outer, 0, 3, min_cost=0, threads=3)
+    assert sorted(seen) == sorted([(0, 1), (1, 2), (2, 3), (3, 4), (10, 14), (20, 24)])

@@ -88,6 +88,13 @@ def _sat_fn(b, src_t, w):
     return intrinsic(b.module, f"llvm.fptosi.sat.{type_suffix(ret)}.{type_suffix(src_t)}", ret, [src_t])
 
 
+def _ref_dtype(spec, dtypes, ref):
+    """The dtype of an instruction operand: input ("i", k), constant ("c", value, dtype) or value."""
+    if ref[0] == "i":
+        return D.DType.from_name(spec.inputs[ref[1]][0])
+    return D.DType.from_name(ref[2]) if ref[0] == "c" else dtypes[ref]
+
+
 def _emit_instrs(b, spec, load, w, decode_outputs=False):
     """Evaluate the instruction list.  `load(k)` returns input k's raw storage value.
     Returns the list of values to store (storage representation) per output."""
@@ -115,8 +122,17 @@ def _emit_instrs(b, spec, load, w, decode_outputs=False):
         dt, odt = D.DType.from_name(dtn), D.DType.from_name(odtn)
         me = ("v", j)
         dtypes[me] = odt
+        if op == "copy" and refs[0][0] == "i":
+            get(refs[0], want_raw=True)          # load the input, so the copy moves its storage bits
         if op == "copy" and refs[0] in raw:
             raw[me] = raw[refs[0]]
+            continue
+        if op == "where" and odt.codec and all(_ref_dtype(spec, dtypes, r) is odt for r in refs[1:]):
+            # select storage bits: decoding and re-encoding would rewrite NaN payloads
+            picks = [get(r, want_raw=True) if r in raw or r[0] == "i" else codecs.encode(b, odt.codec, get(r))
+                     for r in refs[1:]]
+            m = get(refs[0])
+            raw[me] = b.select(b.icmp_unsigned("!=", m, const(m.type, 0)), *picks)
             continue
         vals = [get(r) for r in refs]
         kind = OPS[op]

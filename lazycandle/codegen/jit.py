@@ -1,7 +1,9 @@
 """The JIT: LLVM IR text -> optimised module (new pass manager, O3, loop + SLP vectorisation,
 host CPU) -> object code -> linked into one long-lived ORC LLJIT.  Objects are cached in
 memory by IR text and, with LAZYCANDLE_CACHE_DIR, on disk, so a new process skips LLVM's
-optimiser and code generator entirely."""
+optimiser and code generator entirely.  Each disk entry carries the sha256 of its object bytes
+and its full compile key; an entry that fails either check, cannot be read or does not link is
+deleted, recompiled and rewritten (with one warning per process) — never loaded as is."""
 from __future__ import annotations
 
 import hashlib

@@ -4,7 +4,9 @@ construction):
     x+0 (ints), neg(neg(x)), cast to the same dtype, copy of a computed node;
   * common-subexpression elimination (identical op, arg, dtype, shape and operands);
   * dead-code elimination (what no target needs).
-Each pass keeps the capture's inputs and operand slots, so runtime bindings stay valid."""
+Each pass keeps the capture's inputs and operand slots, so runtime bindings stay valid, and
+records in `extra["origin"]` which node of the original capture each node stands for; notes
+name nodes by their index in the original capture (the dump prints them as user-graph ids)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -47,25 +49,26 @@ def _forward(n, ops, nodes, operands) -> int | None:
 
 def optimize(cap: Capture) -> Capture:
     """Simplify, CSE and DCE; returns a new Capture (same inputs, slots and targets)."""
-    nodes, operands, remap, seen, notes = [], [], {}, {}, []
+    nodes, operands, remap, seen, notes, origin = [], [], {}, {}, [], []
     for j, (n, ops) in enumerate(zip(cap.nodes, cap.operands)):
         new_ops = [replace(o, index=remap[o.index]) if o.kind == "node" else o for o in ops]
         fwd = _forward(n, new_ops, nodes, operands)
         if fwd is not None:
             remap[j] = fwd
-            notes.append(f"n{j} ({n.op.name}) simplified to its operand")
+            notes.append(f"n{j} ({n.op.name}) simplified to its operand n{origin[fwd]}")
             continue
         key = (n.op.name, _argkey(n.arg), n.shape, n.dtype.name, tuple(o.key() for o in new_ops))
         if key in seen:
             remap[j] = seen[key]
-            notes.append(f"n{j} ({n.op.name}) is a common subexpression")
+            notes.append(f"n{j} ({n.op.name}) is a common subexpression: the same as n{origin[seen[key]]}")
             continue
         remap[j] = seen[key] = len(nodes)
         nodes.append(n)
         operands.append(new_ops)
-    out = dce(Capture(cap.key, cap.inputs, cap.slots, nodes, operands, [remap[t] for t in cap.targets]))
-    out.extra["notes"] = notes
-    return out
+        origin.append(j)
+    out = Capture(cap.key, cap.inputs, cap.slots, nodes, operands, [remap[t] for t in cap.targets])
+    out.extra.update(notes=notes, origin=origin)
+    return dce(out)
 
 
 def dce(cap: Capture) -> Capture:
@@ -84,7 +87,13 @@ def dce(cap: Capture) -> Capture:
                    for j in order],
                   [new_index[t] for t in targets])
     out.extra = dict(cap.extra)
+    out.extra["origin"] = [_origin(cap)[j] for j in order]
     return out
+
+
+def _origin(cap: Capture) -> list:
+    """For each node of `cap`, the index of the node of the original capture it stands for."""
+    return cap.extra.get("origin") or list(range(len(cap.nodes)))
 
 
 RECOMPUTE_BUDGET = 48   # op cost units a reduction may recompute instead of reading a buffer
@@ -127,19 +136,22 @@ def recompute_into_reductions(cap: Capture) -> Capture:
         clones[r] = sorted(sub)
     if not clones:
         return cap
-    new_nodes, new_ops, where = [], [], {}
+    new_nodes, new_ops, where, origin, was = [], [], {}, [], _origin(cap)
     for j, (n, ops) in enumerate(zip(nodes, operands)):
         local = dict(where)
         if j in clones:
             for p in clones[j]:
                 local[p] = len(new_nodes)
+                origin.append(was[p])
                 new_nodes.append(nodes[p])
                 new_ops.append([replace(q, index=local[q.index]) if q.kind == "node" else q for q in operands[p]])
         where[j] = len(new_nodes)
+        origin.append(was[j])
         new_nodes.append(n)
         new_ops.append([replace(q, index=local[q.index]) if q.kind == "node" else q for q in ops])
     out = Capture(cap.key, cap.inputs, cap.slots, new_nodes, new_ops, [where[t] for t in cap.targets])
+    out.extra["origin"] = origin
     out.extra["notes"] = cap.extra.get("notes", []) + [
-        f"reduction n{where[r]} recomputes its producers ({', '.join(nodes[p].op.name for p in ps)})"
+        f"reduction n{was[r]} recomputes its producers ({', '.join(f'n{was[p]} {nodes[p].op.name}' for p in ps)})"
         for r, ps in clones.items()]
     return dce(out)

@@ -3,9 +3,61 @@ ops each kernel fused, its buffers, its loop nest), each kernel's LLVM IR and na
 text, Graphviz dot or Mermaid."""
 from __future__ import annotations
 
+import copy
+import re
+
 
 STAGES = ("graph", "optimized", "schedule", "llvm", "asm")
 FORMATS = ("text", "dot", "mermaid")
+
+
+class Names:
+    """How a dump names values, the same in every stage.  Given the targets being dumped, nodes
+    are named by the user-graph ids of the `graph` stage (`%17`): the optimized and schedule
+    stages name each node by the node it came from (a copy a pass made for a reduction gets a
+    prime: `%17'`), and fusion notes are rewritten to those names.  Without targets (or when the
+    graph changed since the plan was built) they are the plan's indices: `in0`, `n3`."""
+
+    def __init__(self, plan, targets=None):
+        desc = plan.opt_desc
+        self.inputs = [f"in{i}" for i in range(len(desc["inputs"]))]
+        self.nodes = [f"n{j}" for j in range(len(desc["nodes"]))]
+        self.built = [f"n{j}" for j in range(len(plan.graph_desc["nodes"]))]
+        self._pass_notes = None          # how many leading notes (the graph passes') name built nodes
+        if targets:
+            from .graph import capture
+            from .passes import optimize, recompute_into_reductions
+            cap = capture(targets)
+            opt = recompute_into_reductions(optimize(cap))
+            if len(cap.inputs) == len(self.inputs) and len(opt.nodes) == len(self.nodes) \
+                    and len(cap.nodes) == len(self.built):
+                self.inputs = [f"%{n.id}" for n in cap.inputs]
+                self.built = [f"%{n.id}" for n in cap.nodes]
+                copies: dict = {}
+                self.nodes = []
+                for n in opt.nodes:
+                    k = copies[n.id] = copies.get(n.id, -1) + 1
+                    self.nodes.append(f"%{n.id}" + "'" * k)
+                self._pass_notes = len(opt.extra.get("notes", []))
+
+    def of_built_graph(self) -> "Names":
+        """The same naming for the plan's graph before the passes (`plan.graph_desc`)."""
+        view = copy.copy(self)
+        view.nodes = self.built
+        return view
+
+    def note(self, i: int, text: str) -> str:
+        """Note i of a plan with its node references (`n5`) in this naming."""
+        if self._pass_notes is None:
+            return text
+        table = self.built if i < self._pass_notes else self.nodes
+        return re.sub(r"\bn(\d+)\b", lambda m: table[int(m.group(1))] if int(m.group(1)) < len(table)
+                      else m.group(0), text)
+
+
+def _key(name: str) -> str:
+    """A dot / mermaid node key for a dump name (`%17'` -> `v17_1`)."""
+    return name.replace("%", "v").replace("'", "_")
 
 
 def _arg(a):
@@ -16,16 +68,19 @@ def _arg(a):
     return repr(a)
 
 
-def _operand(o, desc):
+def _input_name(desc, names, i):
+    name = desc["inputs"][i][1]
+    return names.inputs[i] + (f"({name})" if name else "")
+
+
+def _operand(o, desc, names):
     if o.kind == "const":
         return f"const {o.value!r}:{o.dtype.name}"
     lay = f"{o.shape} strides {o.strides}"
     if o.kind == "in":
-        kind, name, _, _ = desc["inputs"][o.src]
-        who = f"in{o.src}" + (f"({name})" if name else "")
-        return f"{who} view {lay} offset@slot{o.index}"
+        return f"{_input_name(desc, names, o.src)} view {lay} offset@slot{o.index}"
     extra = f" +{o.offset}" if o.offset else ""
-    return f"n{o.index} view {lay}{extra}"
+    return f"{names.nodes[o.index]} view {lay}{extra}"
 
 
 def graph_text(g) -> str:
@@ -42,21 +97,22 @@ def graph_text(g) -> str:
     return "\n".join(lines)
 
 
-def optimized_text(desc) -> str:
+def optimized_text(desc, names) -> str:
     lines = []
     for i, (kind, name, shape, dt) in enumerate(desc["inputs"]):
-        lines.append(f"in{i} = {kind}{'(' + repr(name) + ')' if name else ''} : {shape} {dt.name}")
+        lines.append(f"{names.inputs[i]} = {kind}{'(' + repr(name) + ')' if name else ''} : {shape} {dt.name}")
     for j, (op, arg, shape, dt, ops) in enumerate(desc["nodes"]):
         a = f"[{_arg(arg)}]" if arg is not None else ""
         tgt = "   <- output" if j in desc["targets"] else ""
-        lines.append(f"n{j} = {op}{a}({'; '.join(_operand(o, desc) for o in ops)}) : {shape} {dt.name}{tgt}")
+        lines.append(f"{names.nodes[j]} = {op}{a}({'; '.join(_operand(o, desc, names) for o in ops)}) : "
+                     f"{shape} {dt.name}{tgt}")
     return "\n".join(lines)
 
 
-def kernel_text(i, k, desc) -> list:
+def kernel_text(i, k, desc, names) -> list:
     spec = k.spec
-    names = ", ".join(f"n{j} {desc['nodes'][j][0]}" for j in k.nodes)
-    lines = [f"kernel {i}: {k.kind}" + (f" [{k.backend}]" if getattr(k, "backend", None) else "") + f"  fuses {names}"]
+    fused = ", ".join(f"{names.nodes[j]} {desc['nodes'][j][0]}" for j in k.nodes)
+    lines = [f"kernel {i}: {k.kind}" + (f" [{k.backend}]" if getattr(k, "backend", None) else "") + f"  fuses {fused}"]
     node_ops = desc["nodes"][k.nodes[0]][4] if spec is None else None
     for pos, bind in enumerate(k.inputs):
         if spec is not None:
@@ -66,14 +122,12 @@ def kernel_text(i, k, desc) -> list:
             strides = f"{o.strides} shape {o.shape}"
             dt = (desc["inputs"][o.src][3] if o.kind == "in" else desc["nodes"][o.index][3]).name
         if bind[0] == "slot":
-            inp = desc["slots"][bind[1]][0]
-            kind, name, _, _ = desc["inputs"][inp]
-            src = f"in{inp}" + (f"({name})" if name else "")
+            src = _input_name(desc, names, desc["slots"][bind[1]][0])
         else:
-            src = f"n{bind[1]}" + (f" +{bind[2]}" if bind[2] else "")
+            src = names.nodes[bind[1]] + (f" +{bind[2]}" if bind[2] else "")
         lines.append(f"    reads  {src}: {dt} strides {strides}")
     for j in k.outputs:
-        lines.append(f"    writes n{j}: {desc['nodes'][j][2]} {desc['nodes'][j][3].name}")
+        lines.append(f"    writes {names.nodes[j]}: {desc['nodes'][j][2]} {desc['nodes'][j][3].name}")
     if spec is not None and hasattr(spec, "shape"):
         from ..codegen import elementwise as ew
         if k.kind == "elementwise":
@@ -91,12 +145,12 @@ def kernel_text(i, k, desc) -> list:
     return lines
 
 
-def schedule_text(plan) -> str:
+def schedule_text(plan, names) -> str:
     lines = []
     for i, k in enumerate(plan.kernels):
-        lines += kernel_text(i, k, plan.opt_desc)
-    for n in plan.notes:
-        lines.append(f"note: {n}")
+        lines += kernel_text(i, k, plan.opt_desc, names)
+    for i, n in enumerate(plan.notes):
+        lines.append(f"note: {names.note(i, n)}")
     return "\n".join(lines)
 
 
@@ -112,29 +166,31 @@ def llvm_text(plan, stage) -> str:
     return "\n".join(out)
 
 
-def _graph_edges_opt(desc):
-    nodes = [(f"in{i}", f"in{i} {kind} {shape} {dt.name}") for i, (kind, name, shape, dt) in enumerate(desc["inputs"])]
-    nodes += [(f"n{j}", f"n{j} {op} {shape} {dt.name}") for j, (op, arg, shape, dt, ops) in enumerate(desc["nodes"])]
+def _graph_edges_opt(desc, names):
+    nodes = [(_key(names.inputs[i]), f"{names.inputs[i]} {kind} {shape} {dt.name}")
+             for i, (kind, name, shape, dt) in enumerate(desc["inputs"])]
+    nodes += [(_key(names.nodes[j]), f"{names.nodes[j]} {op} {shape} {dt.name}")
+              for j, (op, arg, shape, dt, ops) in enumerate(desc["nodes"])]
     edges = []
     for j, (_, _, _, _, ops) in enumerate(desc["nodes"]):
         for o in ops:
             if o.kind == "in":
-                edges.append((f"in{o.src}", f"n{j}"))
+                edges.append((_key(names.inputs[o.src]), _key(names.nodes[j])))
             elif o.kind == "node":
-                edges.append((f"n{o.index}", f"n{j}"))
+                edges.append((_key(names.nodes[o.index]), _key(names.nodes[j])))
     return nodes, edges, {}
 
 
 def _graph_edges_built(g):
-    nodes = [(f"v{n}", f"%{n} {a['label'] if a.get('view') and a.get('label') else a['op']} {a['shape']} "
-                       f"{a['dtype'].name}") for n, a in g.nodes(data=True)]
-    return nodes, [(f"v{u}", f"v{v}") for u, v in g.edges()], {}
+    nodes = [(_key(f"%{n}"), f"%{n} {a['label'] if a.get('view') and a.get('label') else a['op']} {a['shape']} "
+                             f"{a['dtype'].name}") for n, a in g.nodes(data=True)]
+    return nodes, [(_key(f"%{u}"), _key(f"%{v}")) for u, v in g.edges()], {}
 
 
-def _schedule_edges(plan):
-    nodes, edges, clusters = _graph_edges_opt(plan.opt_desc)
+def _schedule_edges(plan, names):
+    nodes, edges, clusters = _graph_edges_opt(plan.opt_desc, names)
     for i, k in enumerate(plan.kernels):
-        clusters[f"kernel {i}: {k.kind}"] = [f"n{j}" for j in k.nodes]
+        clusters[f"kernel {i}: {k.kind}"] = [_key(names.nodes[j]) for j in k.nodes]
     return nodes, edges, clusters
 
 
@@ -171,24 +227,29 @@ def to_mermaid(nodes, edges, clusters) -> str:
     return "\n".join(lines)
 
 
-def render(stage: str, fmt: str, plan, built_graph=None) -> str:
-    """Text of one dump stage for a compiled plan (`built_graph`: the views graph for `graph`)."""
+def render(stage: str, fmt: str, plan, built_graph=None, targets=None) -> str:
+    """Text of one dump stage for a compiled plan.  `built_graph`: the views graph (for `graph`);
+    `targets`: the nodes the plan was captured from, so every stage names nodes by their
+    user-graph ids (see Names)."""
     if stage not in STAGES:
         raise ValueError(f"dump: unknown stage {stage!r}; stages: {', '.join(STAGES)}")
     if fmt not in FORMATS:
         raise ValueError(f"dump: unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
     if stage in ("llvm", "asm"):
         return llvm_text(plan, stage)
+    names = Names(plan, targets)
+    built_names = names.of_built_graph()
     if fmt == "text":
         if stage == "graph":
-            return graph_text(built_graph) if built_graph is not None else optimized_text(plan.graph_desc)
+            return graph_text(built_graph) if built_graph is not None else optimized_text(plan.graph_desc, built_names)
         if stage == "optimized":
-            return optimized_text(plan.opt_desc)
-        return schedule_text(plan)
+            return optimized_text(plan.opt_desc, names)
+        return schedule_text(plan, names)
     if stage == "graph":
-        parts = _graph_edges_built(built_graph) if built_graph is not None else _graph_edges_opt(plan.graph_desc)
+        parts = _graph_edges_built(built_graph) if built_graph is not None \
+            else _graph_edges_opt(plan.graph_desc, built_names)
     elif stage == "optimized":
-        parts = _graph_edges_opt(plan.opt_desc)
+        parts = _graph_edges_opt(plan.opt_desc, names)
     else:
-        parts = _schedule_edges(plan)
+        parts = _schedule_edges(plan, names)
     return to_dot(*parts) if fmt == "dot" else to_mermaid(*parts)

@@ -160,7 +160,7 @@ def _dump_on_compile(plan, targets):
     out_dir = config.dump_dir()
     for stage in config.dump_stages():
         try:
-            text = render(stage, os.environ.get("LAZYCANDLE_DUMP_FORMAT", "text"), plan, built)
+            text = render(stage, os.environ.get("LAZYCANDLE_DUMP_FORMAT", "text"), plan, built, targets)
         except ValueError as e:
             text = f"(dump: {e})"
         if not out_dir:
