@@ -73,6 +73,8 @@ class Program:
                 v = v.numpy()
             if not isinstance(v, np.ndarray):
                 v = np.asarray(v)
+            if not v.dtype.isnative and v.dtype.newbyteorder("=") == dt.numpy:
+                v = v.astype(dt.numpy)          # big-endian data: byteswapped to native
             if v.dtype != dt.numpy:
                 raise FeedError(f"run: input {name!r} expects dtype {dt.name} ({dt.numpy}), given {v.dtype}")
             if tuple(v.shape) != shape:

@@ -9,8 +9,9 @@ import numpy as np
 
 from . import dtype as D
 from .dtype import DType, as_dtype
-from .errors import UnsupportedDType, UnsupportedDTypeForOp, UnboundPlaceholder
+from .errors import ShapeMismatch, UnsupportedDType, UnsupportedDTypeForOp, UnboundPlaceholder
 from .ir.node import Node
+from .layout import as_shape
 from .tensor_math import MathMixin
 from .tensor_views import ViewMixin
 from .tensor_reduce import ReduceMixin
@@ -29,13 +30,8 @@ class Device:
 cpu = Device("cpu")
 
 
-def _as_shape(shape) -> tuple:
-    if isinstance(shape, (int, np.integer)):
-        shape = (shape,)
-    shape = tuple(int(d) for d in shape)
-    if any(d < 0 for d in shape):
-        raise ValueError(f"negative dimension in shape {shape}")
-    return shape
+def _as_shape(shape, op) -> tuple:
+    return as_shape(shape, op, ShapeMismatch)
 
 
 class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin):
@@ -172,8 +168,12 @@ Tensor.from_numpy = staticmethod(from_numpy)
 
 def full(value, shape, dtype=D.f32) -> Tensor:
     """A lazy constant: one scalar node broadcast to `shape` (nothing is allocated until used)."""
+    return _full(value, shape, dtype, "full")
+
+
+def _full(value, shape, dtype, op) -> Tensor:
     dtype = as_dtype(dtype)
-    shape = _as_shape(shape)
+    shape = _as_shape(shape, op)
     if dtype.storage_only:   # no lazy constants in a storage-only dtype: build the data now
         return _from_array(np.full(shape, float(value), np.float64).astype(dtype.numpy), dtype)
     c = const_node(value, dtype)
@@ -206,11 +206,11 @@ def scalar_in_dtype(value, dtype: DType):
 
 
 def zeros(shape, dtype=D.f32) -> Tensor:
-    return full(0, shape, dtype)
+    return _full(0, shape, dtype, "zeros")
 
 
 def ones(shape, dtype=D.f32) -> Tensor:
-    return full(1, shape, dtype)
+    return _full(1, shape, dtype, "ones")
 
 
 def zeros_like(t: Tensor) -> Tensor:
@@ -234,14 +234,14 @@ def randn(mean, std, shape, dtype=D.f32, seed=None) -> Tensor:
     dtype = as_dtype(dtype)
     _check_float_creation("randn", dtype)
     rng = np.random.default_rng(seed)
-    return _from_array(rng.normal(mean, std, _as_shape(shape)).astype(dtype.numpy), dtype)
+    return _from_array(rng.normal(mean, std, _as_shape(shape, "randn")).astype(dtype.numpy), dtype)
 
 
 def rand(lo, hi, shape, dtype=D.f32, seed=None) -> Tensor:
     dtype = as_dtype(dtype)
     _check_float_creation("rand", dtype)
     rng = np.random.default_rng(seed)
-    return _from_array(rng.uniform(lo, hi, _as_shape(shape)).astype(dtype.numpy), dtype)
+    return _from_array(rng.uniform(lo, hi, _as_shape(shape, "rand")).astype(dtype.numpy), dtype)
 
 
 def _check_float_creation(op, dtype):
@@ -251,7 +251,7 @@ def _check_float_creation(op, dtype):
 
 def placeholder(name: str, shape, dtype=D.f32) -> Tensor:
     """A named graph input, bound by Program.run(name=array)."""
-    return Tensor(Node("placeholder", (), str(name), _as_shape(shape), as_dtype(dtype), label=str(name)))
+    return Tensor(Node("placeholder", (), str(name), _as_shape(shape, "placeholder"), as_dtype(dtype), label=str(name)))
 
 
 def realize(*ts) -> tuple:
