@@ -38,7 +38,8 @@ class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")
-    __array_priority__ = 1000   # so ndarray + Tensor defers to Tensor.__radd__
+    __array_ufunc__ = None      # NumPy operators defer to ours: ndarray + Tensor is a Tensor
+    __hash__ = object.__hash__  # == builds a tensor; hashing stays by identity (dict keys)
 
     def __init__(self, node: Node):
         self._node = node
