@@ -98,6 +98,11 @@ class Program:
     def __repr__(self):
         return f"Program(inputs={self.inputs}, kernels={len(self._plan.kernels)})"
 
+    def __reduce__(self):
+        """Pickles the output graph; unpickling compiles it again (usually a cache hit)."""
+        from .graph_pickle import graph_state, rebuild_program
+        return rebuild_program, (graph_state(self._user_nodes),)
+
 
 def compile(outputs) -> Program:
     """Compile the graph behind `outputs` (a tensor or a list); inputs are its placeholders."""

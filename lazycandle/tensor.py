@@ -17,6 +17,7 @@ from .tensor_views import ViewMixin
 from .tensor_reduce import ReduceMixin
 from .tensor_matmul import MatmulMixin
 from .tensor_index import IndexMixin
+from .tensor_interop import InteropMixin, from_dlpack
 
 
 class Device:
@@ -34,7 +35,7 @@ def _as_shape(shape, op) -> tuple:
     return as_shape(shape, op, ShapeMismatch)
 
 
-class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin):
+class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, InteropMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")
@@ -82,41 +83,11 @@ class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin):
             raise TypeError("len() of a rank-0 tensor")
         return self.shape[0]
 
-    def __bool__(self):
-        if self.elem_count != 1:
-            raise ValueError(f"the truth value of a tensor with shape {self.shape} is ambiguous")
-        return bool(self.item())
-
-    def __float__(self):
-        return float(self.item())
-
-    def __int__(self):
-        return int(self.item())
-
     # ---- realizing --------------------------------------------------------------------
     def realize(self) -> "Tensor":
         from .runtime.executor import realize_nodes
         realize_nodes([self._node])
         return self
-
-    def numpy(self) -> np.ndarray:
-        """The data as an ndarray of `dtype.numpy` with `shape` (shares the tensor's buffer)."""
-        self.realize()
-        return self._node.buffer.reshape(self.shape)
-
-    def to_list(self):
-        return self.numpy().tolist()
-
-    tolist = to_list
-
-    def item(self):
-        if self.elem_count != 1:
-            raise ValueError(f"item: tensor has {self.elem_count} elements, shape {self.shape}")
-        return self.numpy().reshape(()).item()
-
-    def __array__(self, dtype=None, copy=None):
-        a = self.numpy()
-        return a if dtype is None else a.astype(dtype)
 
 
 # ---- creation -------------------------------------------------------------------------
@@ -265,4 +236,4 @@ def realize(*ts) -> tuple:
 
 
 __all__ = ["Tensor", "tensor", "from_numpy", "full", "zeros", "ones", "zeros_like", "ones_like", "arange",
-           "randn", "rand", "placeholder", "realize", "cpu", "UnboundPlaceholder"]
+           "randn", "rand", "placeholder", "realize", "cpu", "from_dlpack", "UnboundPlaceholder"]

@@ -3,6 +3,7 @@ goes through one check (layout.as_index / as_shape), so negative sizes, floats, 
 strings get a typed error at the call, never a tensor that later writes out of bounds."""
 from __future__ import annotations
 
+import pickle
 
 import numpy as np
 import pytest
@@ -219,3 +220,28 @@ def test_max_over_an_empty_dim_with_an_empty_result_is_allowed():
         lc.zeros((4, 0)).max(1)
     with pytest.raises(lc.EmptyReduction):
         lc.zeros((0, 3)).argmin(0)
+
+
+def test_iterating_a_rank0_tensor_raises_type_error():
+    s = lc.tensor(np.float32(1))
+    with pytest.raises(TypeError, match="0-d"):
+        list(s)
+    with pytest.raises(TypeError):
+        iter(s)
+
+
+def test_iterating_yields_rank_minus_one_tensors():
+    a = np.arange(6, dtype=np.int32).reshape(3, 2)
+    rows = list(lc.tensor(a))
+    assert len(rows) == 3 and all(isinstance(r, lc.Tensor) and r.shape == (2,) for r in rows)
+    for r, e in zip(rows, a):
+        np.testing.assert_array_equal(r.numpy(), e)
+    assert [x.item() for x in lc.tensor(a[:, 0])] == [0, 2, 4]
+    assert list(lc.zeros((0, 2))) == []
+
+
+def test_placeholder_pickles_as_a_placeholder():
+    p = pickle.loads(pickle.dumps(lc.placeholder("x", (2, 3), lc.bf16)))
+    assert p.shape == (2, 3) and p.dtype is lc.bf16
+    with pytest.raises(lc.UnboundPlaceholder):
+        p.numpy()
