@@ -6,8 +6,9 @@
   np.array(t)               a writable copy (`__array__` follows NumPy 2's `copy` argument)
   __dlpack__ / from_dlpack  zero-copy DLPack export (flagged read-only; a consumer too old to
                             read that flag gets a copy) and import
-  str / format              values NumPy-style with a `Tensor[shape=..., dtype=...]` line;
-                            repr stays metadata-only (tensor.py)
+  str / format              values NumPy-style with a `Tensor[shape=..., dtype=...]` line
+                            (a large lazy view computes only the elements shown); repr stays
+                            metadata-only (tensor.py)
   item / float / int / bool one-element tensors only
   iteration                 rank-(r-1) tensors along dim 0; a rank-0 tensor is not iterable
   pickling                  the realized data, its dtype and shape (a placeholder pickles as
@@ -98,10 +99,14 @@ class InteropMixin:
         """The values NumPy-style (summarised when large; realizes the tensor), then a
         `Tensor[shape=..., dtype=...]` line.  A graph over unbound placeholders shows repr."""
         try:
-            a = self.numpy()
+            if self.is_lazy and self._node.op.category == "view" \
+                    and self.elem_count > np.get_printoptions()["threshold"]:
+                body = np.array2string(_shown_part(self), threshold=0)
+            else:
+                body = np.array2string(self.numpy())
         except UnboundPlaceholder:
             return repr(self)
-        return f"{np.array2string(a)}\nTensor[shape={self.shape}, dtype={self.dtype.name}]"
+        return f"{body}\nTensor[shape={self.shape}, dtype={self.dtype.name}]"
 
     def __format__(self, spec):
         if not spec:
@@ -124,6 +129,19 @@ class InteropMixin:
             from .tensor import placeholder
             return placeholder, (n.arg, n.shape, n.dtype)
         return rebuild_tensor, (self.numpy().tobytes(), self.dtype, self.shape)
+
+
+def _shown_part(t) -> np.ndarray:
+    """The elements NumPy's summary of `t` shows: along each long dim the first `edgeitems`,
+    one stand-in for the elided middle, and the last `edgeitems`.  Printed with threshold=0 it
+    reads exactly as the summary of the whole, without computing a lazy view (a broadcast
+    constant can be far larger than memory) in full."""
+    from .tensor_index import cat
+    edge = np.get_printoptions()["edgeitems"]
+    for d, size in enumerate(t.shape):
+        if size > 2 * edge + 1:
+            t = cat([t.narrow(d, 0, edge + 1), t.narrow(d, size - edge, edge)], d)
+    return t.numpy()
 
 
 def rebuild_tensor(data: bytes, dtype, shape):

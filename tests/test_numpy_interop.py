@@ -225,6 +225,17 @@ def test_str_summarises_large_tensors_and_works_on_storage_only_dtypes():
     assert str(ph + 1.0) == repr(ph + 1.0)          # nothing to show before it is bound
 
 
+def test_str_of_a_huge_lazy_view_computes_only_the_shown_elements():
+    body = str(lc.zeros((10 ** 6, 10 ** 6))).split("\nTensor[")[0]       # 4 TB if computed in full
+    assert body == np.array2string(np.broadcast_to(np.float32(0), (10 ** 6, 10 ** 6)))
+    a = np.arange(5000, dtype=np.float32) / 3
+    t = lc.tensor(a).broadcast_as((10 ** 5, 5000))
+    assert str(t).split("\nTensor[")[0] == np.array2string(np.broadcast_to(a, (10 ** 5, 5000)))
+    b = np.arange(7 ** 4, dtype=np.int64).reshape(7, 7, 7, 7)
+    v = lc.tensor(b).t()[:, 1:]
+    assert str(v).split("\nTensor[")[0] == np.array2string(b.swapaxes(-1, -2)[:, 1:])
+
+
 def test_format_of_one_element_tensors():
     t = lc.tensor(np.array([3.14159], np.float32))
     assert format(t, ".3f") == "3.142" and f"{t.sum_all():.2f}" == "3.14"
