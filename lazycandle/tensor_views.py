@@ -175,7 +175,7 @@ class ViewMixin:
         if not isinstance(idx, tuple):
             idx = (idx,)
         idx = tuple(i if i is None or i is Ellipsis or isinstance(i, slice)
-                    else as_index(i, "index", "an index (int, slice, None or ...)") for i in idx)
+                    else as_index(i, "index", "an index other than a slice, None or ...") for i in idx)
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if n_real > self.rank:
             raise IndexOutOfBounds(f"index: too many indices ({n_real}) for shape {self.shape}")
