@@ -4,7 +4,7 @@ from .errors import (Error, DTypeMismatchBinaryOp, UnsupportedDTypeForOp, Unsupp
                      BroadcastIncompatibleShapes, ShapeMismatch, DimOutOfRange, NarrowInvalidArgs, IndexOutOfBounds,
                      EmptyReduction, UnboundPlaceholder, FeedError, SerializationError)
 from .tensor import (Tensor, tensor, from_numpy, full, zeros, ones, zeros_like, ones_like, arange, randn, rand,
-                     placeholder, realize, cpu)
+                     placeholder, realize, cpu, from_dlpack)
 from .tensor_index import cat, stack
 from . import nn
 from .serialization import save_safetensors, load_safetensors, load_safetensors_metadata, save_npz, load_npz

@@ -6,6 +6,8 @@ import contextlib
 import os
 import threading
 
+from .layout import as_index
+
 _lock = threading.Lock()
 _listeners = []          # called with the new thread count (the BLAS binding registers one)
 
@@ -38,7 +40,7 @@ def get_num_threads() -> int:
 def set_num_threads(n: int) -> None:
     """Set the number of threads used by fused kernels, reductions, the tiled matmul and BLAS."""
     global _num_threads
-    n = int(n)
+    n = as_index(n, "set_num_threads", "the thread count")
     if n < 1:
         raise ValueError(f"set_num_threads: need n >= 1, got {n}")
     with _lock:

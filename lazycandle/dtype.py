@@ -55,10 +55,16 @@ class DType:
 
     @staticmethod
     def from_numpy(dt) -> "DType":
+        """The lazycandle dtype of a numpy dtype of either byte order (lazycandle stores the
+        native one; `lc.tensor` and program feeds byteswap)."""
+        if dt is None:     # np.dtype(None) would be float64
+            raise UnsupportedDType("a dtype is required, got None")
         try:
             dt = np.dtype(dt)
         except TypeError:
             raise UnsupportedDType(f"not a numpy dtype: {dt!r}") from None
+        if not dt.isnative:
+            dt = dt.newbyteorder("=")
         if dt == np.bool_:
             return u8
         found = _BY_NUMPY.get(dt)

@@ -73,6 +73,8 @@ class Program:
                 v = v.numpy()
             if not isinstance(v, np.ndarray):
                 v = np.asarray(v)
+            if not v.dtype.isnative and v.dtype.newbyteorder("=") == dt.numpy:
+                v = v.astype(dt.numpy)          # big-endian data: byteswapped to native
             if v.dtype != dt.numpy:
                 raise FeedError(f"run: input {name!r} expects dtype {dt.name} ({dt.numpy}), given {v.dtype}")
             if tuple(v.shape) != shape:
@@ -95,6 +97,11 @@ class Program:
 
     def __repr__(self):
         return f"Program(inputs={self.inputs}, kernels={len(self._plan.kernels)})"
+
+    def __reduce__(self):
+        """Pickles the output graph; unpickling compiles it again (usually a cache hit)."""
+        from .graph_pickle import graph_state, rebuild_program
+        return rebuild_program, (graph_state(self._user_nodes),)
 
 
 def compile(outputs) -> Program:

@@ -3,8 +3,35 @@ function Layout -> Layout (no data moves); `merge_dims` collapses loop dimension
 contiguous for every operand of a kernel at once."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from math import prod
+
+
+def as_index(value, op: str, what: str = "index") -> int:
+    """`value` as a Python int the way NumPy takes dims, sizes and indices: ints and NumPy
+    integers (anything with __index__) pass; floats, bools and strings raise TypeError."""
+    if isinstance(value, bool):     # NumPy's bool has no __index__: operator.index refuses it
+        raise TypeError(f"{op}: {what} must be an int, got the bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{op}: {what} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def as_shape(shape, op: str, error=ValueError) -> tuple:
+    """`shape` (an int or a sequence of ints) as a tuple of non-negative Python ints: the one
+    check every shape-taking call goes through.  A float or bool size is a TypeError; a
+    negative size raises `error` (the op's typed error class) naming the op."""
+    if not isinstance(shape, (tuple, list)):
+        try:
+            shape = tuple(shape)        # any other sequence (an ndarray, a torch.Size)
+        except TypeError:
+            shape = (shape,)            # one size
+    dims = tuple(as_index(d, op, "a size in a shape") for d in shape)
+    if any(d < 0 for d in dims):
+        raise error(f"{op}: negative size in shape {dims}")
+    return dims
 
 
 def contiguous_strides(shape) -> tuple:
@@ -23,7 +50,7 @@ class Layout:
 
     @staticmethod
     def contiguous(shape, offset=0) -> "Layout":
-        shape = tuple(int(d) for d in shape)
+        shape = as_shape(shape, "layout")
         return Layout(shape, contiguous_strides(shape), offset)
 
     @property
@@ -79,7 +106,7 @@ class Layout:
 
     def broadcast_as(self, shape) -> "Layout":
         """Caller checked compatibility: leading new dims and size-1 dims get stride 0."""
-        shape = tuple(shape)
+        shape = as_shape(shape, "broadcast")
         extra = len(shape) - self.rank
         strides = [0] * extra
         for d_new, d_old, s in zip(shape[extra:], self.shape, self.strides):

@@ -3,6 +3,7 @@ like any user expression (no hand-written kernels here)."""
 from __future__ import annotations
 
 from .errors import UnsupportedDTypeForOp
+from .tensor_views import norm_dim
 
 
 def _float(op, t):
@@ -10,9 +11,17 @@ def _float(op, t):
         raise UnsupportedDTypeForOp(f"{op}: needs a float dtype, got {t.dtype.name}")
 
 
+def _empty_along(t, dim, op) -> bool:
+    """True when `dim` of t has no elements: the result is t's own (empty) shape and no row
+    needs a max, so there is nothing to reduce (not an EmptyReduction)."""
+    return bool(t.shape) and t.shape[norm_dim(dim, t.shape, op)] == 0
+
+
 def softmax(t, dim):
     """exp(t - max) / sum(exp(t - max)) along `dim` (numerically stable)."""
     _float("softmax", t)
+    if _empty_along(t, dim, "softmax"):
+        return t
     e = t.broadcast_sub(t.max_keepdim(dim)).exp()
     return e.broadcast_div(e.sum_keepdim(dim))
 
@@ -23,6 +32,8 @@ def softmax_last_dim(t):
 
 def log_softmax(t, dim):
     _float("log_softmax", t)
+    if _empty_along(t, dim, "log_softmax"):
+        return t
     x = t.broadcast_sub(t.max_keepdim(dim))
     return x.broadcast_sub(x.exp().sum_keepdim(dim).log())
 

@@ -9,13 +9,15 @@ import numpy as np
 
 from . import dtype as D
 from .dtype import DType, as_dtype
-from .errors import UnsupportedDType, UnsupportedDTypeForOp, UnboundPlaceholder
+from .errors import ShapeMismatch, UnsupportedDType, UnsupportedDTypeForOp, UnboundPlaceholder
 from .ir.node import Node
+from .layout import as_shape
 from .tensor_math import MathMixin
 from .tensor_views import ViewMixin
 from .tensor_reduce import ReduceMixin
 from .tensor_matmul import MatmulMixin
 from .tensor_index import IndexMixin
+from .tensor_interop import InteropMixin, from_dlpack
 
 
 class Device:
@@ -29,20 +31,16 @@ class Device:
 cpu = Device("cpu")
 
 
-def _as_shape(shape) -> tuple:
-    if isinstance(shape, (int, np.integer)):
-        shape = (shape,)
-    shape = tuple(int(d) for d in shape)
-    if any(d < 0 for d in shape):
-        raise ValueError(f"negative dimension in shape {shape}")
-    return shape
+def _as_shape(shape, op) -> tuple:
+    return as_shape(shape, op, ShapeMismatch)
 
 
-class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin):
+class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, InteropMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")
-    __array_priority__ = 1000   # so ndarray + Tensor defers to Tensor.__radd__
+    __array_ufunc__ = None      # NumPy operators defer to ours: ndarray + Tensor is a Tensor
+    __hash__ = object.__hash__  # == builds a tensor; hashing stays by identity (dict keys)
 
     def __init__(self, node: Node):
         self._node = node
@@ -85,41 +83,11 @@ class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin):
             raise TypeError("len() of a rank-0 tensor")
         return self.shape[0]
 
-    def __bool__(self):
-        if self.elem_count != 1:
-            raise ValueError(f"the truth value of a tensor with shape {self.shape} is ambiguous")
-        return bool(self.item())
-
-    def __float__(self):
-        return float(self.item())
-
-    def __int__(self):
-        return int(self.item())
-
     # ---- realizing --------------------------------------------------------------------
     def realize(self) -> "Tensor":
         from .runtime.executor import realize_nodes
         realize_nodes([self._node])
         return self
-
-    def numpy(self) -> np.ndarray:
-        """The data as an ndarray of `dtype.numpy` with `shape` (shares the tensor's buffer)."""
-        self.realize()
-        return self._node.buffer.reshape(self.shape)
-
-    def to_list(self):
-        return self.numpy().tolist()
-
-    tolist = to_list
-
-    def item(self):
-        if self.elem_count != 1:
-            raise ValueError(f"item: tensor has {self.elem_count} elements, shape {self.shape}")
-        return self.numpy().reshape(()).item()
-
-    def __array__(self, dtype=None, copy=None):
-        a = self.numpy()
-        return a if dtype is None else a.astype(dtype)
 
 
 # ---- creation -------------------------------------------------------------------------
@@ -172,8 +140,12 @@ Tensor.from_numpy = staticmethod(from_numpy)
 
 def full(value, shape, dtype=D.f32) -> Tensor:
     """A lazy constant: one scalar node broadcast to `shape` (nothing is allocated until used)."""
+    return _full(value, shape, dtype, "full")
+
+
+def _full(value, shape, dtype, op) -> Tensor:
     dtype = as_dtype(dtype)
-    shape = _as_shape(shape)
+    shape = _as_shape(shape, op)
     if dtype.storage_only:   # no lazy constants in a storage-only dtype: build the data now
         return _from_array(np.full(shape, float(value), np.float64).astype(dtype.numpy), dtype)
     c = const_node(value, dtype)
@@ -206,11 +178,11 @@ def scalar_in_dtype(value, dtype: DType):
 
 
 def zeros(shape, dtype=D.f32) -> Tensor:
-    return full(0, shape, dtype)
+    return _full(0, shape, dtype, "zeros")
 
 
 def ones(shape, dtype=D.f32) -> Tensor:
-    return full(1, shape, dtype)
+    return _full(1, shape, dtype, "ones")
 
 
 def zeros_like(t: Tensor) -> Tensor:
@@ -234,14 +206,14 @@ def randn(mean, std, shape, dtype=D.f32, seed=None) -> Tensor:
     dtype = as_dtype(dtype)
     _check_float_creation("randn", dtype)
     rng = np.random.default_rng(seed)
-    return _from_array(rng.normal(mean, std, _as_shape(shape)).astype(dtype.numpy), dtype)
+    return _from_array(rng.normal(mean, std, _as_shape(shape, "randn")).astype(dtype.numpy), dtype)
 
 
 def rand(lo, hi, shape, dtype=D.f32, seed=None) -> Tensor:
     dtype = as_dtype(dtype)
     _check_float_creation("rand", dtype)
     rng = np.random.default_rng(seed)
-    return _from_array(rng.uniform(lo, hi, _as_shape(shape)).astype(dtype.numpy), dtype)
+    return _from_array(rng.uniform(lo, hi, _as_shape(shape, "rand")).astype(dtype.numpy), dtype)
 
 
 def _check_float_creation(op, dtype):
@@ -251,7 +223,7 @@ def _check_float_creation(op, dtype):
 
 def placeholder(name: str, shape, dtype=D.f32) -> Tensor:
     """A named graph input, bound by Program.run(name=array)."""
-    return Tensor(Node("placeholder", (), str(name), _as_shape(shape), as_dtype(dtype), label=str(name)))
+    return Tensor(Node("placeholder", (), str(name), _as_shape(shape, "placeholder"), as_dtype(dtype), label=str(name)))
 
 
 def realize(*ts) -> tuple:
@@ -264,4 +236,4 @@ def realize(*ts) -> tuple:
 
 
 __all__ = ["Tensor", "tensor", "from_numpy", "full", "zeros", "ones", "zeros_like", "ones_like", "arange",
-           "randn", "rand", "placeholder", "realize", "cpu", "UnboundPlaceholder"]
+           "randn", "rand", "placeholder", "realize", "cpu", "from_dlpack", "UnboundPlaceholder"]

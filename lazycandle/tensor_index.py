@@ -20,7 +20,7 @@ from .errors import (DimOutOfRange, DTypeMismatchBinaryOp, NarrowInvalidArgs, Sh
                      UnsupportedDTypeForOp)
 from .ir import ops_index  # noqa: F401  (registers the op kinds)
 from .ir.node import Node
-from .layout import Layout
+from .layout import Layout, as_index
 from .tensor_views import norm_dim
 from .runtime import index_steps  # noqa: F401  (registers the steps)
 
@@ -68,13 +68,11 @@ def _same_except(a, b, dim) -> bool:
     return len(a) == len(b) and all(x == y for i, (x, y) in enumerate(zip(a, b)) if i != dim)
 
 
-def _int_arg(op, name, v, lo):
-    try:
-        iv = int(v)
-    except (TypeError, ValueError):
-        raise TypeError(f"{op}: {name} must be an int, got {v!r}") from None
-    if iv != v or iv < lo:
-        raise ValueError(f"{op}: {name} must be an int >= {lo}, got {v!r}")
+def _int_arg(op, name, v, lo, error=ShapeMismatch):
+    """An int argument >= lo (TypeError for floats and bools, `error` when too small)."""
+    iv = as_index(v, op, name)
+    if iv < lo:
+        raise error(f"{op}: {name} must be an int >= {lo}, got {v!r}")
     return iv
 
 
@@ -162,7 +160,7 @@ class IndexMixin:
     # ---- padding ------------------------------------------------------------------------
     def _pad_args(self, op, dim, left, right):
         dim = _dim(dim, self.shape, op)
-        return dim, _int_arg(op, "left", left, 0), _int_arg(op, "right", right, 0)
+        return dim, _int_arg(op, "left", left, 0, NarrowInvalidArgs), _int_arg(op, "right", right, 0, NarrowInvalidArgs)
 
     def pad_with_zeros(self, dim, left, right):
         """Pad `dim` with `left` zeros before and `right` zeros after."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 from . import dtype as D
 from .dtype import as_dtype
 from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
@@ -24,8 +26,36 @@ def check_dtype(op: str, dt, shape=None) -> None:
         raise UnsupportedDTypeForOp(f"{op}: not supported for integer dtype {dt.name}{where}")
 
 
+def as_scalar(x):
+    """A Python / NumPy real scalar or a 0-d array as a Python int or float (None for anything
+    else).  Such an operand acts like a Python scalar: it takes the tensor's dtype (torch's
+    rule; no promotion), so `f32 tensor + np.float64(1)` is f32."""
+    if isinstance(x, np.ndarray):
+        if x.ndim:
+            return None
+        x = x[()]
+    if isinstance(x, (bool, np.bool_, numbers.Integral)):
+        return int(x)
+    if isinstance(x, numbers.Real):
+        return float(x)
+    if isinstance(x, np.generic) and D._BY_NUMPY.get(x.dtype) is not None:   # ml_dtypes' floats
+        return float(x)
+    return None
+
+
 def _is_scalar(x) -> bool:
-    return isinstance(x, (numbers.Number,)) and not isinstance(x, complex)
+    return as_scalar(x) is not None
+
+
+def as_operand(x, T):
+    """A tensor operand of an operator: a Tensor as is, an ndarray of rank >= 1 converted by
+    `lc.tensor` (a copy with its own dtype), else None (scalars are handled by the caller)."""
+    if isinstance(x, T):
+        return x
+    if isinstance(x, np.ndarray):
+        from .tensor import tensor
+        return tensor(x)
+    return None
 
 
 class MathMixin:
@@ -42,11 +72,14 @@ class MathMixin:
 
     def _binary(self, op, other, broadcast: bool, reflected=False):
         T = type(self)
-        if _is_scalar(other):
+        scalar = as_scalar(other)
+        if scalar is not None:
             check_dtype(op, self.dtype, self.shape)
-            other = self._scalar_like(other)
-        elif not isinstance(other, T):
-            return NotImplemented
+            other = self._scalar_like(scalar)
+        else:
+            other = as_operand(other, T)
+            if other is None:
+                return NotImplemented
         a, b = (other, self) if reflected else (self, other)
         if a.dtype is not b.dtype:
             raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch lhs {a.dtype.name} rhs {b.dtype.name} "
@@ -142,10 +175,14 @@ class MathMixin:
         if self.dtype not in (D.u8, D.u32, D.i64):
             raise UnsupportedDTypeForOp(f"where_cond: mask dtype must be u8, u32 or i64, got {self.dtype.name} "
                                         f"(shape {self.shape})")
+        if isinstance(on_true, np.ndarray) and on_true.ndim:
+            on_true = as_operand(on_true, T)
+        if isinstance(on_false, np.ndarray) and on_false.ndim:
+            on_false = as_operand(on_false, T)
         if _is_scalar(on_true) and isinstance(on_false, T):
-            on_true = on_false._scalar_like(on_true)
+            on_true = on_false._scalar_like(as_scalar(on_true))
         if _is_scalar(on_false) and isinstance(on_true, T):
-            on_false = on_true._scalar_like(on_false)
+            on_false = on_true._scalar_like(as_scalar(on_false))
         if not (isinstance(on_true, T) and isinstance(on_false, T)):
             raise TypeError("where_cond: on_true and on_false must be tensors (or one a scalar)")
         if on_true.dtype is not on_false.dtype:
@@ -174,11 +211,20 @@ class MathMixin:
     def __le__(self, o): return self._binary("le", o, True)
     def __gt__(self, o): return self._binary("gt", o, True)
     def __ge__(self, o): return self._binary("ge", o, True)
+    def __eq__(self, o): return self._binary("eq", o, True)
+    def __ne__(self, o): return self._binary("ne", o, True)
+    __hash__ = object.__hash__
 
     def __pow__(self, e):
-        if not _is_scalar(e):
+        e = as_scalar(e)
+        if e is None:
             return NotImplemented
         return self.powf(e)
 
     def __matmul__(self, o):
-        return self.broadcast_matmul(o)
+        o = as_operand(o, type(self))
+        return NotImplemented if o is None else self.broadcast_matmul(o)
+
+    def __rmatmul__(self, o):
+        o = as_operand(o, type(self))
+        return NotImplemented if o is None else o.broadcast_matmul(self)

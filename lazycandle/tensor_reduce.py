@@ -3,19 +3,33 @@
 view that drops the reduced dims."""
 from __future__ import annotations
 
+from math import prod
+
 from . import dtype as D
-from .errors import EmptyReduction, UnsupportedDTypeForOp
+from .errors import DimOutOfRange, EmptyReduction, ShapeMismatch, UnsupportedDTypeForOp
 from .ir.node import Node
+from .layout import as_index
 from .tensor_views import norm_dim
 
+# argmax / argmin return u32 indices, so the dim they reduce can hold at most this many elements
+MAX_ARG_DIM = 2 ** 32 - 1
 
-def _dims(dims, rank, op):
-    if isinstance(dims, int) or not hasattr(dims, "__iter__"):
-        dims = (dims,)
-    out = sorted({norm_dim(d, rank, op) for d in dims})
-    if not out:
+
+def _dims(dims, shape, op):
+    """The reduced dims as a sorted tuple of non-negative ints (a rank-0 tensor takes 0 or -1,
+    like torch); NumPy's rules for the type of each dim."""
+    try:
+        dims = [dims] if isinstance(dims, str) else list(dims)
+    except TypeError:           # one dim (an int, a NumPy integer, a 0-d array)
+        dims = [dims]
+    if not dims:
         raise ValueError(f"{op}: no dims given")
-    return tuple(out)
+    if not shape:
+        for d in dims:
+            if as_index(d, op, "dim") not in (0, -1):
+                raise DimOutOfRange(f"{op}: dim {d} out of range for a rank-0 tensor (only 0 and -1)")
+        return (0,)
+    return tuple(sorted({norm_dim(d, shape, op) for d in dims}))
 
 
 class ReduceMixin:
@@ -27,14 +41,15 @@ class ReduceMixin:
             raise UnsupportedDTypeForOp(f"{op}: dtype {self.dtype.name} is storage-only (no arithmetic)")
         if kind == "mean" and not self.dtype.is_float:
             raise UnsupportedDTypeForOp(f"{op}: mean needs a float dtype, got {self.dtype.name}")
-        x = self
-        if self.rank == 0:
-            x = self.unsqueeze(0)
-            dims = (0,)
-        dims = _dims(dims, x.rank, op)
-        if kind not in ("sum", "mean") and any(x.shape[d] == 0 for d in dims):
-            raise EmptyReduction(f"{op}: reduction over a zero-length dim (shape {self.shape}, dims {dims})")
+        dims = _dims(dims, self.shape, op)
+        x = self.unsqueeze(0) if self.rank == 0 else self
         shape = tuple(1 if i in dims else d for i, d in enumerate(x.shape))
+        # max / min / arg* need an element of the reduced dims for every output element
+        if kind not in ("sum", "mean") and prod(shape) and any(x.shape[d] == 0 for d in dims):
+            raise EmptyReduction(f"{op}: reduction over a zero-length dim (shape {self.shape}, dims {dims})")
+        if kind.startswith("arg") and x.shape[dims[0]] > MAX_ARG_DIM:
+            raise ShapeMismatch(f"{op}: dim {dims[0]} of shape {self.shape} ({self.dtype.name}) is longer than "
+                                f"{MAX_ARG_DIM}, the most elements its u32 indices can number")
         out_dt = D.u32 if kind.startswith("arg") else x.dtype
         t = type(self)(Node(kind, (x._node,), dims, shape, out_dt))
         if self.rank == 0:
@@ -49,9 +64,7 @@ class ReduceMixin:
     def mean(self, dims): return self._reduce("mean", dims, False)
 
     def _one_dim(self, kind, dim, keepdim):
-        if not isinstance(dim, int) and not hasattr(dim, "__index__"):
-            raise TypeError(f"{kind}: takes one int dim, got {dim!r}")
-        return self._reduce(kind, (int(dim),), keepdim)
+        return self._reduce(kind, (as_index(dim, kind, "dim (one int)"),), keepdim)
 
     def max_keepdim(self, dim): return self._one_dim("max", dim, True)
     def max(self, dim): return self._one_dim("max", dim, False)

@@ -7,6 +7,7 @@ from math import prod
 from .errors import (BroadcastIncompatibleShapes, DimOutOfRange, IndexOutOfBounds, NarrowInvalidArgs,
                      ShapeMismatch)
 from .ir.node import Node
+from .layout import as_index, as_shape
 
 
 def norm_dim(dim, rank, op, extra=0) -> int:
@@ -17,10 +18,7 @@ def norm_dim(dim, rank, op, extra=0) -> int:
         rank = len(shape)
     where = f"rank {rank}" + (f" (shape {shape})" if shape is not None else "")
     n = rank + extra
-    try:
-        d = int(dim)
-    except (TypeError, ValueError):
-        raise DimOutOfRange(f"{op}: dim must be an int, got {dim!r} for {where}") from None
+    d = as_index(dim, op, "dim")
     if d < -n or d >= n or n == 0:
         raise DimOutOfRange(f"{op}: dim {dim} out of range for {where}")
     return d + n if d < 0 else d
@@ -49,7 +47,7 @@ class ViewMixin:
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
-        shape = [int(d) for d in shape]
+        shape = list(as_index(d, "reshape", "a size in a shape") for d in shape)
         n = self.elem_count
         if shape.count(-1) > 1:
             raise ShapeMismatch(f"reshape: at most one -1 allowed, got {tuple(shape)}")
@@ -92,7 +90,7 @@ class ViewMixin:
     def narrow(self, dim, start, length):
         dim = norm_dim(dim, self.shape, "narrow")
         size = self.shape[dim]
-        start, length = int(start), int(length)
+        start, length = as_index(start, "narrow", "start"), as_index(length, "narrow", "length")
         if start < 0 or length < 0 or start + length > size:
             raise NarrowInvalidArgs(f"narrow: start {start} + length {length} out of range for dim {dim} "
                                     f"of size {size} (shape {self.shape})")
@@ -101,7 +99,7 @@ class ViewMixin:
     def broadcast_as(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
-        shape = tuple(int(d) for d in shape)
+        shape = as_shape(shape, "broadcast_as", BroadcastIncompatibleShapes)
         if len(shape) < self.rank or any(
                 s != d and s != 1 for s, d in zip(self.shape, shape[len(shape) - self.rank:])):
             raise BroadcastIncompatibleShapes(f"broadcast_as: cannot broadcast shape {self.shape} to {shape}")
@@ -114,7 +112,7 @@ class ViewMixin:
     def broadcast_left(self, *batch):
         if len(batch) == 1 and isinstance(batch[0], (tuple, list)):
             batch = batch[0]
-        return self.broadcast_as(tuple(batch) + self.shape)
+        return self.broadcast_as(as_shape(batch, "broadcast_left", BroadcastIncompatibleShapes) + self.shape)
 
     def unsqueeze(self, dim):
         dim = norm_dim(dim, self.shape, "unsqueeze", extra=1)
@@ -142,9 +140,9 @@ class ViewMixin:
         """Split `dim` into n pieces like candle: sizes differ by at most one, the larger
         first (7 in 3 -> 3, 2, 2); fewer elements than n gives pieces of one."""
         dim = norm_dim(dim, self.shape, "chunk")
-        n = int(n)
+        n = as_index(n, "chunk", "the number of chunks")
         if n < 1:
-            raise ValueError(f"chunk: need n >= 1, got {n}")
+            raise ShapeMismatch(f"chunk: need n >= 1 chunks, got {n} (shape {self.shape})")
         size = self.shape[dim]
         if size == 0:
             return [self]
@@ -176,6 +174,8 @@ class ViewMixin:
     def __getitem__(self, idx):
         if not isinstance(idx, tuple):
             idx = (idx,)
+        idx = tuple(i if i is None or i is Ellipsis or isinstance(i, slice)
+                    else as_index(i, "index", "an index other than a slice, None or ...") for i in idx)
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if n_real > self.rank:
             raise IndexOutOfBounds(f"index: too many indices ({n_real}) for shape {self.shape}")
@@ -195,12 +195,8 @@ class ViewMixin:
                 lay = lay.slice(dim, start, max(start, stop), step)
                 dim += 1
             else:
-                try:
-                    k = int(i)
-                except TypeError:
-                    raise TypeError(f"index: unsupported index {i!r}") from None
                 size = lay.shape[dim]
-                if k < -size or k >= size:
-                    raise IndexOutOfBounds(f"index: {k} out of range for dim {dim} of size {size} (shape {self.shape})")
-                lay = lay.select(dim, k % size)
+                if i < -size or i >= size:
+                    raise IndexOutOfBounds(f"index: {i} out of range for dim {dim} of size {size} (shape {self.shape})")
+                lay = lay.select(dim, i % size)
         return self._view(lay, f"index[{idx!r}]")
