@@ -52,3 +52,7 @@ class UnboundPlaceholder(Error):
 
 class FeedError(Error, ValueError):
     pass
+
+
+class SchedulerError(Error):
+    """Internal: the scheduler's kernels are not a valid execution order (a bug, never bad input)."""
