@@ -201,7 +201,9 @@ def _order_groups(cap: Capture, groups, group_of):
                 continue
             h = group_of[o.index]
             if h == g:
-                if not _register_read(nodes, o) or (nodes[j].op.category == REDUCE and j != groups[g][-1]):
+                cat = nodes[j].op.category
+                fusable = cat == ELEMENTWISE or (cat == REDUCE and j == groups[g][-1])
+                if not (fusable and _register_read(nodes, o)):
                     raise SchedulerError(f"scheduler put n{j} ({nodes[j].op.name}) in one kernel with n{o.index} "
                                          f"({nodes[o.index].op.name}), which it reads through a buffer; kernel: "
                                          f"{_describe(nodes, groups[g])}")
