@@ -165,3 +165,19 @@ def test_long_reduction_chain_schedules_in_order():
     kernels, _, _ = schedule(cap)
     _check_kernel_order(cap, kernels)
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_exhausted_reachability_budget_only_refuses_merges(monkeypatch):
+    """With no search budget every guarded merge is refused: more kernels, same values."""
+    import lazycandle.ir.schedule as S
+    a, w = lc.tensor(_f32((4, 4), 13)), lc.tensor(_f32((4, 4), 14))
+    p = a.exp()
+    y = (p * (p @ w).tanh() + p.sin()) * 0.5
+    cap = capture([y._node])
+    full, _, _ = schedule(cap)
+    monkeypatch.setattr(S, "REACH_BUDGET", 0)
+    starved, _, _ = schedule(cap)
+    _check_kernel_order(cap, starved)
+    assert len(starved) > len(full)
+    pn = np.exp(a.numpy().astype(np.float64))
+    np.testing.assert_allclose(y.numpy(), (pn * np.tanh(pn @ w.numpy()) + np.sin(pn)) * 0.5, rtol=1e-5, atol=1e-6)
