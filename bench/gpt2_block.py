@@ -103,7 +103,7 @@ def _np_layer_norm(x, g, b):
 
 
 def _np_gelu(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
 
 
 def _np_softmax(x):
@@ -118,7 +118,8 @@ def np_stack(x, blocks, mask, n_head):
     for p in blocks:
         p = {k: v.astype(x.dtype) for k, v in p.items()}
         h = _np_layer_norm(x, p["ln1_g"], p["ln1_b"]) @ p["w_qkv"].T + p["b_qkv"]
-        q, k, v = (z.reshape(b, t, n_head, hd).transpose(0, 2, 1, 3) for z in np.split(h, 3, -1))
+        # contiguous heads: NumPy's stacked matmul uses BLAS only for (transposed-)contiguous operands
+        q, k, v = (np.ascontiguousarray(z.reshape(b, t, n_head, hd).transpose(0, 2, 1, 3)) for z in np.split(h, 3, -1))
         att = _np_softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd) + mask.astype(x.dtype))
         y = (att @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
         x = x + y @ p["w_proj"].T + p["b_proj"]
