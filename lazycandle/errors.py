@@ -56,3 +56,7 @@ class FeedError(Error, ValueError):
 
 class SerializationError(Error, ValueError):
     """A tensor file that is truncated, corrupt or does not match what it declares."""
+
+
+class SchedulerError(Error):
+    """Internal: the scheduler's kernels are not a valid execution order (a bug, never bad input)."""

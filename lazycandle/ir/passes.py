@@ -119,27 +119,30 @@ def recompute_into_reductions(cap: Capture) -> Capture:
         if o.kind != "node" or nodes[o.index].op.category != ELEMENTWISE or nodes[o.index].shape != o.shape \
                 or not _is_identity_read(o, o.shape):
             continue
-        sub, stack = set(), [o.index]
-        while stack:
+        sub, stack, cost = set(), [o.index], 0
+        while stack and cost <= RECOMPUTE_BUDGET:     # stop early: only a cheap cone is cloned
             p = stack.pop()
             if p in sub:
                 continue
             sub.add(p)
+            cost += nodes[p].op.cost
             for q in operands[p]:
                 if q.kind == "node" and nodes[q.index].op.category == ELEMENTWISE and \
                         nodes[q.index].shape == nodes[p].shape and _is_identity_read(q, q.shape):
                     stack.append(q.index)
+        if cost > RECOMPUTE_BUDGET:
+            continue
         private = not (sub & set(cap.targets)) and all(consumers[y] <= sub | {r} for y in sub)
-        cost = sum(nodes[y].op.cost for y in sub)
-        if private or cost > RECOMPUTE_BUDGET:
+        if private:
             continue
         clones[r] = sorted(sub)
     if not clones:
         return cap
     new_nodes, new_ops, where, origin, was = [], [], {}, [], _origin(cap)
     for j, (n, ops) in enumerate(zip(nodes, operands)):
-        local = dict(where)
+        local = where
         if j in clones:
+            local = dict(where)
             for p in clones[j]:
                 local[p] = len(new_nodes)
                 origin.append(was[p])

@@ -1,24 +1,39 @@
 """The scheduler: groups captured nodes into kernels.
 
-Elementwise fusion is maximal: every elementwise node joins the group of its elementwise
+Elementwise fusion is maximal: every elementwise node joins the groups of its elementwise
 producers that it reads element-for-element (same shape, contiguous, offset 0), so any DAG of
-elementwise ops over inputs of any layout becomes ONE kernel.  A merge is refused when it would
-create a cycle between kernels (the new member would also read a group member through a view,
-or two groups are connected through a third kernel).  A node is materialised (written to a
-buffer) when it is a target or when a node of another kernel reads it; inside its own kernel it
-stays a register value.  Non-elementwise nodes (reduce, matmul, index ops) are kernels of their
-own.
+elementwise ops over inputs of any layout becomes ONE kernel (up to MAX_FUSED_NODES ops).  A
+node is materialised (written to a buffer) when it is a target or when a node of another kernel
+reads it; inside its own kernel it stays a register value.  Non-elementwise nodes (reduce,
+matmul, index ops) are kernels of their own; a reduction also absorbs its elementwise producers
+when nothing else reads them.
+
+Kernels must form a DAG.  Node j may join a producer group G only if G reaches none of j's
+other operand groups (a path G -> X -> j through a kernel X outside the merge would make the
+merged kernel both feed and wait for X: the residual `x + f(x @ w)`).  Reachability is asked of
+the *group* graph by a backward search from j's other operands, which only visits groups whose
+newest node is newer than G's oldest (no path from G can pass through an older group), with a
+work budget: when the budget runs out the merge is refused, which is always legal, so the
+scheduler stays linear-ish in the graph size and never needs per-node ancestor sets.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from math import prod
 
-import networkx as nx
-
+from ..errors import SchedulerError
 from ..layout import contiguous_strides, merge_dims
 from .graph import Capture
 from .ops import ELEMENTWISE, REDUCE
+
+# Ops fused into one kernel at most.  LLVM's optimiser is superlinear in the size of one
+# function (one kernel of 256 / 1,024 / 4,096 cheap ops: 0.25 / 1.4 / 18 s in compile_ir), while a
+# buffer write every few hundred ops costs nothing measurable.  A cut never changes a value: each
+# op rounds its own result in every dtype (f32/f64 only lose an optional FMA contraction).
+MAX_FUSED_NODES = 256
+# Groups a reachability search may expand before the merge it guards is refused.
+REACH_BUDGET = 512
 
 
 @dataclass
@@ -36,76 +51,198 @@ def _identity_read(o, shape) -> bool:
         all(d == 1 or s == c for d, s, c in zip(shape, o.strides, contiguous_strides(shape)))
 
 
+class _Groups:
+    """Disjoint groups of node indices and the group graph's edges.  A group's id is one of its
+    members; a merge relabels the smaller groups, so all merges together cost O(n log n)."""
+
+    def __init__(self, n_nodes):
+        self.of = list(range(n_nodes))          # node -> group id
+        self.members = {}                       # group id -> member nodes
+        self.preds = {}                         # group id -> nodes outside it that its members read
+        self.lo, self.hi = {}, {}               # oldest / newest member
+        self.uses = {}                          # (member, consumer) read pairs, consumer anywhere
+        self.inner = {}                         # ... of them with the consumer inside the group
+        self.target = {}                        # holds a target
+
+    def add(self, j, operand_nodes, n_consumers, is_target):
+        self.members[j], self.preds[j] = [j], set(operand_nodes)
+        self.lo[j] = self.hi[j] = j
+        self.uses[j], self.inner[j], self.target[j] = n_consumers, 0, is_target
+
+    def outside_uses(self, g) -> int:
+        return self.uses[g] - self.inner[g]
+
+    def merge(self, parts, new_inner) -> int:
+        """Merge the groups `parts` (which read each other only through `new_inner` (member,
+        consumer) pairs) into one; returns its id."""
+        g = max(parts, key=lambda h: len(self.members[h]))
+        for h in parts:
+            if h == g:
+                continue
+            moved = self.members.pop(h)
+            for y in moved:
+                self.of[y] = g
+            self.members[g].extend(moved)
+            self.preds[g].difference_update(moved)
+            self.preds[g].update(x for x in self.preds.pop(h) if self.of[x] != g)
+            self.lo[g], self.hi[g] = min(self.lo[g], self.lo.pop(h)), max(self.hi[g], self.hi.pop(h))
+            self.uses[g] += self.uses.pop(h)
+            self.inner[g] += self.inner.pop(h)
+            self.target[g] = self.target[g] or self.target.pop(h)
+        self.inner[g] += new_inner
+        return g
+
+    def reaches(self, src, dsts) -> bool:
+        """Whether group `src` has a path to a group in `dsts`.  True also when the search runs
+        over budget: the caller then refuses a merge, which is always safe."""
+        lo, of, hi, preds = self.lo[src], self.of, self.hi, self.preds
+        stack = [g for g in dsts if hi[g] >= lo]
+        seen = set(stack)
+        work = 0
+        while stack:
+            g = stack.pop()
+            if g == src:
+                return True
+            work += 1 + len(preds[g]) // 64
+            if work > REACH_BUDGET:
+                return True
+            for x in preds[g]:
+                h = of[x]
+                if h not in seen and hi[h] >= lo:    # an older group cannot lie on a path from src
+                    seen.add(h)
+                    stack.append(h)
+        return False
+
+
+def _register_read(nodes, o) -> bool:
+    """Whether operand o reads an elementwise node element for element (a value the consumer
+    can take from a register when both are in one kernel)."""
+    return o.kind == "node" and nodes[o.index].op.category == ELEMENTWISE and _identity_read(o, nodes[o.index].shape)
+
+
 def group_nodes(cap: Capture):
-    """Assign every captured node to a kernel group.  Returns (groups in execution order, notes)."""
+    """Assign every captured node to a kernel group.  Returns (groups in execution order,
+    node -> group id, notes)."""
     nodes, operands = cap.nodes, cap.operands
-    anc = []                       # anc[j]: computed nodes j depends on, transitively
-    for j, ops in enumerate(operands):
-        a = set()
-        for o in ops:
-            if o.kind == "node":
-                a.add(o.index)
-                a |= anc[o.index]
-        anc.append(a)
     consumers = [set() for _ in nodes]
     for j, ops in enumerate(operands):
         for o in ops:
             if o.kind == "node":
                 consumers[o.index].add(j)
     targets = set(cap.targets)
-    group_of, members, notes = {}, {}, []
+    gr, notes = _Groups(len(nodes)), []
     for j, (n, ops) in enumerate(zip(nodes, operands)):
-        gid = j
-        members[gid] = {j}
-        group_of[j] = gid
+        node_ops = [o.index for o in ops if o.kind == "node"]
+        gr.add(j, node_ops, len(consumers[j]), j in targets)
         if n.op.category == REDUCE:
-            o = ops[0]
-            if o.kind == "node" and nodes[o.index].op.category == ELEMENTWISE and o.shape == nodes[o.index].shape \
-                    and _identity_read(o, o.shape):
-                G = members[group_of[o.index]]
-                private = not (G & targets) and all(consumers[y] <= G | {j} for y in G)
-                if private:
-                    for y in members.pop(group_of[o.index]):
-                        group_of[y] = gid
-                        members[gid].add(y)
-                else:
-                    notes.append(f"n{j} ({n.op.name}) reads n{o.index} from a buffer: its producers are used elsewhere")
+            _absorb_producers(gr, nodes, j, ops[0], notes)
+        elif n.op.category == ELEMENTWISE:
+            _fuse_elementwise(gr, nodes, j, ops, notes)
+    groups = {g: sorted(m) for g, m in gr.members.items()}
+    order = _order_groups(cap, groups, gr.of)
+    return [groups[g] for g in order], gr.of, notes
+
+
+def _absorb_producers(gr, nodes, j, o, notes):
+    """A reduction takes in the elementwise group it reads element for element when nothing
+    else reads that group (it then never touches memory).  The reduction's only input is in
+    that group, so the merge cannot close a cycle."""
+    if not (_register_read(nodes, o) and o.shape == nodes[o.index].shape):
+        return
+    g = gr.of[o.index]
+    if gr.target[g] or gr.outside_uses(g) != 1:
+        notes.append(f"n{j} ({nodes[j].op.name}) reads n{o.index} from a buffer: its producers are used elsewhere")
+    elif len(gr.members[g]) >= MAX_FUSED_NODES:
+        notes.append(f"n{j} ({nodes[j].op.name}) reads n{o.index} from a buffer: its producers fill a kernel")
+    else:
+        gr.merge([j, g], 1)
+
+
+def _fuse_elementwise(gr, nodes, j, ops, notes):
+    """An elementwise node joins every producer group it reads element for element that
+    reaches none of its other operands' groups (see the module docstring)."""
+    shape = nodes[j].shape
+    direct, viewed = {}, set()
+    for o in ops:
+        if o.kind != "node":
             continue
-        if n.op.category != ELEMENTWISE:
-            continue
-        direct, indirect = [], set()
+        if _register_read(nodes, o) and nodes[o.index].shape == shape:
+            direct.setdefault(gr.of[o.index], set()).add(o.index)
+        else:
+            viewed.add(gr.of[o.index])
+    operand_groups = set(direct) | viewed
+    accepted, size = [], 1
+    for g in sorted(direct, key=lambda h: gr.hi[h]):
+        if g in viewed:
+            notes.append(f"n{j} not fused with group of n{gr.lo[g]}: it also reads that group through a view")
+        elif size + len(gr.members[g]) > MAX_FUSED_NODES:
+            notes.append(f"n{j} not fused with group of n{gr.lo[g]}: the kernel would exceed {MAX_FUSED_NODES} ops")
+        elif gr.reaches(g, operand_groups - {g}):
+            notes.append(f"n{j} not fused with group of n{gr.lo[g]}: that group also feeds another operand "
+                         f"of n{j} through another kernel")
+        else:
+            accepted.append(g)
+            size += len(gr.members[g])
+    if accepted:
+        gr.merge([j] + accepted, sum(len(direct[g]) for g in accepted))
+
+
+def _order_groups(cap: Capture, groups, group_of):
+    """Group ids in execution order (each group as soon as its producers ran, oldest newest-node
+    first), after checking that the kernels form a DAG and that every value read inside a kernel
+    is a register value of that kernel.  A violation is a scheduler bug: SchedulerError."""
+    nodes, operands = cap.nodes, cap.operands
+    succs = {g: set() for g in groups}
+    indeg = dict.fromkeys(groups, 0)
+    for j, ops in enumerate(operands):
+        g = group_of[j]
         for o in ops:
             if o.kind != "node":
                 continue
-            p = o.index
-            if nodes[p].op.category == ELEMENTWISE and nodes[p].shape == n.shape and _identity_read(o, n.shape):
-                direct.append(group_of[p])
-            else:
-                indirect.add(p)
-                indirect |= anc[p]
-        merged = []
-        for g in dict.fromkeys(direct):
-            G = members[g]
-            if G & indirect:
-                notes.append(f"n{j} not fused with group of n{min(G)}: it also reads that group through a view")
-                continue
-            if any(any(anc[y] & G for y in members[h]) or any(anc[y] & members[h] for y in G) for h in merged):
-                notes.append(f"n{j}: groups of n{min(G)} and another member are connected through another kernel")
-                continue
-            merged.append(g)
-        for g in merged:
-            for y in members.pop(g):
-                group_of[y] = gid
-                members[gid].add(y)
-    # order groups topologically
-    dag = nx.DiGraph()
-    dag.add_nodes_from(members)
-    for j, ops in enumerate(operands):
-        for o in ops:
-            if o.kind == "node" and group_of[o.index] != group_of[j]:
-                dag.add_edge(group_of[o.index], group_of[j])
-    order = list(nx.lexicographical_topological_sort(dag))
-    return [sorted(members[g]) for g in order], group_of, notes
+            h = group_of[o.index]
+            if h == g:
+                cat = nodes[j].op.category
+                fusable = cat == ELEMENTWISE or (cat == REDUCE and j == groups[g][-1])
+                if not (fusable and _register_read(nodes, o)):
+                    raise SchedulerError(f"scheduler put n{j} ({nodes[j].op.name}) in one kernel with n{o.index} "
+                                         f"({nodes[o.index].op.name}), which it reads through a buffer; kernel: "
+                                         f"{_describe(nodes, groups[g])}")
+            elif g not in succs[h]:
+                succs[h].add(g)
+                indeg[g] += 1
+    heap = [(groups[g][-1], g) for g, d in indeg.items() if d == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, g = heapq.heappop(heap)
+        order.append(g)
+        for s in succs[g]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(heap, (groups[s][-1], s))
+    if len(order) != len(groups):
+        raise SchedulerError("scheduler produced kernels that wait for each other: "
+                             + " -> ".join(_describe(nodes, groups[g]) for g in _a_cycle(succs, indeg)))
+    return order
+
+
+def _a_cycle(succs, indeg):
+    """One cycle among the groups Kahn's algorithm could not order (each has a pending producer)."""
+    left = {g for g, d in indeg.items() if d > 0}
+    preds = {g: [h for h in left if g in succs[h]] for g in left}
+    path, at, g = [], {}, next(iter(sorted(left)))
+    while g not in at:
+        at[g] = len(path)
+        path.append(g)
+        g = preds[g][0]
+    cycle = path[at[g]:][::-1]
+    return cycle + [cycle[0]]
+
+
+def _describe(nodes, members, limit=6):
+    names = [f"n{j} {nodes[j].op.name}{list(nodes[j].shape)}" for j in members[:limit]]
+    more = f", +{len(members) - limit} more" if len(members) > limit else ""
+    return "[" + ", ".join(names) + more + "]"
 
 
 def materialized(cap: Capture, group_of) -> set:
