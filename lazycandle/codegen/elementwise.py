@@ -6,7 +6,8 @@ Loop nest (after merging dims that are contiguous for every operand):
   rank>1:  rows r in [lo, hi) of the flattened outer dims (row -> outer index by div/mod),
            then the inner dim as a vector body + scalar tail.
 Each input is read through its own strides: inner stride 1 -> vector load, 0 -> one scalar load
-splatted, otherwise per-lane loads.  f16/bf16/f8 values are decoded on load, rounded after every
+splatted, otherwise per-lane loads.  Scalars (constants and scalar args) are runtime arguments:
+loaded once at entry from the scalars array, converted to their compute type and splatted.  f16/bf16/f8 values are decoded on load, rounded after every
 op (so fusion never changes a value) and encoded on store.
 """
 from __future__ import annotations
@@ -20,8 +21,9 @@ from .. import dtype as D
 from ..ir.ops import OPS
 from . import codecs, jit
 from ..layout import contiguous_strides
-from .llvmutil import I8, I32, I64, VOID, intrinsic, type_suffix, ltype, vec, splat, const, width_of, scalar_type
-from .loops import new_module, kernel_function, arg_pointer, counted_loop
+from .llvmutil import I8, I32, I64, F64, VOID, intrinsic, type_suffix, ltype, vec, splat, width_of, scalar_type
+from .loops import new_module, kernel_function, arg_pointer, counted_loop, unit_range
+from .ops_emit import EMIT
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class EwSpec:
     inputs: tuple           # ((dtype_name, strides), ...)
     instrs: tuple           # ((op_name, arg, dtype_name, out_dtype_name, refs), ...)
     outputs: tuple          # ((instr_index, dtype_name), ...)  contiguous outputs
+    scalars: tuple          # dtype name of each runtime scalar slot (refs ("s", k, dtype_name))
 
     @property
     def parallel_extent(self) -> int:
@@ -88,9 +91,26 @@ def _sat_fn(b, src_t, w):
     return intrinsic(b.module, f"llvm.fptosi.sat.{type_suffix(ret)}.{type_suffix(src_t)}", ret, [src_t])
 
 
-def _emit_instrs(b, spec, load, w, decode_outputs=False):
-    """Evaluate the instruction list.  `load(k)` returns input k's raw storage value.
-    Returns the list of values to store (storage representation) per output."""
+def load_scalars(b, ptr, dtype_names):
+    """Entry-block loads of the runtime scalars: slot k of `ptr` (i64*) in the compute type of
+    dtype_names[k] (float scalars are stored as f64 bits, exact in their dtype)."""
+    out = []
+    for k, dtn in enumerate(dtype_names):
+        dt = D.DType.from_name(dtn)
+        raw = b.load(b.gep(ptr, [I64(k)], inbounds=True), align=8)
+        t = ltype(dt.compute)
+        if dt.is_float:
+            v = b.bitcast(raw, F64)
+            out.append(v if t == F64 else b.fptrunc(v, t))
+        else:
+            out.append(raw if t == I64 else b.trunc(raw, t))
+    return out
+
+
+def _emit_instrs(b, spec, load, w, scalar, decode_outputs=False):
+    """Evaluate the instruction list.  `load(k)` returns input k's raw storage value and
+    `scalar(k, w)` runtime scalar k splatted to w lanes.  Returns the list of values to store
+    (storage representation) per output."""
     raw = {}        # ref -> raw storage value (inputs, or copies of them)
     comp = {}       # ref -> compute value
     dtypes = {}
@@ -101,9 +121,8 @@ def _emit_instrs(b, spec, load, w, decode_outputs=False):
             if ref not in raw:
                 raw[ref] = load(k)
                 dtypes[ref] = D.DType.from_name(spec.inputs[k][0])
-        if ref[0] == "c":
-            dt = D.DType.from_name(ref[2])
-            return const(vec(ltype(dt.compute), w), ref[1])
+        if ref[0] == "s":
+            return scalar(ref[1], w)
         if want_raw and ref in raw:
             return raw[ref]
         if ref not in comp:
@@ -124,7 +143,7 @@ def _emit_instrs(b, spec, load, w, decode_outputs=False):
             src = dtypes.get(refs[0]) or D.DType.from_name(refs[0][2])
             out = _cast(b, vals[0], src, odt)
         else:
-            out = kind.emit(b, dt, vals, arg)
+            out = EMIT[op](b, dt, vals, arg)
             if kind.out_dtype == "u8":
                 out = b.zext(out, vec(I8, width_of(out.type)))
             elif odt.codec:
@@ -200,6 +219,14 @@ class _Kernel:
         self.out_ptr = [arg_pointer(b, ptrs, n_in + k, ltype(dt.storage), f"out{k}") for k, dt in enumerate(self.out_dt)]
         self.strides = [s for _, s in spec.inputs]
         self.W = spec.width()
+        self.scalar_vals = load_scalars(b, self.fn.args[2], spec.scalars)
+        self.scalar_splats = {(k, self.W): splat(b, v, self.W) for k, v in enumerate(self.scalar_vals)}
+
+    def scalar(self, k, w):
+        """Runtime scalar k splatted to w lanes (splats made at entry, so loops only read them)."""
+        if w == 1:
+            return self.scalar_vals[k]
+        return self.scalar_splats[(k, w)]
 
     # -- loads and stores ----------------------------------------------------------------
     def load(self, k, off, stride, w, mask=None):
@@ -240,7 +267,7 @@ class _Kernel:
                 return given[k]
             return self.load(k, in_off[k], strides[k], w, mask)
 
-        for k, v in enumerate(_emit_instrs(b, self.spec, load, w)):
+        for k, v in enumerate(_emit_instrs(b, self.spec, load, w, self.scalar)):
             p = b.gep(self.out_ptr[k], [out_off], inbounds=True)
             al = self.out_dt[k].size_in_bytes
             if w == 1:
@@ -303,7 +330,7 @@ class _Kernel:
         return in_base, out
 
     def build_rows(self):
-        lo, hi = self.fn.args[1], self.fn.args[2]
+        lo, hi = unit_range(self.fn)
         shape, n_in = self.spec.shape, len(self.in_dt)
         if len(shape) == 1:
             self.inner_loop(lo, hi, [I64(0)] * n_in, I64(0), [s[0] for s in self.strides])
@@ -319,7 +346,7 @@ class _Kernel:
         contiguous vectors and transpose them in registers; the rest reads row by row; edges
         use the row path with its masked tail."""
         b, W, spec = self.b, self.W, self.spec
-        lo, hi = self.fn.args[1], self.fn.args[2]
+        lo, hi = unit_range(self.fn)
         shape = spec.shape
         j = len(shape) - 1
         SB = SUPER * W

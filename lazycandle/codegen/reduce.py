@@ -21,10 +21,11 @@ from math import prod
 import llvmlite.ir as ir
 
 from .. import dtype as D
+from ..ir.ops import reduction
 from . import jit
 from .elementwise import _Kernel, _emit_instrs, _bits
 from .llvmutil import I32, I64, F64, ltype, vec, splat, const, width_of, FM_REDUCE
-from .loops import counted_loop
+from .loops import counted_loop, unit_range
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class RedSpec:
     instrs: tuple           # elementwise DAG (see EwSpec); the reduced value is the last instr
     kind: str               # sum | mean | max | min | argmax | argmin
     outputs: tuple          # ((instr index, out dtype name),)  -- one output
+    scalars: tuple          # dtype name of each runtime scalar slot (see EwSpec)
 
     @property
     def out_shape(self):
@@ -51,7 +53,7 @@ class RedSpec:
     def width(self) -> int:
         bits = max([_bits(D.DType.from_name(dt)) for dt, _ in self.inputs] +
                    [_bits(D.DType.from_name(i[3])) for i in self.instrs] + [32])
-        if self.kind in ("sum", "mean") and D.DType.from_name(self.instrs[-1][3]).is_float:
+        if reduction(self.kind).acc == "f64" and D.DType.from_name(self.instrs[-1][3]).is_float:
             bits = 64
         return max(2, jit.vector_bits() // bits)
 
@@ -64,7 +66,7 @@ class RedSpec:
 
 
 def _acc_type(spec, dt):
-    if spec.kind in ("sum", "mean") and dt.is_float:
+    if reduction(spec.kind).acc == "f64" and dt.is_float:
         return F64
     return ltype(dt.compute)
 
@@ -72,10 +74,11 @@ def _acc_type(spec, dt):
 class _RedKernel(_Kernel):
     def __init__(self, spec, name):
         super().__init__(spec, name)
+        self.red = reduction(spec.kind)
         self.val_dt = D.DType.from_name(spec.instrs[-1][3])
         self.out_dtype = D.DType.from_name(spec.outputs[0][1])
         self.acc_t = _acc_type(spec, self.val_dt)
-        self.is_arg = spec.kind in ("argmax", "argmin")
+        self.is_arg = self.red.finish == "index"
         self.is_float = self.val_dt.is_float
 
     # -- the combine step -----------------------------------------------------------------
@@ -88,17 +91,17 @@ class _RedKernel(_Kernel):
                 return given[k]
             return self.load(k, offs[k], strides[k], w)
 
-        v = _emit_instrs(b, self.spec, load, w, decode_outputs=True)[0]
+        v = _emit_instrs(b, self.spec, load, w, self.scalar, decode_outputs=True)[0]
         t = vec(self.acc_t, w)
         if v.type != t:
             v = b.fpext(v, t) if self.is_float else v
         return v
 
     def init(self, w):
-        kind, t = self.spec.kind, vec(self.acc_t, w)
-        if kind in ("sum", "mean"):
+        ident, t = self.red.identity, vec(self.acc_t, w)
+        if ident == "zero":
             return const(t, 0.0 if self.is_float else 0)
-        big = "max" in kind
+        big = ident == "lowest"     # the identity of max is the lowest value
         if self.is_float:
             return const(t, float("-inf") if big else float("inf"))
         bits = self.acc_t.width
@@ -109,7 +112,7 @@ class _RedKernel(_Kernel):
     def better(self, new, old):
         """i1 mask: `new` replaces `old` (strictly better, or the first NaN)."""
         b = self.b
-        big = "max" in self.spec.kind
+        big = self.red.combine == "max"
         if self.is_float:
             c = b.fcmp_ordered(">" if big else "<", new, old)
             return b.or_(c, b.and_(b.fcmp_unordered("uno", new, new), b.fcmp_ordered("ord", old, old)))
@@ -118,16 +121,16 @@ class _RedKernel(_Kernel):
 
     def combine(self, acc, x):
         b = self.b
-        if self.spec.kind in ("sum", "mean"):
+        if self.red.combine == "add":
             return b.fadd(acc, x, flags=FM_REDUCE) if self.is_float else b.add(acc, x)
         return b.select(self.better(x, acc), x, acc)
 
     def finish(self, acc):
         """Accumulator scalar -> stored output value."""
         b = self.b
-        if self.spec.kind == "mean":
+        if self.red.finish == "divide_count":
             acc = b.fdiv(acc, const(acc.type, float(self.spec.count)))
-        if self.spec.kind in ("sum", "mean") and self.is_float:
+        if self.acc_t == F64 and self.is_float:
             from .elementwise import _cast
             return self.store_value(_cast(b, acc, D.f64, self.out_dtype))
         return self.store_value(acc)
@@ -195,7 +198,7 @@ class _RedKernel(_Kernel):
 
     def build(self):
         spec, b = self.spec, self.b
-        lo, hi = self.fn.args[1], self.fn.args[2]
+        lo, hi = unit_range(self.fn)
         out_dims = [d for d, r in enumerate(spec.red) if not r]
         red_dims = [d for d, r in enumerate(spec.red) if r]
         self.W = spec.width()

@@ -28,6 +28,7 @@ class Kernel:
     outputs: list                   # node indices written to buffers, in output order
     inputs: list = field(default_factory=list)   # ("slot", s) | ("node", j, offset): what each kernel input reads
     spec: object = None             # codegen spec (its structure is the compile cache key)
+    scalars: list = field(default_factory=list)  # capture scalar slot of each kernel scalar slot
     why: list = field(default_factory=list)      # notes on fusion decisions (for the dump)
 
 
@@ -159,11 +160,15 @@ def _fused_kernel(cap: Capture, group, mat) -> Kernel:
     members = set(group) - {red_node}
     shape = cap.operands[red_node][0].shape if red_node is not None else cap.nodes[group[0]].shape
     in_keys, in_strides, in_dtypes, inputs = {}, [], [], []
-    instr_of, instrs = {}, []
+    instr_of, instrs, scalar_of, scalars = {}, [], {}, []
 
     def ref(o):
         if o.kind == "const":
-            return ("c", o.value, o.dtype.name)
+            k = scalar_of.get(o.index)
+            if k is None:
+                k = scalar_of[o.index] = len(scalars)
+                scalars.append(o.index)
+            return ("s", k, o.dtype.name)
         if o.kind == "node" and o.index in members and cap.nodes[o.index].shape == shape and _identity_read(o, shape):
             return ("v", instr_of[o.index])
         if o.kind == "in":
@@ -189,7 +194,6 @@ def _fused_kernel(cap: Capture, group, mat) -> Kernel:
             return cap.inputs[o.src].dtype
         return cap.nodes[o.index].dtype
 
-    from .graph import _argkey
     for j in group:
         n, ops = cap.nodes[j], cap.operands[j]
         refs = tuple(ref(o) for o in ops)
@@ -198,15 +202,16 @@ def _fused_kernel(cap: Capture, group, mat) -> Kernel:
             dt = dtype_of(ops[0])
             instrs.append(("copy", None, dt.name, dt.name, refs))
         else:
-            instrs.append((n.op.name, _argkey(n.arg), dtype_of(ops[-1]).name, n.dtype.name, refs))
+            instrs.append((n.op.name, cap.args[j], dtype_of(ops[n.op.arity - 1]).name, n.dtype.name, refs))
+    scalar_dtypes = tuple(cap.scalars[k][1].name for k in scalars)
     if red_node is not None:
         red = tuple(i in sink.arg for i in range(len(shape)))
         mshape, mred, mstrides = _merge_classed(shape, in_strides, red)
         spec = RedSpec(mshape, mred, tuple((dt.name, s) for dt, s in zip(in_dtypes, mstrides)), tuple(instrs),
-                       sink.op.name, ((len(instrs) - 1, sink.dtype.name),))
-        return Kernel(REDUCE, list(group), [red_node], inputs, spec)
+                       sink.op.name, ((len(instrs) - 1, sink.dtype.name),), scalar_dtypes)
+        return Kernel(REDUCE, list(group), [red_node], inputs, spec, scalars=scalars)
     outputs = [j for j in group if j in mat]
     mshape, mstrides = merge_dims(shape, in_strides + [contiguous_strides(shape)])
     spec = EwSpec(mshape if prod(shape) else (0,), tuple((dt.name, s) for dt, s in zip(in_dtypes, mstrides[:-1])),
-                  tuple(instrs), tuple((instr_of[j], cap.nodes[j].dtype.name) for j in outputs))
-    return Kernel(ELEMENTWISE, list(group), outputs, inputs, spec)
+                  tuple(instrs), tuple((instr_of[j], cap.nodes[j].dtype.name) for j in outputs), scalar_dtypes)
+    return Kernel(ELEMENTWISE, list(group), outputs, inputs, spec, scalars=scalars)

@@ -6,28 +6,46 @@ from __future__ import annotations
 import ctypes
 from math import prod
 
+import numpy as np
+
 from .. import config
 from ..errors import UnboundPlaceholder
 from ..ir.graph import capture
 from ..ir.node import Node
 from ..ir.schedule import schedule
+from ..codegen.loops import KERNEL_FN
 from . import pool
 from .steps import STEPS, NodeStep
 
-_KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+def pack_scalars(scalars) -> np.ndarray:
+    """The capture's scalar slots [(value, DType)] as the kernels read them: 8-byte slots, f64
+    bits for float scalars (exact: the value is already rounded to its dtype), i64 for ints."""
+    packed = np.empty(len(scalars), np.int64)
+    as_f64 = packed.view(np.float64)
+    for k, (v, dt) in enumerate(scalars):
+        if dt.is_float:
+            as_f64[k] = v
+        else:
+            packed[k] = v if v < 1 << 63 else v - (1 << 64)
+    return packed
 
 
 class Step:
-    """One compiled kernel call: which buffers it reads/writes and how to split it."""
+    """One compiled kernel call: which buffers it reads/writes, which of the plan's scalars it
+    takes, and how to split it."""
 
     def __init__(self, kernel, fn, extent, align, cost):
         self.kernel, self.fn, self.extent, self.align, self.cost = kernel, fn, extent, align, cost
+        self.scalar_index = np.array(kernel.scalars, np.intp) if kernel.scalars else None
 
-    def run(self, addrs):
+    def run(self, addrs, packed_scalars):
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
         base = ctypes.addressof(arr)
+        scal = packed_scalars[self.scalar_index] if self.scalar_index is not None else None
+        scal_ptr = scal.ctypes.data if scal is not None else None
         fn = self.fn
-        pool.parallel_for(lambda a, b: fn(base, a, b), 0, self.extent,
+        pool.parallel_for(lambda a, b: fn(base, None, scal_ptr, a, b), 0, self.extent,
                           cost_per_item=self.cost, align=self.align)
 
 
@@ -38,7 +56,7 @@ def _compiled_step(k, codegen, size, extent, align):
     cm, name = codegen.compile_spec(k.spec)
     k.compiled = cm
     cost = len(k.spec.instrs) * prod(k.spec.shape) / extent
-    return Step(k, _KERNEL_FN(cm.address(name)), extent, align, cost)
+    return Step(k, KERNEL_FN(cm.address(name)), extent, align, cost)
 
 
 def describe(cap):
@@ -94,11 +112,13 @@ class Plan:
         self.free_after = [[j for j, r in last_read.items() if r == i and j not in keep]
                            for i in range(len(self.kernels))]
 
-    def run(self, in_bufs, offsets):
-        """in_bufs: 1-D arrays per capture input; offsets: per operand slot.  Returns the target
-        buffers in capture-target order."""
+    def run(self, in_bufs, offsets, scalars):
+        """in_bufs: 1-D arrays per capture input; offsets: per operand slot; scalars: the
+        capture's scalar slots [(value, DType)].  Returns the target buffers in capture-target
+        order."""
         from .buffers import alloc
         bufs = {}
+        packed = pack_scalars(scalars)
         slots = self.slots
         for i, (step, k) in enumerate(zip(self.steps, self.kernels)):
             if i > 0:
@@ -123,7 +143,7 @@ class Plan:
                     addrs.append(buf.ctypes.data + bind[2] * buf.itemsize)
             for j in k.outputs:
                 addrs.append(bufs[j].ctypes.data)
-            step.run(addrs)
+            step.run(addrs, packed)
         return [bufs[t] for t in self.targets]
 
 
@@ -204,7 +224,7 @@ def realize_nodes(nodes) -> None:
                 raise UnboundPlaceholder(f"placeholder {inp.arg!r} {inp.shape} {inp.dtype.name} is not bound: "
                                          f"realize it through lc.compile([...]).run({inp.arg}=...)")
         plan = get_plan(cap, work)
-        outs = plan.run([n.buffer for n in cap.inputs], cap.offsets)
+        outs = plan.run([n.buffer for n in cap.inputs], cap.offsets, cap.scalars)
         for n, orig, buf in zip(work, finish, outs):
             n.set_buffer(buf)
             if orig is not None:

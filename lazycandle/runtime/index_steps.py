@@ -24,7 +24,7 @@ def _addr(buf, lay) -> int:
 def _run(fn, addrs, units, cost) -> None:
     arr = (ctypes.c_void_p * len(addrs))(*addrs)
     base = ctypes.addressof(arr)
-    pool.parallel_for(lambda a, b: fn(base, a, b), 0, units, cost_per_item=cost)
+    pool.parallel_for(lambda a, b: fn(base, None, None, a, b), 0, units, cost_per_item=cost)
     del arr
 
 
