@@ -165,3 +165,71 @@ def test_unknown_reduction_kind_raises():
     from lazycandle.ir.ops import reduction
     with pytest.raises(KeyError, match="unknown reduction"):
         reduction("median")
+
+
+# ---- symbolic sizes -------------------------------------------------------------------------
+W = jit.vector_bits() // 32          # f32 lanes of this host
+ODD_SIZES = [0, 1, W - 1, W, W + 1, 4 * W - 1, 4 * W + 1, 1000, 4099]
+
+
+def _chain(x, y):
+    return ((x * y + 1.5).exp() - y).maximum(x)
+
+
+def test_symbolic_size_elementwise_equals_the_same_lanes_of_a_long_run():
+    """Lane-wise math does not depend on where a lane sits (body or masked tail), so every
+    size must give exactly the first n lanes of a long run's result."""
+    rng = np.random.default_rng(3)
+    xs, ys = rng.standard_normal(5000).astype(np.float32), rng.standard_normal(5000).astype(np.float32)
+    full = _chain(lc.tensor(xs), lc.tensor(ys)).numpy()
+    for n in ODD_SIZES:
+        got = _chain(lc.tensor(xs[:n]), lc.tensor(ys[:n])).numpy()
+        _same_bits(got, full[:n])
+        np.testing.assert_array_equal((lc.tensor(xs[:n]) + lc.tensor(ys[:n])).numpy(), xs[:n] + ys[:n])
+
+
+def test_new_sizes_compile_no_new_kernels():
+    rng = np.random.default_rng(4)
+    for n in (2, 3):
+        _chain(lc.tensor(rng.standard_normal(n).astype(np.float32)), lc.tensor(np.ones(n, np.float32))).numpy()
+        lc.tensor(rng.standard_normal((n, 3)).astype(np.float32)).sum(-1).numpy()
+        lc.tensor(rng.standard_normal((3, n)).astype(np.float32)).t().exp().numpy()
+        lc.tensor(rng.standard_normal((3, n)).astype(np.float32)).exp().numpy()
+    before = compiled()
+    for n in ODD_SIZES[2:]:
+        x = rng.standard_normal(n).astype(np.float32)
+        _chain(lc.tensor(x), lc.tensor(np.ones(n, np.float32))).numpy()
+        m = rng.standard_normal((n, 7)).astype(np.float32)
+        np.testing.assert_allclose(lc.tensor(m).sum(-1).numpy(), m.sum(-1), rtol=1e-5, atol=1e-5)
+        t = rng.standard_normal((5, n)).astype(np.float32)
+        _same_bits(lc.tensor(t).t().exp().numpy(), lc.tensor(np.ascontiguousarray(t.T)).exp().numpy())
+    assert compiled() == before
+
+
+@pytest.mark.parametrize("n", ODD_SIZES)
+def test_reductions_at_odd_sizes(n):
+    rng = np.random.default_rng(n)
+    m = rng.standard_normal((3, n)).astype(np.float32)
+    t = lc.tensor(m)
+    if n:
+        np.testing.assert_array_equal(t.max(-1).numpy().reshape(-1), m.max(-1))
+        np.testing.assert_array_equal(t.argmax(-1).numpy().reshape(-1), m.argmax(-1))
+        np.testing.assert_array_equal(lc.tensor(m.T.copy()).max(0).numpy().reshape(-1), m.max(-1))
+    np.testing.assert_allclose(t.sum(-1).numpy().reshape(-1), m.sum(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lc.tensor(m.T.copy()).sum(0).numpy().reshape(-1), m.sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_transposed_add_at_odd_sizes_is_exact():
+    rng = np.random.default_rng(5)
+    for r, c in ((1, 1), (W - 1, W + 1), (W, 3), (3 * W + 5, 2 * W - 1), (200, 130)):
+        a = rng.standard_normal((c, r)).astype(np.float32)
+        b = rng.standard_normal((r, c)).astype(np.float32)
+        np.testing.assert_array_equal((lc.tensor(a).t() + lc.tensor(b)).numpy(), a.T + b)
+
+
+def test_sizes_past_two_to_the_31_through_broadcast_views():
+    """Offsets are i64: a broadcast view of 2**31 + 5 elements reduces without wrapping."""
+    n = 2 ** 31 + 5
+    x = lc.tensor(np.array([[1.0], [2.0]], np.float32)).broadcast_as((2, n))
+    np.testing.assert_array_equal(x.max(-1).numpy().reshape(-1), [1.0, 2.0])
+    assert lc.tensor(np.array([3], np.int64)).broadcast_as((n,)).sum(0).item() == 3 * n

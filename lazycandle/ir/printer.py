@@ -60,7 +60,7 @@ def kernel_text(i, k, desc) -> list:
     node_ops = desc["nodes"][k.nodes[0]][4] if spec is None else None
     for pos, bind in enumerate(k.inputs):
         if spec is not None:
-            strides, dt = spec.inputs[pos][1], spec.inputs[pos][0]
+            strides, dt = k.loop_strides[pos] if k.loop_strides else spec.inputs[pos][1], spec.inputs[pos][0]
         else:
             o = node_ops[pos]
             strides = f"{o.strides} shape {o.shape}"
@@ -74,18 +74,21 @@ def kernel_text(i, k, desc) -> list:
         lines.append(f"    reads  {src}: {dt} strides {strides}")
     for j in k.outputs:
         lines.append(f"    writes n{j}: {desc['nodes'][j][2]} {desc['nodes'][j][3].name}")
-    if spec is not None and hasattr(spec, "shape"):
+    if spec is not None and k.loop_shape:
         from ..codegen import elementwise as ew
+        shape = k.loop_shape
         if k.kind == "elementwise":
-            t = ew.tile_dim(spec)
-            nest = f"loop {spec.shape}, vector width {spec.width()} + scalar tail"
+            t = spec.tile
+            nest = f"loop {shape}, vector width {spec.width()} + scalar tail"
             if t is not None:
-                nest += f", tiled {spec.width()}x{spec.width()} over dims ({t}, {len(spec.shape) - 1}) with register transpose"
-            lines.append(f"    {nest}; parallel over {ew.parallel_extent(spec)} units")
+                nest += f", tiled {spec.width()}x{spec.width()} over dims ({t}, {len(shape) - 1}) with register transpose"
+            lines.append(f"    {nest}; parallel over {ew.parallel_extent(spec, shape)} units")
         elif k.kind == "reduce":
-            lines.append(f"    loop {spec.shape} reducing dims {[d for d, r in enumerate(spec.red) if r]} "
+            lines.append(f"    loop {shape} reducing dims {[d for d, r in enumerate(spec.red) if r]} "
                          f"({'inner-reduce' if spec.inner_reduce else 'inner-output'}), {spec.kind}, vector width "
-                         f"{spec.width()}; parallel over {spec.parallel_extent} units")
+                         f"{spec.width()}; parallel over {spec.parallel_extent(shape)} units")
+        lines.append(f"    compiled for shape class: rank {spec.rank}, strides "
+                     f"{[c for _, c in spec.inputs]} (sizes {k.sizes} at run time)")
     if getattr(k, "detail", None):
         lines.append(f"    {k.detail}")
     return lines

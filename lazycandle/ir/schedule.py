@@ -29,6 +29,9 @@ class Kernel:
     inputs: list = field(default_factory=list)   # ("slot", s) | ("node", j, offset): what each kernel input reads
     spec: object = None             # codegen spec (its structure is the compile cache key)
     scalars: list = field(default_factory=list)  # capture scalar slot of each kernel scalar slot
+    loop_shape: tuple = ()          # fused kernels: the merged iteration shape
+    loop_strides: tuple = ()        # fused kernels: each input's strides over loop_shape
+    sizes: tuple = ()               # fused kernels: the runtime `sizes` argument
     why: list = field(default_factory=list)      # notes on fusion decisions (for the dump)
 
 
@@ -153,7 +156,7 @@ def _merge_classed(shape, strides_list, red):
 
 def _fused_kernel(cap: Capture, group, mat) -> Kernel:
     """An elementwise group, or a reduction with its private elementwise producers."""
-    from ..codegen.elementwise import EwSpec
+    from ..codegen.elementwise import EwSpec, runtime_sizes, stride_class, tile_dim
     from ..codegen.reduce import RedSpec
     sink = cap.nodes[group[-1]]
     red_node = group[-1] if sink.op.category == REDUCE else None
@@ -204,14 +207,21 @@ def _fused_kernel(cap: Capture, group, mat) -> Kernel:
         else:
             instrs.append((n.op.name, cap.args[j], dtype_of(ops[n.op.arity - 1]).name, n.dtype.name, refs))
     scalar_dtypes = tuple(cap.scalars[k][1].name for k in scalars)
+    def classes(strides):
+        return tuple((dt.name, tuple(stride_class(x) for x in st)) for dt, st in zip(in_dtypes, strides))
+
     if red_node is not None:
         red = tuple(i in sink.arg for i in range(len(shape)))
         mshape, mred, mstrides = _merge_classed(shape, in_strides, red)
-        spec = RedSpec(mshape, mred, tuple((dt.name, s) for dt, s in zip(in_dtypes, mstrides)), tuple(instrs),
-                       sink.op.name, ((len(instrs) - 1, sink.dtype.name),), scalar_dtypes)
-        return Kernel(REDUCE, list(group), [red_node], inputs, spec, scalars=scalars)
+        spec = RedSpec(mred, classes(mstrides), tuple(instrs), sink.op.name, ((len(instrs) - 1, sink.dtype.name),),
+                       scalar_dtypes)
+        return Kernel(REDUCE, list(group), [red_node], inputs, spec, scalars=scalars, loop_shape=mshape,
+                      loop_strides=tuple(mstrides), sizes=runtime_sizes(mshape, mstrides))
     outputs = [j for j in group if j in mat]
     mshape, mstrides = merge_dims(shape, in_strides + [contiguous_strides(shape)])
-    spec = EwSpec(mshape if prod(shape) else (0,), tuple((dt.name, s) for dt, s in zip(in_dtypes, mstrides[:-1])),
-                  tuple(instrs), tuple((instr_of[j], cap.nodes[j].dtype.name) for j in outputs), scalar_dtypes)
-    return Kernel(ELEMENTWISE, list(group), outputs, inputs, spec, scalars=scalars)
+    mshape, mstrides = ((mshape, mstrides[:-1]) if prod(shape) else ((0,), [(0,)] * len(in_strides)))
+    cls = classes(mstrides)
+    spec = EwSpec(len(mshape), cls, tuple(instrs), tuple((instr_of[j], cap.nodes[j].dtype.name) for j in outputs),
+                  scalar_dtypes, tile_dim([c for _, c in cls]))
+    return Kernel(ELEMENTWISE, list(group), outputs, inputs, spec, scalars=scalars, loop_shape=mshape,
+                  loop_strides=tuple(mstrides), sizes=runtime_sizes(mshape, mstrides))

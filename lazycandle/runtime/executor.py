@@ -13,7 +13,6 @@ from ..errors import UnboundPlaceholder
 from ..ir.graph import capture
 from ..ir.node import Node
 from ..ir.schedule import schedule
-from ..codegen.loops import KERNEL_FN
 from . import pool
 from .steps import STEPS, NodeStep
 
@@ -38,6 +37,7 @@ class Step:
     def __init__(self, kernel, fn, extent, align, cost):
         self.kernel, self.fn, self.extent, self.align, self.cost = kernel, fn, extent, align, cost
         self.scalar_index = np.array(kernel.scalars, np.intp) if kernel.scalars else None
+        self.sizes = np.array(kernel.sizes, np.int64)
 
     def run(self, addrs, packed_scalars):
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
@@ -45,7 +45,8 @@ class Step:
         scal = packed_scalars[self.scalar_index] if self.scalar_index is not None else None
         scal_ptr = scal.ctypes.data if scal is not None else None
         fn = self.fn
-        pool.parallel_for(lambda a, b: fn(base, None, scal_ptr, a, b), 0, self.extent,
+        sizes_ptr = self.sizes.ctypes.data
+        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, scal_ptr, a, b), 0, self.extent,
                           cost_per_item=self.cost, align=self.align)
 
 
@@ -53,10 +54,10 @@ def _compiled_step(k, codegen, size, extent, align):
     """Compile kernel k's spec with `codegen` (elementwise or reduce); None when it has no work."""
     if size == 0:
         return None
-    cm, name = codegen.compile_spec(k.spec)
-    k.compiled = cm
-    cost = len(k.spec.instrs) * prod(k.spec.shape) / extent
-    return Step(k, KERNEL_FN(cm.address(name)), extent, align, cost)
+    fn = codegen.get_kernel(k.spec)
+    k.compiled = fn._module
+    cost = len(k.spec.instrs) * prod(k.loop_shape) / extent
+    return Step(k, fn, extent, align, cost)
 
 
 def describe(cap):
@@ -85,11 +86,12 @@ class Plan:
         for k in self.kernels:
             if k.kind == "elementwise":
                 spec = k.spec
-                self.steps.append(_compiled_step(k, ew, prod(spec.shape), ew.parallel_extent(spec),
-                                                 spec.width() if len(spec.shape) == 1 else 1))
+                self.steps.append(_compiled_step(k, ew, prod(k.loop_shape), ew.parallel_extent(spec, k.loop_shape),
+                                                 spec.width() if spec.rank == 1 else 1))
             elif k.kind == "reduce":
                 spec = k.spec
-                self.steps.append(_compiled_step(k, red, prod(spec.out_shape), spec.parallel_extent, 1))
+                self.steps.append(_compiled_step(k, red, prod(spec.out_shape(k.loop_shape)),
+                                                 spec.parallel_extent(k.loop_shape), 1))
             elif cap.nodes[k.nodes[0]].op.name in STEPS:
                 self.steps.append(STEPS[cap.nodes[k.nodes[0]].op.name](k, cap))
             else:
