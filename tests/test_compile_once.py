@@ -233,3 +233,30 @@ def test_sizes_past_two_to_the_31_through_broadcast_views():
     x = lc.tensor(np.array([[1.0], [2.0]], np.float32)).broadcast_as((2, n))
     np.testing.assert_array_equal(x.max(-1).numpy().reshape(-1), [1.0, 2.0])
     assert lc.tensor(np.array([3], np.int64)).broadcast_as((n,)).sum(0).item() == 3 * n
+
+
+def test_growing_kv_cache_decode_compiles_a_bounded_number_of_kernels():
+    """Attention over a cache of length L = 1..40: every new L replays the plan template of its
+    size class and takes its kernels from the cache."""
+    rng = np.random.default_rng(6)
+    kc, vc = rng.standard_normal((40, 64)).astype(np.float32), rng.standard_normal((40, 64)).astype(np.float32)
+    q = rng.standard_normal((1, 64)).astype(np.float32)
+    before = compiled()
+    for L in range(1, 41):
+        s = lc.tensor(q) @ lc.tensor(kc[:L]).transpose(0, 1)
+        got = (lc.nn.softmax_last_dim(s * 0.125) @ lc.tensor(vc[:L])).numpy()
+        logits = (q.astype(np.float64) @ kc[:L].T) * 0.125
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        np.testing.assert_allclose(got, (p / p.sum(-1, keepdims=True)) @ vc[:L], rtol=2e-5, atol=2e-6)
+    assert compiled() - before <= 8
+
+
+def test_size_class_replay_keeps_fusion_decisions_per_size():
+    """Sizes 1 and 0 are their own size class: a broadcast read of a size-1 dim and an empty
+    tensor still give NumPy's results after other sizes of the same graph ran."""
+    for n in (5, 1, 0, 7, 1):
+        a = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+        b = np.arange(3, dtype=np.float32).reshape(1, 3) + 1
+        t = lc.tensor(a)
+        got = (t.broadcast_add(lc.tensor(b)).exp() / (t + 1.0).sum_keepdim(-1)).numpy()
+        np.testing.assert_allclose(got, np.exp(a + b) / (a + 1).sum(-1, keepdims=True), rtol=1e-6)

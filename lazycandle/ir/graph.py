@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from ..layout import contiguous_strides
 from .ops import VIEW, scalar_class
 
 
@@ -157,6 +158,37 @@ def capture(targets) -> Capture:
     tgt = [index[id(t)][1] for t in targets]
     key = (tuple(input_keys), tuple(node_keys), tuple(tgt), tuple(sk[:3] for sk in slot_index))
     return Capture(key, inputs, slots, nodes, None, tgt, raw, scalars, args)
+
+
+def _contiguous_read(shape, strides) -> bool:
+    return all(d == 1 or s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)))
+
+
+def size_class_key(cap: Capture):
+    """The capture's key with every size abstracted: each distinct size other than 0 and 1
+    becomes a symbol (numbered by first appearance, so equal sizes stay equal), and each read
+    keeps only what the passes and the scheduler test of its layout -- its shape (symbolic),
+    whether it walks that shape contiguously, and (node reads) whether its offset is 0.  Two
+    captures with the same size-class key get the same passes, fusion and buffers; only the
+    kernels' sizes, strides and shape classes are derived again (compiler.Template)."""
+    syms: dict = {0: 0, 1: 1}
+
+    def sym(shape):
+        return tuple(syms.setdefault(d, ("d", len(syms))) for d in shape)
+
+    nodes = []
+    for n, arg, ops in zip(cap.nodes, cap.args, cap._raw):
+        abstract = []
+        for r in ops:
+            if r[0] == "c":
+                abstract.append(("c", r[1], r[2], sym(r[3]), r[4]))
+            elif r[0] == "i":
+                abstract.append(("i", r[1], sym(r[2]), _contiguous_read(r[2], r[3])))
+            else:
+                abstract.append(("n", r[1], sym(r[2]), _contiguous_read(r[2], r[3]), r[4] == 0))
+        nodes.append((n.op.name, arg, sym(n.shape), n.dtype.name, tuple(abstract)))
+    inputs = tuple(k[:-2] + (sym(k[-2]), k[-1]) for k in cap.key[0])
+    return (inputs, tuple(nodes), cap.key[2], len(cap.slots))
 
 
 def to_networkx(cap: Capture) -> nx.DiGraph:

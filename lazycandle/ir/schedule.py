@@ -126,6 +126,12 @@ def schedule(cap: Capture):
     """Kernels in execution order, plus the set of materialised nodes and fusion notes."""
     groups, group_of, notes = group_nodes(cap)
     mat = materialized(cap, group_of)
+    return bind_kernels(cap, groups, mat), mat, notes
+
+
+def bind_kernels(cap: Capture, groups, mat) -> list:
+    """The kernels of `groups` (node index lists, in execution order) over this capture's
+    concrete layouts: fused kernels get their spec (shape class) and runtime sizes."""
     kernels = []
     for g in groups:
         kind = cap.nodes[g[-1]].op.category
@@ -133,7 +139,7 @@ def schedule(cap: Capture):
             kernels.append(_fused_kernel(cap, g, mat))
         else:
             kernels.append(Kernel(kind, g, [j for j in g if j in mat]))
-    return kernels, mat, notes
+    return kernels
 
 
 def _merge_classed(shape, strides_list, red):

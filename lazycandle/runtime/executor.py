@@ -10,9 +10,8 @@ import numpy as np
 
 from .. import config
 from ..errors import UnboundPlaceholder
-from ..ir.graph import capture
+from ..ir.graph import capture, size_class_key
 from ..ir.node import Node
-from ..ir.schedule import schedule
 from . import pool
 from .steps import STEPS, NodeStep
 
@@ -69,15 +68,15 @@ def describe(cap):
 
 
 class Plan:
-    """A compiled graph: kernels in order, which node buffers they use, what to return."""
+    """A compiled graph: kernels in order, which node buffers they use, what to return.  Built
+    by the compiler driver (lazycandle/compiler.py) from the captured and the optimised
+    capture and the scheduled kernels; `template` lets captures of the same size class skip
+    the passes and the scheduler."""
 
-    def __init__(self, cap):
+    def __init__(self, src_cap, cap, kernels, materialized, notes, template=None):
         from ..codegen import elementwise as ew, reduce as red
-        from ..ir.passes import optimize, recompute_into_reductions
-        src_desc = describe(cap)
-        cap = recompute_into_reductions(optimize(cap))
-        self.kernels, self.materialized, self.notes = schedule(cap)
-        self.notes = cap.extra.get("notes", []) + self.notes
+        src_desc = describe(src_cap)
+        self.kernels, self.materialized, self.notes, self.template = kernels, materialized, notes, template
         # descriptions for the dump tool; the plan is cached, so it must not pin Nodes/buffers
         self.graph_desc, self.opt_desc = src_desc, describe(cap)
         self.node_meta = [(n.shape, n.dtype) for n in cap.nodes]
@@ -150,14 +149,19 @@ class Plan:
 
 
 _plans: dict = {}
+_templates: dict = {}     # size-class key -> compiler.Template
 
 
 def get_plan(cap, targets=None) -> Plan:
     """The compiled plan for a capture's structure (compiling on a miss; LAZYCANDLE_DUMP prints
-    the requested stages at every compile)."""
+    the requested stages at every compile).  A new size of a known structure replays that
+    structure's template, and its kernels come from the kernel cache (one per shape class)."""
     plan = _plans.get(cap.key)
     if plan is None:
-        plan = Plan(cap)
+        from ..compiler import compile_capture    # the driver sits above runtime
+        size_key = size_class_key(cap)
+        plan = compile_capture(cap, _templates.get(size_key))
+        _templates[size_key] = plan.template
         plan.slots = list(cap.slots)
         _plans[cap.key] = plan
         if config.dump_stages():
