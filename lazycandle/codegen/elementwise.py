@@ -17,7 +17,6 @@ op (so fusion never changes a value) and encoded on store.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import prod
 
 import llvmlite.ir as ir
@@ -27,37 +26,16 @@ from ..ir.ops import OPS
 from . import codecs, jit
 from .llvmutil import I8, I32, I64, F64, VOID, intrinsic, type_suffix, ltype, vec, splat, width_of, scalar_type
 from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
+from ..ir.kernels import RUNTIME, EwSpec
 from .ops_emit import EMIT
 
 
-RUNTIME = "n"       # stride class of a stride passed at run time
-
-
-def stride_class(s: int):
-    return s if s in (0, 1) else RUNTIME
-
-
-def runtime_sizes(shape, strides) -> tuple:
-    """The `sizes` array of a kernel over merged `shape` whose inputs walk `strides`: the dim
-    sizes, then every stride that is neither 0 nor 1 (input by input, dim by dim)."""
-    return tuple(shape) + tuple(x for st in strides for x in st if x not in (0, 1))
-
-
-@dataclass(frozen=True)
-class EwSpec:
-    """Structural description of a fused elementwise kernel (also its cache key): no sizes."""
-    rank: int               # merged iteration rank, >= 1
-    inputs: tuple           # ((dtype_name, stride classes), ...)
-    instrs: tuple           # ((op_name, arg, dtype_name, out_dtype_name, refs), ...)
-    outputs: tuple          # ((instr_index, dtype_name), ...)  contiguous outputs
-    scalars: tuple          # dtype name of each runtime scalar slot (refs ("s", k, dtype_name))
-    tile: int | None        # the dim tiled with the inner dim (tile_dim), or None
-
-    def width(self) -> int:
-        bits = max([_bits(D.DType.from_name(dt)) for dt, _ in self.inputs] +
-                   [_bits(D.DType.from_name(ins[3])) for ins in self.instrs] +
-                   [_bits(D.DType.from_name(ins[2])) for ins in self.instrs] + [8])
-        return max(4, jit.vector_bits() // bits)
+def lanes(spec: EwSpec) -> int:
+    """W: vector lanes of the kernel (the widest compute type it touches fills a register)."""
+    bits = max([_bits(D.DType.from_name(dt)) for dt, _ in spec.inputs] +
+               [_bits(D.DType.from_name(ins[3])) for ins in spec.instrs] +
+               [_bits(D.DType.from_name(ins[2])) for ins in spec.instrs] + [8])
+    return max(4, jit.vector_bits() // bits)
 
 
 def _bits(dt) -> int:
@@ -198,24 +176,10 @@ def _transpose(b, rows):
 SUPER = 8          # a tiled kernel's unit spans SUPER x SUPER tiles of W x W
 
 
-def tile_dim(stride_classes):
-    """The dim to tile with the output's inner dim when an input is transposed relative to the
-    output (unit stride along that dim, a runtime stride along the inner dim); else None.
-    Decided on stride classes alone, so one kernel serves every size (the tiled loops handle
-    any edge, a dim shorter than W included)."""
-    rank = len(stride_classes[0]) if stride_classes else 0
-    for cls in stride_classes:
-        if rank >= 2 and cls[-1] == RUNTIME:
-            for d in range(rank - 1):
-                if cls[d] == 1:
-                    return d
-    return None
-
-
 class _Kernel:
     """IR emission state for one elementwise kernel."""
 
-    def __init__(self, spec: EwSpec, name: str):
+    def __init__(self, spec: EwSpec, name: str, W: int | None = None):
         self.spec = spec
         self.m = new_module(name)
         self.fn, self.b = kernel_function(self.m, name)
@@ -226,7 +190,7 @@ class _Kernel:
         self.in_ptr = [arg_pointer(b, ptrs, k, ltype(dt.storage), f"in{k}") for k, dt in enumerate(self.in_dt)]
         n_in = len(self.in_dt)
         self.out_ptr = [arg_pointer(b, ptrs, n_in + k, ltype(dt.storage), f"out{k}") for k, dt in enumerate(self.out_dt)]
-        self.W = spec.width()
+        self.W = lanes(spec) if W is None else W
         self.load_sizes()
         self.scalar_vals = load_scalars(b, self.fn.args[2], spec.scalars)
         self.scalar_splats = {(k, self.W): splat(b, v, self.W) for k, v in enumerate(self.scalar_vals)}
@@ -448,7 +412,7 @@ def parallel_extent(spec: EwSpec, shape) -> int:
     if t is None:
         return shape[0] if len(shape) == 1 else prod(shape[:-1])
     others = prod(d for i, d in enumerate(shape[:-1]) if i != t)
-    sb = SUPER * spec.width()
+    sb = SUPER * lanes(spec)
     return others * -(-shape[t] // sb) * -(-shape[-1] // sb)
 
 

@@ -22,7 +22,6 @@ dtype's compute type (decode, add, round once, encode).  Strides are compile-tim
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from math import prod
 
@@ -406,19 +405,18 @@ def build_im2col(spec: Im2colSpec, name: str = "im2col") -> str:
 
 # ---- compile cache ------------------------------------------------------------------------
 _BUILDERS = {IndexSpec: (build_index, "idx"), CopySpec: (build_copy, "copy"), Im2colSpec: (build_im2col, "im2col")}
-_cache: dict = {}
-_lock = threading.Lock()
+
+
+def _build(spec):
+    build, name = _BUILDERS[type(spec)]
+    return build(spec, name), name
+
+
+_kernels = jit.KernelCache(_build, KERNEL_FN)
 
 
 def get_kernel(spec):
-    """(CompiledModule, ctypes function) for a spec, compiled once per structure."""
-    hit = _cache.get(spec)
-    if hit is not None:
-        return hit
-    build, name = _BUILDERS[type(spec)]
-    text = build(spec, name)
-    cm = jit.compile_ir(text, [name], name=name)
-    hit = (cm, KERNEL_FN(cm.address(name)))
-    with _lock:
-        _cache.setdefault(spec, hit)
-    return _cache[spec]
+    """(CompiledModule, ctypes function) for a spec, compiled once per structure (the one
+    kernel cache of jit.py, as for every other kernel kind)."""
+    fn = _kernels(spec)
+    return fn._module, fn

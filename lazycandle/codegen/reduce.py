@@ -19,12 +19,11 @@ the maximum / minimum, first one wins, like NumPy).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from math import prod
 
 import llvmlite.ir as ir
 
 from .. import dtype as D
+from ..ir.kernels import RedSpec
 from ..ir.ops import reduction
 from . import jit
 from .elementwise import _Kernel, _emit_instrs, _bits
@@ -32,39 +31,13 @@ from .llvmutil import I32, I64, F64, ltype, vec, splat, const, width_of, FM_REDU
 from .loops import KERNEL_FN, counted_loop, unit_range
 
 
-@dataclass(frozen=True)
-class RedSpec:
-    red: tuple              # per merged dim: True when reduced (its length is the rank)
-    inputs: tuple           # ((dtype_name, stride classes), ...)  see EwSpec
-    instrs: tuple           # elementwise DAG (see EwSpec); the reduced value is the last instr
-    kind: str               # a reduction of ir/ops.py REDUCTIONS
-    outputs: tuple          # ((instr index, out dtype name),)  -- one output
-    scalars: tuple          # dtype name of each runtime scalar slot (see EwSpec)
-
-    @property
-    def rank(self) -> int:
-        return len(self.red)
-
-    @property
-    def inner_reduce(self) -> bool:
-        return self.red[-1]
-
-    def out_shape(self, shape):
-        return tuple(d for d, r in zip(shape, self.red) if not r)
-
-    def parallel_extent(self, shape) -> int:
-        out = self.out_shape(shape)
-        if self.inner_reduce:
-            return max(1, prod(out))
-        return max(1, prod(out[:-1]))
-
-
-    def width(self) -> int:
-        bits = max([_bits(D.DType.from_name(dt)) for dt, _ in self.inputs] +
-                   [_bits(D.DType.from_name(i[3])) for i in self.instrs] + [32])
-        if reduction(self.kind).acc == "f64" and D.DType.from_name(self.instrs[-1][3]).is_float:
-            bits = 64
-        return max(2, jit.vector_bits() // bits)
+def lanes(spec: RedSpec) -> int:
+    """W of a reduce kernel (float sums accumulate in f64, so they count as 64-bit)."""
+    bits = max([_bits(D.DType.from_name(dt)) for dt, _ in spec.inputs] +
+               [_bits(D.DType.from_name(i[3])) for i in spec.instrs] + [32])
+    if reduction(spec.kind).acc == "f64" and D.DType.from_name(spec.instrs[-1][3]).is_float:
+        bits = 64
+    return max(2, jit.vector_bits() // bits)
 
 
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
@@ -78,7 +51,7 @@ def _acc_type(spec, dt):
 
 class _RedKernel(_Kernel):
     def __init__(self, spec, name):
-        super().__init__(spec, name)
+        super().__init__(spec, name, lanes(spec))
         self.red = reduction(spec.kind)
         self.val_dt = D.DType.from_name(spec.instrs[-1][3])
         self.out_dtype = D.DType.from_name(spec.outputs[0][1])
@@ -215,7 +188,6 @@ class _RedKernel(_Kernel):
         lo, hi = unit_range(self.fn)
         out_dims = [d for d, r in enumerate(spec.red) if not r]
         red_dims = [d for d, r in enumerate(spec.red) if r]
-        self.W = spec.width()
         with counted_loop(b, lo, hi, 1, "unit") as u:
             if spec.inner_reduce:
                 in_base, _ = self.offsets(self.unravel(u, out_dims) if out_dims else {})

@@ -53,10 +53,13 @@ def optimized_text(desc) -> str:
     return "\n".join(lines)
 
 
-def kernel_text(i, k, desc) -> list:
-    spec = k.spec
+def kernel_text(i, k, desc, step=None) -> list:
+    """Lines for kernel k (the scheduler's) as its plan step runs it (`step`: backend, reads,
+    detail of kernels of their own)."""
+    spec = k.spec if k.spec is not None else getattr(step, "reads", None)
+    backend = getattr(step, "backend", None)
     names = ", ".join(f"n{j} {desc['nodes'][j][0]}" for j in k.nodes)
-    lines = [f"kernel {i}: {k.kind}" + (f" [{k.backend}]" if getattr(k, "backend", None) else "") + f"  fuses {names}"]
+    lines = [f"kernel {i}: {k.kind}" + (f" [{backend}]" if backend else "") + f"  fuses {names}"]
     node_ops = desc["nodes"][k.nodes[0]][4] if spec is None else None
     for pos, bind in enumerate(k.inputs):
         if spec is not None:
@@ -74,30 +77,29 @@ def kernel_text(i, k, desc) -> list:
         lines.append(f"    reads  {src}: {dt} strides {strides}")
     for j in k.outputs:
         lines.append(f"    writes n{j}: {desc['nodes'][j][2]} {desc['nodes'][j][3].name}")
-    if spec is not None and k.loop_shape:
-        from ..codegen import elementwise as ew
-        shape = k.loop_shape
+    if spec is not None and k.loop_shape and step is not None:
+        shape, W = k.loop_shape, step.lanes
         if k.kind == "elementwise":
             t = spec.tile
-            nest = f"loop {shape}, vector width {spec.width()} + scalar tail"
+            nest = f"loop {shape}, vector width {W} + scalar tail"
             if t is not None:
-                nest += f", tiled {spec.width()}x{spec.width()} over dims ({t}, {len(shape) - 1}) with register transpose"
-            lines.append(f"    {nest}; parallel over {ew.parallel_extent(spec, shape)} units")
+                nest += f", tiled {W}x{W} over dims ({t}, {len(shape) - 1}) with register transpose"
+            lines.append(f"    {nest}; parallel over {step.extent} units")
         elif k.kind == "reduce":
             lines.append(f"    loop {shape} reducing dims {[d for d, r in enumerate(spec.red) if r]} "
                          f"({'inner-reduce' if spec.inner_reduce else 'inner-output'}), {spec.kind}, vector width "
-                         f"{spec.width()}; parallel over {spec.parallel_extent(shape)} units")
+                         f"{W}; parallel over {step.extent} units")
         lines.append(f"    compiled for shape class: rank {spec.rank}, strides "
                      f"{[c for _, c in spec.inputs]} (sizes {k.sizes} at run time)")
-    if getattr(k, "detail", None):
-        lines.append(f"    {k.detail}")
+    if getattr(step, "detail", None):
+        lines.append(f"    {step.detail}")
     return lines
 
 
 def schedule_text(plan) -> str:
     lines = []
     for i, k in enumerate(plan.kernels):
-        lines += kernel_text(i, k, plan.opt_desc)
+        lines += kernel_text(i, k, plan.opt_desc, plan.steps[i])
     for n in plan.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)
@@ -105,10 +107,10 @@ def schedule_text(plan) -> str:
 
 def llvm_text(plan, stage) -> str:
     out = []
-    for i, k in enumerate(plan.kernels):
-        cm = getattr(k, "compiled", None)
+    for i, (k, step) in enumerate(zip(plan.kernels, plan.steps)):
+        cm = getattr(step, "module", None)
         if cm is None:
-            out.append(f"; kernel {i}: {k.kind} (no generated code: {getattr(k, 'backend', 'nothing to run')})")
+            out.append(f"; kernel {i}: {k.kind} (no generated code: {getattr(step, 'backend', None) or 'nothing to run'})")
             continue
         out.append(f"; ==== kernel {i}: {k.kind}")
         out.append(cm.ir_text if stage == "llvm" else cm.asm())

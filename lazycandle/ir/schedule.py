@@ -18,6 +18,7 @@ import networkx as nx
 
 from ..layout import contiguous_strides, merge_dims
 from .graph import Capture
+from .kernels import EwSpec, RedSpec, runtime_sizes, stride_class, tile_dim
 from .ops import ELEMENTWISE, REDUCE
 
 
@@ -138,7 +139,9 @@ def bind_kernels(cap: Capture, groups, mat) -> list:
         if kind in (ELEMENTWISE, REDUCE):
             kernels.append(_fused_kernel(cap, g, mat))
         else:
-            kernels.append(Kernel(kind, g, [j for j in g if j in mat]))
+            reads = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)
+                     for o in cap.operands[g[0]] if o.kind != "const"]
+            kernels.append(Kernel(kind, g, [j for j in g if j in mat], reads))
     return kernels
 
 
@@ -162,8 +165,6 @@ def _merge_classed(shape, strides_list, red):
 
 def _fused_kernel(cap: Capture, group, mat) -> Kernel:
     """An elementwise group, or a reduction with its private elementwise producers."""
-    from ..codegen.elementwise import EwSpec, runtime_sizes, stride_class, tile_dim
-    from ..codegen.reduce import RedSpec
     sink = cap.nodes[group[-1]]
     red_node = group[-1] if sink.op.category == REDUCE else None
     members = set(group) - {red_node}

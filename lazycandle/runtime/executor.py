@@ -33,8 +33,9 @@ class Step:
     """One compiled kernel call: which buffers it reads/writes, which of the plan's scalars it
     takes, and how to split it."""
 
-    def __init__(self, kernel, fn, extent, align, cost):
-        self.kernel, self.fn, self.extent, self.align, self.cost = kernel, fn, extent, align, cost
+    def __init__(self, kernel, fn, extent, lanes, align, cost):
+        self.kernel, self.fn, self.extent, self.lanes, self.align, self.cost = kernel, fn, extent, lanes, align, cost
+        self.module = fn._module      # for the dump tool's llvm / asm stages
         self.scalar_index = np.array(kernel.scalars, np.intp) if kernel.scalars else None
         self.sizes = np.array(kernel.sizes, np.int64)
 
@@ -49,14 +50,15 @@ class Step:
                           cost_per_item=self.cost, align=self.align)
 
 
-def _compiled_step(k, codegen, size, extent, align):
-    """Compile kernel k's spec with `codegen` (elementwise or reduce); None when it has no work."""
+def _compiled_step(k, codegen, size, extent, vector_units):
+    """Compile kernel k's spec with `codegen` (elementwise or reduce); None when it has no work.
+    `vector_units`: its units are single elements, so chunks split on vector boundaries."""
     if size == 0:
         return None
     fn = codegen.get_kernel(k.spec)
-    k.compiled = fn._module
+    lanes = codegen.lanes(k.spec)
     cost = len(k.spec.instrs) * prod(k.loop_shape) / extent
-    return Step(k, fn, extent, align, cost)
+    return Step(k, fn, extent, lanes, lanes if vector_units else 1, cost)
 
 
 def describe(cap):
@@ -86,11 +88,11 @@ class Plan:
             if k.kind == "elementwise":
                 spec = k.spec
                 self.steps.append(_compiled_step(k, ew, prod(k.loop_shape), ew.parallel_extent(spec, k.loop_shape),
-                                                 spec.width() if spec.rank == 1 else 1))
+                                                 spec.rank == 1 and spec.tile is None))
             elif k.kind == "reduce":
                 spec = k.spec
                 self.steps.append(_compiled_step(k, red, prod(spec.out_shape(k.loop_shape)),
-                                                 spec.parallel_extent(k.loop_shape), 1))
+                                                 spec.parallel_extent(k.loop_shape), False))
             elif cap.nodes[k.nodes[0]].op.name in STEPS:
                 self.steps.append(STEPS[cap.nodes[k.nodes[0]].op.name](k, cap))
             else:
