@@ -14,9 +14,9 @@ layouts and only the kernels' sizes, strides and shape classes are derived again
 running the passes and the scheduler again."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from .ir.graph import Capture
+from .ir.graph import Capture, Operand
 from .ir.passes import optimize as _simplify, recompute_into_reductions
 from .ir.schedule import bind_kernels, schedule
 
@@ -58,7 +58,8 @@ class Template:
         nodes, operands = [], []
         for src, reads in zip(self.sources, self.node_reads):
             nodes.append(cap.nodes[src])
-            operands.append([o if r is None else replace(o, index=r) for o, r in zip(cap.operands[src], reads)])
+            operands.append([o if r is None else Operand("node", r, o.shape, o.strides, o.offset)
+                             for o, r in zip(cap.operands[src], reads)])
         return cap.derive(nodes, operands, list(self.targets), list(self.args))
 
 
