@@ -45,6 +45,7 @@ class Program:
         cap = capture(self._targets)
         self._cap_inputs = cap.inputs
         self._offsets = cap.offsets
+        self._scalars = cap.scalars
         self._plan = executor.get_plan(cap, self._targets)
         self.inputs = [(n.arg, n.shape, n.dtype) for n in cap.inputs if not n.realized]
         names = [n for n, _, _ in self.inputs]
@@ -83,7 +84,7 @@ class Program:
         return bufs
 
     def run(self, **feeds) -> list:
-        outs = self._plan.run(self._bind(feeds), self._offsets)
+        outs = self._plan.run(self._bind(feeds), self._offsets, self._scalars)
         res = []
         for o, n, off in zip(outs, self._user_nodes, self._out_offsets):
             size = int(np.prod(n.shape))

@@ -9,13 +9,13 @@ import pytest
 import lazycandle as lc
 from lazycandle.codegen import jit
 from lazycandle.ir.graph import capture
-from lazycandle.ir.schedule import schedule
+from lazycandle.compiler import schedule_capture
 from conftest import LOWP, assert_same, data, ids, rng_for
 
 
 def sched(*ts):
     cap = capture([t._node for t in ts])
-    kernels, mat, notes = schedule(cap)
+    kernels, mat, notes = schedule_capture(cap)
     return cap, kernels, mat, notes
 
 

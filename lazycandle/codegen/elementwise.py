@@ -1,17 +1,22 @@
 """Fused elementwise kernels.  One kernel evaluates a DAG of elementwise ops over N strided
 inputs and writes M contiguous outputs of the same shape.
 
+Kernels are compiled per shape CLASS, not per shape: the spec holds the merged rank, each input's
+stride class per dim (0 broadcast, 1 unit, or "n": a runtime stride) and the tiling choice; the
+sizes of the merged dims and the runtime strides arrive in the `sizes` array (i64), so a new
+length of the same computation reuses the kernel.
+
 Loop nest (after merging dims that are contiguous for every operand):
   rank 1:  i in [lo, hi): vector body of W lanes, then a scalar tail;
   rank>1:  rows r in [lo, hi) of the flattened outer dims (row -> outer index by div/mod),
            then the inner dim as a vector body + scalar tail.
 Each input is read through its own strides: inner stride 1 -> vector load, 0 -> one scalar load
-splatted, otherwise per-lane loads.  f16/bf16/f8 values are decoded on load, rounded after every
+splatted, otherwise per-lane loads.  Scalars (constants and scalar args) are runtime arguments:
+loaded once at entry from the scalars array, converted to their compute type and splatted.  f16/bf16/f8 values are decoded on load, rounded after every
 op (so fusion never changes a value) and encoded on store.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import prod
 
 import llvmlite.ir as ir
@@ -19,32 +24,18 @@ import llvmlite.ir as ir
 from .. import dtype as D
 from ..ir.ops import OPS
 from . import codecs, jit
-from ..layout import contiguous_strides
-from .llvmutil import I8, I32, I64, VOID, intrinsic, type_suffix, ltype, vec, splat, const, width_of, scalar_type
-from .loops import new_module, kernel_function, arg_pointer, counted_loop
+from .llvmutil import I8, I32, I64, F64, VOID, intrinsic, type_suffix, ltype, vec, splat, width_of, scalar_type
+from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
+from ..ir.kernels import RUNTIME, EwSpec
+from .ops_emit import EMIT
 
 
-@dataclass(frozen=True)
-class EwSpec:
-    """Structural description of a fused elementwise kernel (also its cache key)."""
-    shape: tuple            # merged iteration shape, rank >= 1
-    inputs: tuple           # ((dtype_name, strides), ...)
-    instrs: tuple           # ((op_name, arg, dtype_name, out_dtype_name, refs), ...)
-    outputs: tuple          # ((instr_index, dtype_name), ...)  contiguous outputs
-
-    @property
-    def parallel_extent(self) -> int:
-        return self.shape[0] if len(self.shape) == 1 else prod(self.shape[:-1])
-
-    @property
-    def inner(self) -> int:
-        return 1 if len(self.shape) == 1 else self.shape[-1]
-
-    def width(self) -> int:
-        bits = max([_bits(D.DType.from_name(dt)) for dt, _ in self.inputs] +
-                   [_bits(D.DType.from_name(ins[3])) for ins in self.instrs] +
-                   [_bits(D.DType.from_name(ins[2])) for ins in self.instrs] + [8])
-        return max(4, jit.vector_bits() // bits)
+def lanes(spec: EwSpec) -> int:
+    """W: vector lanes of the kernel (the widest compute type it touches fills a register)."""
+    bits = max([_bits(D.DType.from_name(dt)) for dt, _ in spec.inputs] +
+               [_bits(D.DType.from_name(ins[3])) for ins in spec.instrs] +
+               [_bits(D.DType.from_name(ins[2])) for ins in spec.instrs] + [8])
+    return max(4, jit.vector_bits() // bits)
 
 
 def _bits(dt) -> int:
@@ -89,15 +80,32 @@ def _sat_fn(b, src_t, w):
 
 
 def _ref_dtype(spec, dtypes, ref):
-    """The dtype of an instruction operand: input ("i", k), constant ("c", value, dtype) or value."""
+    """The dtype of an instruction operand: input ("i", k), runtime scalar ("s", k, dtype) or value."""
     if ref[0] == "i":
         return D.DType.from_name(spec.inputs[ref[1]][0])
-    return D.DType.from_name(ref[2]) if ref[0] == "c" else dtypes[ref]
+    return D.DType.from_name(ref[2]) if ref[0] == "s" else dtypes[ref]
 
 
-def _emit_instrs(b, spec, load, w, decode_outputs=False):
-    """Evaluate the instruction list.  `load(k)` returns input k's raw storage value.
-    Returns the list of values to store (storage representation) per output."""
+def load_scalars(b, ptr, dtype_names):
+    """Entry-block loads of the runtime scalars: slot k of `ptr` (i64*) in the compute type of
+    dtype_names[k] (float scalars are stored as f64 bits, exact in their dtype)."""
+    out = []
+    for k, dtn in enumerate(dtype_names):
+        dt = D.DType.from_name(dtn)
+        raw = b.load(b.gep(ptr, [I64(k)], inbounds=True), align=8)
+        t = ltype(dt.compute)
+        if dt.is_float:
+            v = b.bitcast(raw, F64)
+            out.append(v if t == F64 else b.fptrunc(v, t))
+        else:
+            out.append(raw if t == I64 else b.trunc(raw, t))
+    return out
+
+
+def _emit_instrs(b, spec, load, w, scalar, decode_outputs=False):
+    """Evaluate the instruction list.  `load(k)` returns input k's raw storage value and
+    `scalar(k, w)` runtime scalar k splatted to w lanes.  Returns the list of values to store
+    (storage representation) per output."""
     raw = {}        # ref -> raw storage value (inputs, or copies of them)
     comp = {}       # ref -> compute value
     dtypes = {}
@@ -108,9 +116,8 @@ def _emit_instrs(b, spec, load, w, decode_outputs=False):
             if ref not in raw:
                 raw[ref] = load(k)
                 dtypes[ref] = D.DType.from_name(spec.inputs[k][0])
-        if ref[0] == "c":
-            dt = D.DType.from_name(ref[2])
-            return const(vec(ltype(dt.compute), w), ref[1])
+        if ref[0] == "s":
+            return scalar(ref[1], w)
         if want_raw and ref in raw:
             return raw[ref]
         if ref not in comp:
@@ -140,7 +147,7 @@ def _emit_instrs(b, spec, load, w, decode_outputs=False):
             src = dtypes.get(refs[0]) or D.DType.from_name(refs[0][2])
             out = _cast(b, vals[0], src, odt)
         else:
-            out = kind.emit(b, dt, vals, arg)
+            out = EMIT[op](b, dt, vals, arg)
             if kind.out_dtype == "u8":
                 out = b.zext(out, vec(I8, width_of(out.type)))
             elif odt.codec:
@@ -185,25 +192,10 @@ def _transpose(b, rows):
 SUPER = 8          # a tiled kernel's unit spans SUPER x SUPER tiles of W x W
 
 
-def tile_dim(spec: EwSpec):
-    """The dim to tile with the output's inner dim when an input is transposed relative to the
-    output (stride 1 along that dim, strided along the inner dim); else None."""
-    shape = spec.shape
-    W = spec.width()
-    if len(shape) < 2 or shape[-1] < W or W & (W - 1):
-        return None
-    for _, st in spec.inputs:
-        if st[-1] not in (0, 1):
-            for d in range(len(shape) - 1):
-                if st[d] == 1 and shape[d] >= W:
-                    return d
-    return None
-
-
 class _Kernel:
     """IR emission state for one elementwise kernel."""
 
-    def __init__(self, spec: EwSpec, name: str):
+    def __init__(self, spec: EwSpec, name: str, W: int | None = None):
         self.spec = spec
         self.m = new_module(name)
         self.fn, self.b = kernel_function(self.m, name)
@@ -214,8 +206,45 @@ class _Kernel:
         self.in_ptr = [arg_pointer(b, ptrs, k, ltype(dt.storage), f"in{k}") for k, dt in enumerate(self.in_dt)]
         n_in = len(self.in_dt)
         self.out_ptr = [arg_pointer(b, ptrs, n_in + k, ltype(dt.storage), f"out{k}") for k, dt in enumerate(self.out_dt)]
-        self.strides = [s for _, s in spec.inputs]
-        self.W = spec.width()
+        self.W = lanes(spec) if W is None else W
+        self.load_sizes()
+        self.scalar_vals = load_scalars(b, self.fn.args[2], spec.scalars)
+        self.scalar_splats = {(k, self.W): splat(b, v, self.W) for k, v in enumerate(self.scalar_vals)}
+
+    def load_sizes(self):
+        """Entry-block loads of the runtime sizes: `self.dims[d]` (i64 values), per input the
+        stride of each dim (0, 1 or a loaded value) and the output's contiguous strides."""
+        b, sizes = self.b, self.fn.args[1]
+        pos = [0]
+
+        def nxt():
+            v = b.load(b.gep(sizes, [I64(pos[0])], inbounds=True), align=8)
+            pos[0] += 1
+            return v
+        self.dims = [nxt() for _ in range(self.spec.rank)]
+        self.strides = [[nxt() if c == RUNTIME else c for c in cls] for _, cls in self.spec.inputs]
+        out, acc = [], I64(1)
+        for d in reversed(range(self.spec.rank)):
+            out.append(acc)
+            acc = acc if d == 0 else b.mul(acc, self.dims[d], flags=("nsw",))
+        self.out_strides = out[::-1]
+
+    def smul(self, i, s):
+        """i * s for a stride s that is 0, 1 or a runtime value (None for 0)."""
+        if isinstance(s, int):
+            return None if s == 0 else i if s == 1 else self.b.mul(i, I64(s))
+        return self.b.mul(i, s)
+
+    def sadd(self, base, i, s):
+        """base + i * s."""
+        t = self.smul(i, s)
+        return base if t is None else self.b.add(base, t)
+
+    def scalar(self, k, w):
+        """Runtime scalar k splatted to w lanes (splats made at entry, so loops only read them)."""
+        if w == 1:
+            return self.scalar_vals[k]
+        return self.scalar_splats[(k, w)]
 
     # -- loads and stores ----------------------------------------------------------------
     def load(self, k, off, stride, w, mask=None):
@@ -238,10 +267,10 @@ class _Kernel:
             return b.call(fn, [p, I32(al), mask, ir.Constant(vt, None)])
         v = ir.Constant(vt, ir.Undefined)
         for lane in range(w):
-            idx = I64(lane * stride)
+            idx = I64(lane)
             if mask is not None:
-                idx = b.mul(b.select(b.extract_element(mask, I32(lane)), I64(lane), I64(0)), I64(stride))
-            p = b.gep(self.in_ptr[k], [b.add(off, idx)], inbounds=True)
+                idx = b.select(b.extract_element(mask, I32(lane)), I64(lane), I64(0))
+            p = b.gep(self.in_ptr[k], [self.sadd(off, idx, stride)], inbounds=True)
             v = b.insert_element(v, b.load(p, align=al), I64(lane))
         return v
 
@@ -256,7 +285,7 @@ class _Kernel:
                 return given[k]
             return self.load(k, in_off[k], strides[k], w, mask)
 
-        for k, v in enumerate(_emit_instrs(b, self.spec, load, w)):
+        for k, v in enumerate(_emit_instrs(b, self.spec, load, w, self.scalar)):
             p = b.gep(self.out_ptr[k], [out_off], inbounds=True)
             al = self.out_dt[k].size_in_bytes
             if w == 1:
@@ -282,7 +311,7 @@ class _Kernel:
         vec_stop = b.add(start, b.mul(b.sdiv(n, I64(W)), I64(W)))
 
         def offsets_at(i):
-            return [base if s == 0 else b.add(base, b.mul(i, I64(s))) for base, s in zip(in_base, strides)]
+            return [self.sadd(base, i, s) for base, s in zip(in_base, strides)]
 
         with counted_loop(b, start, vec_stop, W, "v") as i:
             self.eval_store(offsets_at(i), b.add(out_base, i), strides, W, given)
@@ -297,36 +326,33 @@ class _Kernel:
         b = self.b
         idx = {}
         for d in reversed(dims[1:]):
-            idx[d] = b.urem(u, I64(self.spec.shape[d]))
-            u = b.udiv(u, I64(self.spec.shape[d]))
+            idx[d] = b.urem(u, self.dims[d])
+            u = b.udiv(u, self.dims[d])
         if dims:
             idx[dims[0]] = u
         return idx
 
     def offsets(self, idx):
-        b = self.b
-        out_strides = contiguous_strides(self.spec.shape)
         in_base = []
         for st in self.strides:
             acc = I64(0)
             for d, i in idx.items():
-                if st[d]:
-                    acc = b.add(acc, b.mul(i, I64(st[d])))
+                acc = self.sadd(acc, i, st[d])
             in_base.append(acc)
         out = I64(0)
         for d, i in idx.items():
-            out = b.add(out, b.mul(i, I64(out_strides[d])))
+            out = self.sadd(out, i, self.out_strides[d])
         return in_base, out
 
     def build_rows(self):
-        lo, hi = self.fn.args[1], self.fn.args[2]
-        shape, n_in = self.spec.shape, len(self.in_dt)
-        if len(shape) == 1:
+        lo, hi = unit_range(self.fn)
+        rank, n_in = self.spec.rank, len(self.in_dt)
+        if rank == 1:
             self.inner_loop(lo, hi, [I64(0)] * n_in, I64(0), [s[0] for s in self.strides])
             return
         with counted_loop(self.b, lo, hi, 1, "row") as r:
-            in_base, out_base = self.offsets(self.unravel(r, list(range(len(shape) - 1))))
-            self.inner_loop(I64(0), I64(shape[-1]), in_base, out_base, [s[-1] for s in self.strides])
+            in_base, out_base = self.offsets(self.unravel(r, list(range(rank - 1))))
+            self.inner_loop(I64(0), self.dims[-1], in_base, out_base, [s[-1] for s in self.strides])
 
     def build_tiled(self, t):
         """Units are blocks of SB rows of dim t by SB columns of the inner dim (times the other
@@ -335,42 +361,42 @@ class _Kernel:
         contiguous vectors and transpose them in registers; the rest reads row by row; edges
         use the row path with its masked tail."""
         b, W, spec = self.b, self.W, self.spec
-        lo, hi = self.fn.args[1], self.fn.args[2]
-        shape = spec.shape
-        j = len(shape) - 1
+        lo, hi = unit_range(self.fn)
+        j = spec.rank - 1
         SB = SUPER * W
-        out_strides = contiguous_strides(shape)
+        out_strides = self.out_strides
         others = [d for d in range(j) if d != t]
-        n_ib, n_jb = -(-shape[t] // SB), -(-shape[j] // SB)
+        dim_t, dim_j = self.dims[t], self.dims[j]
+        n_ib = b.udiv(b.add(dim_t, I64(SB - 1)), I64(SB))
+        n_jb = b.udiv(b.add(dim_j, I64(SB - 1)), I64(SB))
         jstr = [s[j] for s in self.strides]
-        transposed = [k for k, s in enumerate(self.strides) if s[t] == 1 and s[j] not in (0, 1)]
+        transposed = [k for k, (_, c) in enumerate(spec.inputs) if c[t] == 1 and c[j] == RUNTIME]
         with counted_loop(b, lo, hi, 1, "unit") as u:
-            ib = b.urem(u, I64(n_ib))
-            rest = b.udiv(u, I64(n_ib))
-            jb = b.urem(rest, I64(n_jb))
-            idx = self.unravel(b.udiv(rest, I64(n_jb)), others) if others else {}
+            ib = b.urem(u, n_ib)
+            rest = b.udiv(u, n_ib)
+            jb = b.urem(rest, n_jb)
+            idx = self.unravel(b.udiv(rest, n_jb), others) if others else {}
             i_lo = b.mul(ib, I64(SB))
             idx[t] = i_lo
             in_base, out_base = self.offsets(idx)
-            i_n = b.select(b.icmp_signed("<", b.sub(I64(shape[t]), i_lo), I64(SB)), b.sub(I64(shape[t]), i_lo), I64(SB))
+            i_n = b.select(b.icmp_signed("<", b.sub(dim_t, i_lo), I64(SB)), b.sub(dim_t, i_lo), I64(SB))
             j_lo = b.mul(jb, I64(SB))
-            j_n = b.select(b.icmp_signed("<", b.sub(I64(shape[j]), j_lo), I64(SB)), b.sub(I64(shape[j]), j_lo), I64(SB))
+            j_n = b.select(b.icmp_signed("<", b.sub(dim_j, j_lo), I64(SB)), b.sub(dim_j, j_lo), I64(SB))
             j_hi = b.add(j_lo, j_n)
             i_full = b.mul(b.sdiv(i_n, I64(W)), I64(W))
             j_vec = b.add(j_lo, b.mul(b.sdiv(j_n, I64(W)), I64(W)))
             with counted_loop(b, I64(0), i_full, W, "ib") as c0:
-                base = [b.add(x, b.mul(c0, I64(s[t]))) for x, s in zip(in_base, self.strides)]
-                ob = b.add(out_base, b.mul(c0, I64(out_strides[t])))
+                base = [self.sadd(x, c0, s[t]) for x, s in zip(in_base, self.strides)]
+                ob = self.sadd(out_base, c0, out_strides[t])
                 with counted_loop(b, j_lo, j_vec, W, "j") as j0:
                     tiles = {}
                     for k in transposed:
-                        rows = [self.load(k, b.add(base[k], b.mul(b.add(j0, I64(r)), I64(jstr[k]))), 1, W)
+                        rows = [self.load(k, self.sadd(base[k], b.add(j0, I64(r)), jstr[k]), 1, W)
                                 for r in range(W)]
                         tiles[k] = _transpose(b, rows)
                     for c in range(W):
-                        offs = [b.add(b.add(x, I64(c * s[t])), b.mul(j0, I64(s[j])))
-                                for x, s in zip(base, self.strides)]
-                        oo = b.add(b.add(ob, I64(c * out_strides[t])), j0)
+                        offs = [self.sadd(self.sadd(x, I64(c), s[t]), j0, s[j]) for x, s in zip(base, self.strides)]
+                        oo = b.add(self.sadd(ob, I64(c), out_strides[t]), j0)
                         self.eval_store(offs, oo, jstr, W, {k: tiles[k][c] for k in transposed})
                 with b.if_then(b.icmp_signed("<", j_vec, j_hi)):
                     with counted_loop(b, I64(0), I64(W), 1, "c") as c:
@@ -380,35 +406,31 @@ class _Kernel:
 
     def _row(self, in_base, out_base, c, t, out_strides, jstart, jstop):
         b = self.b
-        base = [b.add(x, b.mul(c, I64(s[t]))) for x, s in zip(in_base, self.strides)]
-        ob = b.add(out_base, b.mul(c, I64(out_strides[t])))
+        base = [self.sadd(x, c, s[t]) for x, s in zip(in_base, self.strides)]
+        ob = self.sadd(out_base, c, out_strides[t])
         self.inner_loop(jstart, jstop, base, ob, [s[-1] for s in self.strides])
 
 
 def build(spec: EwSpec, name: str = "ew") -> str:
     """LLVM IR text of the kernel `name` for `spec`."""
     k = _Kernel(spec, name)
-    t = tile_dim(spec)
-    if t is None:
+    if spec.tile is None:
         k.build_rows()
     else:
-        k.build_tiled(t)
+        k.build_tiled(spec.tile)
     k.b.ret_void()
     return str(k.m)
 
 
-def parallel_extent(spec: EwSpec) -> int:
-    """Size of the range [lo, hi) the kernel's units are split over."""
-    t = tile_dim(spec)
+def parallel_extent(spec: EwSpec, shape) -> int:
+    """Size of the range [lo, hi) the kernel's units are split over, for merged `shape`."""
+    t = spec.tile
     if t is None:
-        return spec.parallel_extent
-    shape = spec.shape
+        return shape[0] if len(shape) == 1 else prod(shape[:-1])
     others = prod(d for i, d in enumerate(shape[:-1]) if i != t)
-    sb = SUPER * spec.width()
+    sb = SUPER * lanes(spec)
     return others * -(-shape[t] // sb) * -(-shape[-1] // sb)
 
 
-def compile_spec(spec: EwSpec):
-    """Compiled kernel for `spec`: (CompiledModule, function name)."""
-    text = build(spec, "ew")
-    return jit.compile_ir(text, ["ew"], name="ew"), "ew"
+# compiled kernels by spec (a shape class): the IR is built once per class, not per size
+get_kernel = jit.KernelCache(lambda spec: (build(spec, "ew"), "ew"), KERNEL_FN)

@@ -22,8 +22,6 @@ dtype's compute type (decode, add, round once, encode).  Strides are compile-tim
 """
 from __future__ import annotations
 
-import ctypes
-import threading
 from dataclasses import dataclass
 from math import prod
 
@@ -33,9 +31,8 @@ from .. import caches, dtype as D
 from ..layout import merge_dims
 from . import codecs, jit
 from .llvmutil import I64, ltype
-from .loops import new_module, kernel_function, arg_pointer, counted_loop
+from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
 
-KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 GATHER_OPS = ("index_select", "gather")
 SCATTER_OPS = ("scatter", "scatter_add", "index_add")
@@ -198,7 +195,7 @@ def build_index(spec: IndexSpec, name: str = "idx") -> str:
     ids = arg_pointer(b, ptrs, 2, ltype(id_dt.storage), "ids")
     status = arg_pointer(b, ptrs, 3, I64, "status")
     base = arg_pointer(b, ptrs, 4, et, "base") if scatter else None
-    lo, hi = fn.args[1], fn.args[2]
+    lo, hi = unit_range(fn)
     nblk, nmc = spec.nblk, spec.nmc
     bound = I64(spec.bound)
     with counted_loop(b, lo, hi, 1, "u") as u:
@@ -310,7 +307,7 @@ def build_copy(spec: CopySpec, name: str = "copy") -> str:
     fn, b = kernel_function(m, name)
     out = arg_pointer(b, fn.args[0], 0, et, "out")
     src = arg_pointer(b, fn.args[0], 1, et, "src")
-    lo, hi = fn.args[1], fn.args[2]
+    lo, hi = unit_range(fn)
     with counted_loop(b, lo, hi, 1, "u") as u:
         if spec.nblk > 1:
             blk, r = b.urem(u, I64(spec.nblk)), b.udiv(u, I64(spec.nblk))
@@ -370,7 +367,7 @@ def build_im2col(spec: Im2colSpec, name: str = "im2col") -> str:
     fn, b = kernel_function(m, name)
     out = arg_pointer(b, fn.args[0], 0, et, "out")
     x = arg_pointer(b, fn.args[0], 1, et, "x")
-    lo, hi = fn.args[1], fn.args[2]
+    lo, hi = unit_range(fn)
     sb, sc, sy, sx = spec.xs
     with counted_loop(b, lo, hi, 1, "u") as u:
         bi, ci, ki, kj = _unravel(b, u, (spec.b, spec.c, spec.kh, spec.kw))
@@ -408,19 +405,18 @@ def build_im2col(spec: Im2colSpec, name: str = "im2col") -> str:
 
 # ---- compile cache ------------------------------------------------------------------------
 _BUILDERS = {IndexSpec: (build_index, "idx"), CopySpec: (build_copy, "copy"), Im2colSpec: (build_im2col, "im2col")}
-_cache: dict = caches.register("index kernels", {})
-_lock = threading.Lock()
+
+
+def _build(spec):
+    build, name = _BUILDERS[type(spec)]
+    return build(spec, name), name
+
+
+_kernels = jit.KernelCache(_build, KERNEL_FN)
 
 
 def get_kernel(spec):
-    """(CompiledModule, ctypes function) for a spec, compiled once per structure."""
-    hit = _cache.get(spec)
-    if hit is not None:
-        return hit
-    build, name = _BUILDERS[type(spec)]
-    text = build(spec, name)
-    cm = jit.compile_ir(text, [name], name=name)
-    hit = (cm, KERNEL_FN(cm.address(name)))
-    with _lock:
-        _cache.setdefault(spec, hit)
-    return _cache[spec]
+    """(CompiledModule, ctypes function) for a spec, compiled once per structure (the one
+    kernel cache of jit.py, as for every other kernel kind)."""
+    fn = _kernels(spec)
+    return fn._module, fn

@@ -57,12 +57,13 @@ def has_feature(name: str) -> bool:
 
 
 def vector_bits() -> int:
-    """Widest vector register we emit explicit vector code for."""
-    if has_feature("avx512f"):
-        return 512
-    if has_feature("avx2") or has_feature("avx"):
-        return 256
-    return 128
+    """Widest vector register we emit explicit vector code for (asked per kernel spec, so
+    computed once)."""
+    bits = _state.get("vector_bits")
+    if bits is None:
+        bits = 512 if has_feature("avx512f") else 256 if has_feature("avx2") or has_feature("avx") else 128
+        _state["vector_bits"] = bits
+    return bits
 
 
 def triple_and_layout():

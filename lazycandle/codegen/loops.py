@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 
 import llvmlite.ir as ir
 
@@ -16,13 +17,27 @@ def new_module(name: str) -> ir.Module:
     return m
 
 
+# The ABI of every parallel kernel: void @name(i8** bufs, i64* sizes, i64* scalars, i64 lo, i64 hi).
+# bufs: one pointer per input then per output; sizes: the kernel's runtime sizes and strides;
+# scalars: 8-byte slots (f64 bits for float scalars, i64 for integers); [lo, hi): the units this
+# call runs.  All kernels of a plan share it, so they can later be linked behind one entry.
+KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
 def kernel_function(m: ir.Module, name: str):
-    """define void @name(i8** ptrs, i64 lo, i64 hi) -- the ABI of every parallel kernel."""
-    fn = ir.Function(m, ir.FunctionType(VOID, [I8.as_pointer().as_pointer(), I64, I64]), name)
-    fn.args[0].name, fn.args[1].name, fn.args[2].name = "ptrs", "lo", "hi"
+    """Declare the kernel `name` with the common ABI; returns (function, builder at entry)."""
+    p64 = I64.as_pointer()
+    fn = ir.Function(m, ir.FunctionType(VOID, [I8.as_pointer().as_pointer(), p64, p64, I64, I64]), name)
+    for a, n in zip(fn.args, ("bufs", "sizes", "scalars", "lo", "hi")):
+        a.name = n
     fn.attributes.add("nounwind")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     return fn, b
+
+
+def unit_range(fn):
+    """The kernel's [lo, hi) arguments."""
+    return fn.args[3], fn.args[4]
 
 
 def arg_pointer(b: ir.IRBuilder, ptrs, index: int, elem_type: ir.Type, name=""):

@@ -8,6 +8,10 @@ Two loop shapes, chosen by where the innermost input dim lands:
                 horizontal combine;
   inner-output  (the last dim is kept, e.g. sum(0)): one unit per row of outputs; U vectors of
                 W outputs stay in registers while the reduced dims are walked.
+Like elementwise kernels, reduce kernels are compiled per shape class (sizes and strides other
+than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors at a time while
+4 W elements remain, then one vector at a time, then a scalar tail, so one kernel serves every
+length.
 Float sums accumulate in f64 (f32/f16/bf16 inputs), integer sums wrap in their dtype;
 max/min propagate NaN like np.max; argmax/argmin keep the first index on ties (a NaN counts as
 the maximum / minimum, first one wins, like NumPy).
@@ -15,68 +19,50 @@ the maximum / minimum, first one wins, like NumPy).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from math import prod
 
 import llvmlite.ir as ir
 
 from .. import dtype as D
+from ..ir.kernels import RedSpec
+from ..ir.ops import reduction
 from . import jit
 from .elementwise import _Kernel, _emit_instrs, _bits
 from .llvmutil import I32, I64, F64, ltype, vec, splat, const, width_of, FM_REDUCE
-from .loops import counted_loop
+from .loops import KERNEL_FN, counted_loop, unit_range
 
 
-@dataclass(frozen=True)
-class RedSpec:
-    shape: tuple            # iteration (input) shape after merging, rank >= 1
-    red: tuple              # per dim: True when reduced
-    inputs: tuple           # ((dtype_name, strides), ...)
-    instrs: tuple           # elementwise DAG (see EwSpec); the reduced value is the last instr
-    kind: str               # sum | mean | max | min | argmax | argmin
-    outputs: tuple          # ((instr index, out dtype name),)  -- one output
+def lanes(spec: RedSpec) -> int:
+    """W of a reduce kernel (float sums accumulate in f64, so they count as 64-bit)."""
+    bits = max([_bits(D.DType.from_name(dt)) for dt, _ in spec.inputs] +
+               [_bits(D.DType.from_name(i[3])) for i in spec.instrs] + [32])
+    if reduction(spec.kind).acc == "f64" and D.DType.from_name(spec.instrs[-1][3]).is_float:
+        bits = 64
+    return max(2, jit.vector_bits() // bits)
 
-    @property
-    def out_shape(self):
-        return tuple(d for d, r in zip(self.shape, self.red) if not r)
 
-    @property
-    def count(self):
-        return prod(d for d, r in zip(self.shape, self.red) if r)
-
-    @property
-    def inner_reduce(self) -> bool:
-        return self.red[-1]
-
-    def width(self) -> int:
-        bits = max([_bits(D.DType.from_name(dt)) for dt, _ in self.inputs] +
-                   [_bits(D.DType.from_name(i[3])) for i in self.instrs] + [32])
-        if self.kind in ("sum", "mean") and D.DType.from_name(self.instrs[-1][3]).is_float:
-            bits = 64
-        return max(2, jit.vector_bits() // bits)
-
-    @property
-    def parallel_extent(self) -> int:
-        out = self.out_shape
-        if self.inner_reduce:
-            return max(1, prod(out))
-        return max(1, prod(out[:-1]))
+UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
 
 
 def _acc_type(spec, dt):
-    if spec.kind in ("sum", "mean") and dt.is_float:
+    if reduction(spec.kind).acc == "f64" and dt.is_float:
         return F64
     return ltype(dt.compute)
 
 
 class _RedKernel(_Kernel):
     def __init__(self, spec, name):
-        super().__init__(spec, name)
+        super().__init__(spec, name, lanes(spec))
+        self.red = reduction(spec.kind)
         self.val_dt = D.DType.from_name(spec.instrs[-1][3])
         self.out_dtype = D.DType.from_name(spec.outputs[0][1])
         self.acc_t = _acc_type(spec, self.val_dt)
-        self.is_arg = spec.kind in ("argmax", "argmin")
+        self.is_arg = self.red.finish == "index"
         self.is_float = self.val_dt.is_float
+        b, count = self.b, I64(1)
+        for d, r in enumerate(spec.red):
+            if r:
+                count = b.mul(count, self.dims[d])
+        self.count_f = b.sitofp(count, self.acc_t) if self.is_float else None
 
     # -- the combine step -----------------------------------------------------------------
     def value(self, offs, strides, w, given=None):
@@ -88,17 +74,17 @@ class _RedKernel(_Kernel):
                 return given[k]
             return self.load(k, offs[k], strides[k], w)
 
-        v = _emit_instrs(b, self.spec, load, w, decode_outputs=True)[0]
+        v = _emit_instrs(b, self.spec, load, w, self.scalar, decode_outputs=True)[0]
         t = vec(self.acc_t, w)
         if v.type != t:
             v = b.fpext(v, t) if self.is_float else v
         return v
 
     def init(self, w):
-        kind, t = self.spec.kind, vec(self.acc_t, w)
-        if kind in ("sum", "mean"):
+        ident, t = self.red.identity, vec(self.acc_t, w)
+        if ident == "zero":
             return const(t, 0.0 if self.is_float else 0)
-        big = "max" in kind
+        big = ident == "lowest"     # the identity of max is the lowest value
         if self.is_float:
             return const(t, float("-inf") if big else float("inf"))
         bits = self.acc_t.width
@@ -109,7 +95,7 @@ class _RedKernel(_Kernel):
     def better(self, new, old):
         """i1 mask: `new` replaces `old` (strictly better, or the first NaN)."""
         b = self.b
-        big = "max" in self.spec.kind
+        big = self.red.combine == "max"
         if self.is_float:
             c = b.fcmp_ordered(">" if big else "<", new, old)
             return b.or_(c, b.and_(b.fcmp_unordered("uno", new, new), b.fcmp_ordered("ord", old, old)))
@@ -118,16 +104,17 @@ class _RedKernel(_Kernel):
 
     def combine(self, acc, x):
         b = self.b
-        if self.spec.kind in ("sum", "mean"):
+        if self.red.combine == "add":
             return b.fadd(acc, x, flags=FM_REDUCE) if self.is_float else b.add(acc, x)
         return b.select(self.better(x, acc), x, acc)
 
     def finish(self, acc):
         """Accumulator scalar -> stored output value."""
         b = self.b
-        if self.spec.kind == "mean":
-            acc = b.fdiv(acc, const(acc.type, float(self.spec.count)))
-        if self.spec.kind in ("sum", "mean") and self.is_float:
+        if self.red.finish == "divide_count":
+            w = width_of(acc.type)
+            acc = b.fdiv(acc, self.count_f if w == 1 else splat(b, self.count_f, w))
+        if self.acc_t == F64 and self.is_float:
             from .elementwise import _cast
             return self.store_value(_cast(b, acc, D.f64, self.out_dtype))
         return self.store_value(acc)
@@ -187,18 +174,20 @@ class _RedKernel(_Kernel):
         with contextlib.ExitStack() as stack:
             offs, flat = list(in_base), I64(0)
             for d in dims:
-                i = stack.enter_context(counted_loop(b, I64(0), I64(self.spec.shape[d]), 1, f"r{d}"))
-                offs = [o if s[d] == 0 else b.add(o, b.mul(i, I64(s[d]))) for o, s in zip(offs, self.strides)]
-                inner = prod(self.spec.shape[e] for e in red_all if e > d)
-                flat = b.add(flat, b.mul(i, I64(inner)))
+                i = stack.enter_context(counted_loop(b, I64(0), self.dims[d], 1, f"r{d}"))
+                offs = [self.sadd(o, i, s[d]) for o, s in zip(offs, self.strides)]
+                inner = I64(1)
+                for e in red_all:
+                    if e > d:
+                        inner = b.mul(inner, self.dims[e])
+                flat = b.add(flat, b.mul(i, inner))
             yield offs, flat
 
     def build(self):
         spec, b = self.spec, self.b
-        lo, hi = self.fn.args[1], self.fn.args[2]
+        lo, hi = unit_range(self.fn)
         out_dims = [d for d, r in enumerate(spec.red) if not r]
         red_dims = [d for d, r in enumerate(spec.red) if r]
-        self.W = spec.width()
         with counted_loop(b, lo, hi, 1, "unit") as u:
             if spec.inner_reduce:
                 in_base, _ = self.offsets(self.unravel(u, out_dims) if out_dims else {})
@@ -206,7 +195,7 @@ class _RedKernel(_Kernel):
             else:
                 in_base, _ = self.offsets(self.unravel(u, out_dims[:-1]) if len(out_dims) > 1 else {})
                 jd = out_dims[-1]
-                self.reduce_outer(in_base, b.mul(u, I64(spec.shape[jd])), red_dims, jd)
+                self.reduce_outer(in_base, b.mul(u, self.dims[jd]), red_dims, jd)
 
     def _step(self, acc_slot, idx_slot, offs, strides, w, pos):
         """acc <- combine(acc, value at offs); for arg kinds also track the index `pos`."""
@@ -230,9 +219,10 @@ class _RedKernel(_Kernel):
         """Everything reduced for one output element; the last reduced dim runs W-wide."""
         b, W, spec = self.b, self.W, self.spec
         last = red_dims[-1]
-        n = spec.shape[last]
-        U = 4 if n >= 4 * W else 1
-        nvec = n // (U * W) * (U * W)
+        n = self.dims[last]
+        U = UNROLL
+        nvec = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
+        n1 = b.mul(b.udiv(n, I64(W)), I64(W))
         accs = [self.slot(vec(self.acc_t, W)) for _ in range(U)] + [self.slot(self.acc_t)]
         idxs = [self.slot(vec(I64, W)) for _ in range(U)] + [self.slot(I64)] if self.is_arg else [None] * (U + 1)
         for k, a in enumerate(accs):
@@ -242,13 +232,16 @@ class _RedKernel(_Kernel):
                 b.store(const(vec(I64, w), 0), idxs[k])
         sl = [s[last] for s in self.strides]
         with self.red_loops(red_dims[:-1], in_base) as (offs, flat):
-            with counted_loop(b, I64(0), I64(nvec), U * W, "rv") as i:
+            with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
                 for k in range(U):
                     j = b.add(i, I64(k * W))
-                    o = [x if s == 0 else b.add(x, b.mul(j, I64(s))) for x, s in zip(offs, sl)]
+                    o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
                     self._step(accs[k], idxs[k], o, sl, W, self._lanes(b.add(flat, j), W) if self.is_arg else None)
-            with counted_loop(b, I64(nvec), I64(n), 1, "rt") as j:
-                o = [x if s == 0 else b.add(x, b.mul(j, I64(s))) for x, s in zip(offs, sl)]
+            with counted_loop(b, nvec, n1, W, "r1") as j:
+                o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
+                self._step(accs[0], idxs[0], o, sl, W, self._lanes(b.add(flat, j), W) if self.is_arg else None)
+            with counted_loop(b, n1, n, 1, "rt") as j:
+                o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
                 self._step(accs[U], idxs[U], o, sl, 1, b.add(flat, j) if self.is_arg else None)
         vals = [b.load(a) for a in accs[:U]]
         ids = [b.load(x) for x in idxs[:U]] if self.is_arg else None
@@ -264,32 +257,39 @@ class _RedKernel(_Kernel):
         """One row of outputs: U x W output lanes held in registers while the reduced dims are
         walked; then a scalar tail of outputs."""
         b, W, spec = self.b, self.W, self.spec
-        m = spec.shape[jd]
-        U = 4 if m >= 4 * W else 1
-        nvec = m // (U * W) * (U * W)
+        m = self.dims[jd]
+        nvec = b.mul(b.udiv(m, I64(UNROLL * W)), I64(UNROLL * W))
+        m1 = b.mul(b.udiv(m, I64(W)), I64(W))
         sj = [s[jd] for s in self.strides]
-        accs = [self.slot(vec(self.acc_t, W)) for _ in range(U)]
-        idxs = [self.slot(vec(I64, W)) for _ in range(U)] if self.is_arg else [None] * U
-        with counted_loop(b, I64(0), I64(nvec), U * W, "jv") as j0:
+        accs = [self.slot(vec(self.acc_t, W)) for _ in range(UNROLL)]
+        idxs = [self.slot(vec(I64, W)) for _ in range(UNROLL)] if self.is_arg else [None] * UNROLL
+
+        def block(j0, U):
+            """U x W outputs from j0 on."""
             for k in range(U):
                 b.store(self.init(W), accs[k])
                 if self.is_arg:
                     b.store(const(vec(I64, W), 0), idxs[k])
-            base = [x if s == 0 else b.add(x, b.mul(j0, I64(s))) for x, s in zip(in_base, sj)]
+            base = [self.sadd(x, j0, s) for x, s in zip(in_base, sj)]
             with self.red_loops(red_dims, base) as (offs, flat):
                 for k in range(U):
-                    o = [x if s == 0 else b.add(x, I64(k * W * s)) for x, s in zip(offs, sj)]
+                    o = [self.sadd(x, I64(k * W), s) for x, s in zip(offs, sj)]
                     self._step(accs[k], idxs[k], o, sj, W, splat(b, flat, W) if self.is_arg else None)
             for k in range(U):
                 v = b.load(idxs[k]) if self.is_arg else b.load(accs[k])
                 self._store(b.add(b.add(out_row, j0), I64(k * W)), v, W)
+
+        with counted_loop(b, I64(0), nvec, UNROLL * W, "jv") as j0:
+            block(j0, UNROLL)
+        with counted_loop(b, nvec, m1, W, "j1") as j0:
+            block(j0, 1)
         acc1 = self.slot(self.acc_t)
         idx1 = self.slot(I64) if self.is_arg else None
-        with counted_loop(b, I64(nvec), I64(m), 1, "jt") as j:
+        with counted_loop(b, m1, m, 1, "jt") as j:
             b.store(self.init(1), acc1)
             if self.is_arg:
                 b.store(I64(0), idx1)
-            base = [x if s == 0 else b.add(x, b.mul(j, I64(s))) for x, s in zip(in_base, sj)]
+            base = [self.sadd(x, j, s) for x, s in zip(in_base, sj)]
             with self.red_loops(red_dims, base) as (offs, flat):
                 self._step(acc1, idx1, offs, sj, 1, flat if self.is_arg else None)
             self._store(b.add(out_row, j), b.load(idx1) if self.is_arg else b.load(acc1), 1)
@@ -315,6 +315,4 @@ def build(spec: RedSpec, name="red") -> str:
     return str(k.m)
 
 
-def compile_spec(spec: RedSpec):
-    text = build(spec, "red")
-    return jit.compile_ir(text, ["red"], name="red"), "red"
+get_kernel = jit.KernelCache(lambda spec: (build(spec, "red"), "red"), KERNEL_FN)

@@ -8,8 +8,9 @@ instead.  Public API:
     FUNCS: name -> builder(b, x, *params)
 
 `x` is float, double, <N x float> or <N x double> (N = 1 included).  `elu` takes alpha and
-`powf` the exponent e (Python floats, emitted as constants of x's precision, as NumPy treats a
-Python scalar).  Semantics and special values follow NumPy on the same dtype; accuracy is
+`powf` the exponent e: Python floats (emitted as constants of x's precision, as NumPy treats a
+Python scalar) or run-time values of x's type (elu: an ir.Value; powf: a RuntimeExponent, the
+value plus the class of exponent the code is built for).  Semantics and special values follow NumPy on the same dtype; accuracy is
 measured by bench/vmath_accuracy.py.  Modules: vmath_core (context, exp, log), vmath_trig
 (sin, cos), vmath_erf (erf, gelu_erf), vmath_pow (powf).
 """
@@ -24,7 +25,7 @@ import numpy as np
 from . import vmath_core as core
 from .vmath_core import V, exp_parts
 from .vmath_erf import erf, gelu_erf
-from .vmath_pow import powf
+from .vmath_pow import RuntimeExponent, powf
 from .vmath_trig import cos, sin
 
 
@@ -134,7 +135,8 @@ def gelu(v: V, x):
 
 def elu(v: V, x, alpha: float):
     """x if x >= 0 else alpha * (e^x - 1), the latter via expm1 (no cancellation near 0)."""
-    return v.sel(v.cmp(">=", x, v.c(0.0)), x, v.mul(v.c(alpha), core.expm1(v, x)))
+    a = alpha if isinstance(alpha, ir.Value) else v.c(alpha)
+    return v.sel(v.cmp(">=", x, v.c(0.0)), x, v.mul(a, core.expm1(v, x)))
 
 
 def sqrt(v: V, x):
@@ -154,10 +156,11 @@ _NPARAMS = {"elu": 1, "powf": 1}
 def _builder(name):
     impl, nparams = _IMPLS[name], _NPARAMS.get(name, 0)
 
-    def build(b: ir.IRBuilder, x: ir.Value, *params: float) -> ir.Value:
+    def build(b: ir.IRBuilder, x: ir.Value, *params) -> ir.Value:
         if len(params) != nparams:
             raise TypeError(f"vmath.{name}: expected {nparams} parameter(s), got {len(params)}")
-        return impl(V(b, x.type), x, *(float(p) for p in params))
+        return impl(V(b, x.type), x, *(p if isinstance(p, (ir.Value, RuntimeExponent)) else float(p)
+                                       for p in params))
     build.__name__ = name
     build.__doc__ = impl.__doc__
     return build

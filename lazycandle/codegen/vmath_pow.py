@@ -47,22 +47,37 @@ def _log_dd(v: V, ax):
     return hi, v.sel(finite, lo, v.c(0.0))
 
 
-def _abs_pow(v: V, ax, e: float):
-    """|x|^e for ax = |x| (NaN, 0 and inf handled by log / exp's own rules)."""
+class RuntimeExponent:
+    """An exponent known at run time only: its value (x's type) and the class of exponent the
+    code is built for (finite, integer, odd integer), as ops.powf_exponent_class computes it."""
+
+    def __init__(self, value, finite: bool, is_int: bool, odd: bool):
+        self.value, self.finite, self.is_int, self.odd = value, finite, is_int, odd
+
+
+def _abs_pow(v: V, ax, e):
+    """|x|^e for ax = |x| (NaN, 0 and inf handled by log / exp's own rules); e a float or an
+    ir.Value of x's type."""
+    const_e = isinstance(e, float)
     if v.key == "f32":
         w = v.other("f64")
-        y = w.mul(core.log(w, v.b.fpext(ax, w.t)), w.c(e))
+        ew = w.c(e) if const_e else v.b.fpext(e, w.t)
+        y = w.mul(core.log(w, v.b.fpext(ax, w.t)), ew)
         return v.b.fptrunc(core.exp(w, y), v.t)
+    ev = v.c(e) if const_e else e
     hi, lo = _log_dd(v, ax)
-    y, y_lo = v.two_prod(hi, v.c(e))
-    y_lo = v.fma(lo, v.c(e), y_lo)
+    y, y_lo = v.two_prod(hi, ev)
+    y_lo = v.fma(lo, ev, y_lo)
     y_lo = v.sel(v.cmp("<", v.abs(y), v.c(2000.0)), y_lo, v.c(0.0))   # beyond: 0 or inf anyway
     p, s1, s2 = core.exp_parts(v, y, y_lo)
     return v.sel(v.isnan(y), y, v.mul(v.mul(p, s1), s2))
 
 
-def powf(v: V, x, e: float):
-    """np.power(x, e) with e a constant (rounded to x's precision first, as NumPy does)."""
+def powf(v: V, x, e):
+    """np.power(x, e) with e a constant (rounded to x's precision first, as NumPy does) or a
+    RuntimeExponent (the special exponents 0, 1, 2, -1 and 0.5 are always constants)."""
+    if isinstance(e, RuntimeExponent):
+        return _general_pow(v, x, e.value, e.finite, e.is_int, e.odd, None)
     if v.key == "f32":
         e = float(np.float32(e))
     if e == 0.0:
@@ -75,15 +90,24 @@ def powf(v: V, x, e: float):
         return v.div(v.c(1.0), x)
     if e == 0.5:                                           # NumPy 2 uses sqrt here: (-0)^.5 = -0, (-inf)^.5 = NaN
         return v.sqrt(x)
-    res = _abs_pow(v, v.abs(x), e)
     finite = math.isfinite(e)
     is_int = finite and e == math.floor(e)
-    if is_int and abs(e) < 2.0 ** 53 and int(e) % 2 == 1:
+    return _general_pow(v, x, e, finite, is_int, is_int and abs(e) < 2.0 ** 53 and int(e) % 2 == 1, math.isinf(e))
+
+
+def _general_pow(v: V, x, e, finite, is_int, odd, is_inf):
+    """|x|^e with the sign and special-value rules of np.power for an exponent of this class
+    (is_inf None: e is a run-time value, and whether it is infinite is decided at run time)."""
+    res = _abs_pow(v, v.abs(x), e)
+    if odd:
         res = v.copysign(res, x)                           # odd integer: sign of x (also for -0, -inf)
     if finite and not is_int:                              # negative finite x: NaN
         neg = v.b.and_(v.cmp("<", x, v.c(0.0)), v.cmp(">", x, v.c(-math.inf)))
         res = v.sel(neg, v.c(math.nan), res)
     one = v.c(1.0)
-    if math.isinf(e):
+    if is_inf:
         res = v.sel(v.cmp("==", x, v.c(-1.0)), one, res)    # pow(-1, +-inf) = 1
+    elif is_inf is None and not finite:                    # run-time e: +-inf or NaN
+        e_inf = v.cmp("==", v.abs(e), v.c(math.inf))
+        res = v.sel(v.b.and_(e_inf, v.cmp("==", x, v.c(-1.0))), one, res)
     return v.sel(v.cmp("==", x, one), one, res)            # pow(1, anything) = 1

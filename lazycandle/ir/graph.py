@@ -3,9 +3,15 @@
 `capture(targets)` walks the Node DAG from the targets down to realized buffers, placeholders
 and constants, in a canonical order, and returns:
   * a structural key (op kinds, args, shapes, dtypes, strides, topology; never data, never the
-    offsets of views into input buffers), under which compiled plans are cached, and
-  * the runtime bindings: the input nodes and the distinct (input, view) operand slots whose
-    offsets are passed at run time.
+    offsets of views into input buffers, never the value of a scalar), under which compiled
+    plans are cached, and
+  * the runtime bindings: the input nodes, the distinct (input, view) operand slots whose
+    offsets are passed at run time, and the scalar slots (value, dtype) whose values are
+    passed at run time.
+Scalars are constants (`a * 2.0`, `lc.full`) and the scalar args of ops that take them
+(`OpKind.scalar_args`: affine, clamp, elu, powf).  Equal scalars of one dtype share a slot.
+The key holds each scalar's dtype and, where a rewrite of passes.py tests it, its value class
+(`OpKind.keyed_scalars`, `ops.scalar_class`), so a new value compiles nothing.
 `to_networkx(cap)` gives the same graph as a networkx DiGraph for passes, the scheduler and
 the printers.
 """
@@ -15,13 +21,14 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from .ops import VIEW
+from ..layout import contiguous_strides
+from .ops import VIEW, scalar_class
 
 
 @dataclass
 class Operand:
-    kind: str          # "in" (graph input), "node" (computed node), "const"
-    index: int         # input index / node index; for "in": the operand slot index
+    kind: str          # "in" (graph input), "node" (computed node), "const" (a scalar)
+    index: int         # input index / node index; "in": the operand slot; "const": the scalar slot
     shape: tuple
     strides: tuple
     offset: int = 0    # static offset ("node"); for "in" the offset is runtime (slot)
@@ -31,7 +38,7 @@ class Operand:
 
     def key(self):
         if self.kind == "const":
-            return ("c", self.value, self.dtype.name, self.shape)
+            return ("c", self.index, self.dtype.name, self.shape)
         if self.kind == "in":
             return ("i", self.index, self.shape, self.strides)
         return ("n", self.index, self.shape, self.strides, self.offset)
@@ -41,10 +48,17 @@ class Capture:
     """A canonical capture.  `operands` (Operand objects) are built on first use from the raw
     operand keys, so a plan-cache hit never pays for them."""
 
-    def __init__(self, key, inputs, slots, nodes, operands, targets, raw=None):
+    def __init__(self, key, inputs, slots, nodes, operands, targets, raw=None, scalars=(), args=None):
         self.key, self.inputs, self.slots, self.nodes, self.targets = key, inputs, slots, nodes, targets
         self._operands, self._raw = operands, raw
+        self.scalars = scalars          # [(value, DType)] per scalar slot
+        self.args = args                # per node: its structural arg (scalar args left out)
         self.extra = {}
+
+    def derive(self, nodes, operands, targets, args):
+        """A capture with the same runtime bindings over a rewritten node list (for passes)."""
+        return Capture(self.key, self.inputs, self.slots, nodes, operands, targets,
+                       scalars=self.scalars, args=args)
 
     @property
     def operands(self):
@@ -59,8 +73,8 @@ class Capture:
 
 def _operand_from_raw(r, cap):
     if r[0] == "c":
-        from ..dtype import DType
-        return Operand("const", -1, r[3], tuple(0 for _ in r[3]), value=r[1], dtype=DType.from_name(r[2]))
+        value, dt = cap.scalars[r[1]]
+        return Operand("const", r[1], r[3], tuple(0 for _ in r[3]), value=value, dtype=dt)
     if r[0] == "i":
         return Operand("in", r[1], r[2], r[3], src=cap.slots[r[1]][0])
     return Operand("node", r[1], r[2], r[3], r[4])
@@ -77,8 +91,18 @@ def _argkey(a):
 def capture(targets) -> Capture:
     """Canonical capture of everything the (unrealized, non-view) `targets` depend on."""
     index: dict = {}
-    inputs, input_keys, nodes, raw, node_keys = [], [], [], [], []
+    inputs, input_keys, nodes, raw, node_keys, args = [], [], [], [], [], []
     slots, slot_index = [], {}
+    scalars, scalar_index = [], {}
+
+    def scalar_slot(value, dt):
+        sk = (dt.name, repr(value))
+        k = scalar_index.get(sk)
+        if k is None:
+            k = scalar_index[sk] = len(scalars)
+            scalars.append((value, dt))
+        return k
+
     for root in targets:
         stack = [(root, False)]
         while stack:
@@ -100,11 +124,13 @@ def capture(targets) -> Capture:
                     if id(b) not in index and not (b.buffer is None and b.op.name == "const"):
                         stack.append((b, False))
                 continue
+            kind_ = n.op
             ops = []
             for src in n.srcs:
                 base, lay = src.base, src.layout
                 if base.buffer is None and base.op.name == "const":
-                    ops.append(("c", base.arg, base.dtype.name, lay.shape))
+                    ops.append(("c", scalar_slot(base.arg, base.dtype), base.dtype.name, lay.shape,
+                                scalar_class(kind_, base.arg)))
                     continue
                 kind, idx = index[id(base)]
                 if kind == "i":
@@ -116,16 +142,53 @@ def capture(targets) -> Capture:
                     ops.append(("i", sl, lay.shape, lay.strides))
                 else:
                     ops.append(("n", idx, lay.shape, lay.strides, lay.offset))
+            arg = n.arg
+            if kind_.scalar_args:
+                values = arg if isinstance(arg, tuple) else (arg,)
+                ops.extend(("c", scalar_slot(v, n.dtype), n.dtype.name, (), None) for v in values)
+                arg = kind_.arg_class(values, n.dtype) if kind_.arg_class else None
+            elif not (arg is None or isinstance(arg, (int, float, str))):
+                arg = _argkey(arg)
             ops = tuple(ops)
             index[nid] = ("n", len(nodes))
             nodes.append(n)
             raw.append(ops)
-            arg = n.arg
-            node_keys.append((op, arg if arg is None or isinstance(arg, (int, float, str)) else _argkey(arg),
-                              n.shape, n.dtype.name, ops))
+            args.append(arg)
+            node_keys.append((op, arg, n.shape, n.dtype.name, ops))
     tgt = [index[id(t)][1] for t in targets]
     key = (tuple(input_keys), tuple(node_keys), tuple(tgt), tuple(sk[:3] for sk in slot_index))
-    return Capture(key, inputs, slots, nodes, None, tgt, raw)
+    return Capture(key, inputs, slots, nodes, None, tgt, raw, scalars, args)
+
+
+def _contiguous_read(shape, strides) -> bool:
+    return all(d == 1 or s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)))
+
+
+def size_class_key(cap: Capture):
+    """The capture's key with every size abstracted: each distinct size other than 0 and 1
+    becomes a symbol (numbered by first appearance, so equal sizes stay equal), and each read
+    keeps only what the passes and the scheduler test of its layout -- its shape (symbolic),
+    whether it walks that shape contiguously, and (node reads) whether its offset is 0.  Two
+    captures with the same size-class key get the same passes, fusion and buffers; only the
+    kernels' sizes, strides and shape classes are derived again (compiler.Template)."""
+    syms: dict = {0: 0, 1: 1}
+
+    def sym(shape):
+        return tuple(syms.setdefault(d, ("d", len(syms))) for d in shape)
+
+    nodes = []
+    for n, arg, ops in zip(cap.nodes, cap.args, cap._raw):
+        abstract = []
+        for r in ops:
+            if r[0] == "c":
+                abstract.append(("c", r[1], r[2], sym(r[3]), r[4]))
+            elif r[0] == "i":
+                abstract.append(("i", r[1], sym(r[2]), _contiguous_read(r[2], r[3])))
+            else:
+                abstract.append(("n", r[1], sym(r[2]), _contiguous_read(r[2], r[3]), r[4] == 0))
+        nodes.append((n.op.name, arg, sym(n.shape), n.dtype.name, tuple(abstract)))
+    inputs = tuple(k[:-2] + (sym(k[-2]), k[-1]) for k in cap.key[0])
+    return (inputs, tuple(nodes), cap.key[2], len(cap.slots))
 
 
 def to_networkx(cap: Capture) -> nx.DiGraph:

@@ -1,6 +1,7 @@
 """The one table of op kinds.  Each entry is defined once: its category (how the scheduler
-treats it), arity, dtype rule, which dtypes it accepts, and for elementwise ops the LLVM
-emission of its math on compute-typed values (scalars or vectors alike).
+treats it), arity, dtype rule, which dtypes it accepts, its cost, which scalar args it takes
+at run time and which scalar values a graph rewrite tests.  The LLVM emission of each
+elementwise op lives in codegen/ops_emit.py, keyed by op name (ir never imports codegen).
 
 Shape rules live with the Tensor API (ops are built on equal shapes; broadcasting is a view).
 """
@@ -8,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
-
-
-from ..codegen.llvmutil import call_intrinsic, const, FM_ELEMENTWISE as FM
+import math
 
 SOURCE, VIEW, ELEMENTWISE, REDUCE, MATMUL, INDEX = "source", "view", "elementwise", "reduce", "matmul", "index"
 
@@ -22,8 +21,10 @@ class OpKind:
     arity: int = 1
     float_only: bool = False        # integer dtypes raise UnsupportedDTypeForOp
     out_dtype: str = "same"         # "same" | "u8" | "arg" (to_dtype) | "last" (where: on_true's)
-    emit: Callable | None = None    # emit(b, dtype, vals, arg) -> value (compute type of out dtype)
     cost: int = 1                   # rough element-ops, for threading decisions
+    scalar_args: int = 0            # the arg is a tuple of this many scalars, passed at run time
+    arg_class: Callable | None = None   # (arg, dtype) -> what of a scalar arg the kernel is built for
+    keyed_scalars: tuple = ()       # scalar operand values a rewrite (passes.py) tests
     doc: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -34,130 +35,32 @@ class OpKind:
 OPS: dict = {}
 
 
+def scalar_class(op: OpKind, value):
+    """Which of `op.keyed_scalars` the scalar operand `value` is (None: none of them).  0.0 and
+    -0.0 are told apart (x + -0.0 is x, x + 0.0 is not for x = -0.0)."""
+    for c in op.keyed_scalars:
+        if value == c and (not isinstance(value, float) or math.copysign(1, value) == math.copysign(1, c)):
+            return repr(c)
+    return None
+
+
+def powf_exponent_class(arg, dtype):
+    """powf's kernel depends on the exponent through these cases only: 0, 1, 2, -1 and 0.5 get
+    their own code; otherwise (finite, integer, odd).  The exponent is taken in the compute
+    precision (f32 for f32/f16/bf16, as NumPy rounds a Python scalar to the array's dtype)."""
+    import numpy as np
+    e = float(arg[0]) if dtype.compute == "double" else float(np.float32(arg[0]))
+    if e in (0.0, 1.0, 2.0, -1.0, 0.5):
+        return ("e", e)
+    finite = math.isfinite(e)
+    is_int = finite and e == math.floor(e)
+    return ("cls", finite, is_int, is_int and abs(e) < 2.0 ** 53 and int(e) % 2 == 1)
+
+
 def _op(name, category, **kw) -> OpKind:
     op = OpKind(name, category, **kw)
     OPS[name] = op
     return op
-
-
-# ---- emission helpers ------------------------------------------------------------------
-def _vmath(fname):
-    def emit(b, dt, vals, arg):
-        from ..codegen import vmath
-        params = arg if isinstance(arg, tuple) else (() if arg is None else (arg,))
-        return vmath.emit(b, fname, vals[0], *params)
-    return emit
-
-
-def _max_min(pick_max):
-    def emit(b, dt, vals, arg):
-        x, y = vals
-        if dt.is_float:  # like np.maximum: NaN in either operand propagates
-            keep_x = b.or_(b.fcmp_ordered(">=" if pick_max else "<=", x, y), b.fcmp_unordered("uno", x, x))
-            return b.select(keep_x, x, y)
-        cmp = b.icmp_signed if dt.is_signed else b.icmp_unsigned
-        return b.select(cmp(">=" if pick_max else "<=", x, y), x, y)
-    return emit
-
-
-def _div(b, dt, vals, arg):
-    x, y = vals
-    if dt.is_float:
-        return b.fdiv(x, y, flags=FM)
-    # Integer division truncates toward zero; x/0 -> 0; INT_MIN/-1 wraps (no trap).
-    zero, one = const(y.type, 0), const(y.type, 1)
-    is_zero = b.icmp_unsigned("==", y, zero)
-    if dt.is_signed:
-        is_m1 = b.icmp_signed("==", y, const(y.type, -1))
-        safe = b.select(b.or_(is_zero, is_m1), one, y)
-        q = b.select(is_m1, b.sub(zero, x), b.sdiv(x, safe))
-    else:
-        q = b.udiv(x, b.select(is_zero, one, y))
-    return b.select(is_zero, zero, q)
-
-
-def _cmp(pred):
-    def emit(b, dt, vals, arg, out_type=None):
-        x, y = vals
-        if dt.is_float:
-            c = b.fcmp_unordered("!=", x, y) if pred == "!=" else b.fcmp_ordered(pred, x, y)
-        elif dt.is_signed:
-            c = b.icmp_signed(pred, x, y)
-        else:
-            c = b.icmp_unsigned(pred, x, y)
-        return c   # i1; the kernel widens it to u8
-    return emit
-
-
-def _neg(b, dt, vals, arg):
-    x = vals[0]
-    return b.fneg(x) if dt.is_float else b.sub(const(x.type, 0), x)
-
-
-def _abs(b, dt, vals, arg):
-    x = vals[0]
-    if dt.is_float:
-        return call_intrinsic(b, "fabs", [x])
-    if not dt.is_signed:
-        return x
-    return b.select(b.icmp_signed("<", x, const(x.type, 0)), b.sub(const(x.type, 0), x), x)
-
-
-def _relu(b, dt, vals, arg):
-    x = vals[0]
-    if dt.is_float:
-        return b.select(b.fcmp_ordered("<", x, const(x.type, 0.0)), const(x.type, 0.0), x)
-    if not dt.is_signed:
-        return x
-    return b.select(b.icmp_signed("<", x, const(x.type, 0)), const(x.type, 0), x)
-
-
-def _sign(b, dt, vals, arg):
-    x = vals[0]
-    if dt.is_float:
-        pos = b.uitofp(b.fcmp_ordered(">", x, const(x.type, 0.0)), x.type)
-        neg = b.uitofp(b.fcmp_ordered("<", x, const(x.type, 0.0)), x.type)
-        return b.select(b.fcmp_unordered("uno", x, x), x, b.fsub(pos, neg))
-    pos = b.zext(b.icmp_signed(">", x, const(x.type, 0)) if dt.is_signed
-                 else b.icmp_unsigned(">", x, const(x.type, 0)), x.type)
-    if not dt.is_signed:
-        return pos
-    return b.sub(pos, b.zext(b.icmp_signed("<", x, const(x.type, 0)), x.type))
-
-
-def _rounding(intrinsic_name):
-    def emit(b, dt, vals, arg):
-        return call_intrinsic(b, intrinsic_name, [vals[0]]) if dt.is_float else vals[0]
-    return emit
-
-
-def _affine(b, dt, vals, arg):
-    x = vals[0]
-    mul, add = arg
-    if dt.is_float:
-        return b.fadd(b.fmul(x, const(x.type, mul), flags=FM), const(x.type, add), flags=FM)
-    return b.add(b.mul(x, const(x.type, mul)), const(x.type, add))
-
-
-def _clamp(b, dt, vals, arg):
-    x = vals[0]
-    lo, hi = const(x.type, arg[0]), const(x.type, arg[1])
-    y = _max_min(True)(b, dt, [x, lo], None)
-    return _max_min(False)(b, dt, [y, hi], None)
-
-
-def _arith(float_op, int_op):
-    def emit(b, dt, vals, arg):
-        x, y = vals
-        if dt.is_float:
-            return getattr(b, float_op)(x, y, flags=FM)
-        return getattr(b, int_op)(x, y)
-    return emit
-
-
-def _where(b, dt, vals, arg):
-    m, x, y = vals
-    return b.select(b.icmp_unsigned("!=", m, const(m.type, 0)), x, y)
 
 
 # ---- the table -------------------------------------------------------------------------
@@ -169,43 +72,70 @@ _op("view", VIEW, doc="strided view: layout change, no data moves")
 
 # elementwise unary, float only (vector math library)
 for _n, _c in (("exp", 8), ("log", 8), ("sin", 12), ("cos", 12), ("tanh", 10), ("erf", 10),
-               ("gelu", 14), ("gelu_erf", 14), ("silu", 10), ("sigmoid", 10), ("sqrt", 4), ("recip", 2),
-               ("powf", 16), ("elu", 10)):
-    _op(_n, ELEMENTWISE, float_only=True, emit=_vmath(_n), cost=_c)
+               ("gelu", 14), ("gelu_erf", 14), ("silu", 10), ("sigmoid", 10), ("sqrt", 4), ("recip", 2)):
+    _op(_n, ELEMENTWISE, float_only=True, cost=_c)
+_op("powf", ELEMENTWISE, float_only=True, cost=16, scalar_args=1, arg_class=powf_exponent_class,
+    doc="x ** e, e a runtime scalar (its class is part of the kernel)")
+_op("elu", ELEMENTWISE, float_only=True, cost=10, scalar_args=1, doc="alpha a runtime scalar")
 
 # elementwise unary, every compute dtype
-_op("neg", ELEMENTWISE, emit=_neg)
-_op("abs", ELEMENTWISE, emit=_abs)
-_op("sqr", ELEMENTWISE, emit=lambda b, dt, v, a: _arith("fmul", "mul")(b, dt, [v[0], v[0]], a))
-_op("relu", ELEMENTWISE, emit=_relu)
-_op("sign", ELEMENTWISE, emit=_sign)
-_op("ceil", ELEMENTWISE, emit=_rounding("ceil"))
-_op("floor", ELEMENTWISE, emit=_rounding("floor"))
-_op("round", ELEMENTWISE, emit=_rounding("round"), doc="halves away from zero (candle)")
-_op("affine", ELEMENTWISE, emit=_affine, doc="x*mul+add")
-_op("clamp", ELEMENTWISE, emit=_clamp)
+for _n in ("neg", "abs", "sqr", "relu", "sign", "ceil", "floor"):
+    _op(_n, ELEMENTWISE)
+_op("round", ELEMENTWISE, doc="halves away from zero (candle)")
+_op("affine", ELEMENTWISE, scalar_args=2, doc="x*mul+add (mul, add runtime scalars)")
+_op("clamp", ELEMENTWISE, scalar_args=2, doc="min(max(x, lo), hi) (lo, hi runtime scalars)")
 _op("cast", ELEMENTWISE, out_dtype="arg", doc="to_dtype; emitted by the kernel's cast table")
 
-# elementwise binary
-_op("add", ELEMENTWISE, arity=2, emit=_arith("fadd", "add"))
-_op("sub", ELEMENTWISE, arity=2, emit=_arith("fsub", "sub"))
-_op("mul", ELEMENTWISE, arity=2, emit=_arith("fmul", "mul"))
-_op("div", ELEMENTWISE, arity=2, emit=_div, cost=4)
-_op("maximum", ELEMENTWISE, arity=2, emit=_max_min(True))
-_op("minimum", ELEMENTWISE, arity=2, emit=_max_min(False))
-for _n, _p in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">=")):
-    _op(_n, ELEMENTWISE, arity=2, out_dtype="u8", emit=_cmp(_p))
-_op("where", ELEMENTWISE, arity=3, out_dtype="last", emit=_where)
+# elementwise binary; keyed_scalars: the rewrites x*1, 1*x, x/1, x+0 / x+(-0.0), x-0 (passes.py)
+_op("add", ELEMENTWISE, arity=2, keyed_scalars=(0, -0.0))
+_op("sub", ELEMENTWISE, arity=2, keyed_scalars=(0,))
+_op("mul", ELEMENTWISE, arity=2, keyed_scalars=(1,))
+_op("div", ELEMENTWISE, arity=2, cost=4, keyed_scalars=(1,))
+_op("maximum", ELEMENTWISE, arity=2)
+_op("minimum", ELEMENTWISE, arity=2)
+for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _op(_n, ELEMENTWISE, arity=2, out_dtype="u8")
+_op("where", ELEMENTWISE, arity=3, out_dtype="last")
 
 CMP_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum")
 
-_op("copy", ELEMENTWISE, emit=lambda b, dt, v, a: v[0], doc="materialise a view into its own buffer")
+_op("copy", ELEMENTWISE, doc="materialise a view into its own buffer")
+
 
 # reductions: arg = the reduced dims (sorted tuple); the node keeps them as size-1 dims
-for _n in ("sum", "mean", "max", "min"):
-    _op(_n, REDUCE, out_dtype="same", cost=1)
-for _n in ("argmax", "argmin"):
-    _op(_n, REDUCE, out_dtype="u32", cost=1)
+@dataclass(frozen=True)
+class Reduction:
+    """What a reduction computes, for the reduce kernel generator:
+    identity  "zero" | "lowest" | "highest" (the dtype's -inf / +inf, or its integer extremes);
+    combine   "add" | "max" | "min" (max/min propagate NaN like np.max; arg kinds keep the
+              first index on ties);
+    acc       "f64" (floats accumulate in f64) | "dtype" (in the input's compute type);
+    finish    "none" | "divide_count" (mean) | "index" (argmax/argmin return the position)."""
+    identity: str
+    combine: str
+    acc: str
+    finish: str
+
+
+REDUCTIONS = {
+    "sum": Reduction("zero", "add", "f64", "none"),
+    "mean": Reduction("zero", "add", "f64", "divide_count"),
+    "max": Reduction("lowest", "max", "dtype", "none"),
+    "min": Reduction("highest", "min", "dtype", "none"),
+    "argmax": Reduction("lowest", "max", "dtype", "index"),
+    "argmin": Reduction("highest", "min", "dtype", "index"),
+}
+for _n, _r in REDUCTIONS.items():
+    _op(_n, REDUCE, out_dtype="u32" if _r.finish == "index" else "same", cost=1, extra={"reduction": _r})
+
+
+def reduction(name: str) -> Reduction:
+    """The definition of reduction `name`; an unknown kind raises."""
+    try:
+        return REDUCTIONS[name]
+    except KeyError:
+        raise KeyError(f"unknown reduction {name!r}; known: {sorted(REDUCTIONS)}") from None
+
 
 _op("matmul", MATMUL, arity=2, doc="batched (..., m, k) @ (..., k, n); batch dims already broadcast equal")

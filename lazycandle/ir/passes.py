@@ -4,18 +4,28 @@ construction):
     x+0 (ints), neg(neg(x)), cast to the same dtype, copy of a computed node;
   * common-subexpression elimination (identical op, arg, dtype, shape and operands);
   * dead-code elimination (what no target needs).
-Each pass keeps the capture's inputs and operand slots, so runtime bindings stay valid, and
-records in `extra["origin"]` which node of the original capture each node stands for; notes
-name nodes by their index in the original capture (the dump prints them as user-graph ids)."""
+Each pass keeps the capture's inputs, operand slots and scalar slots, so runtime bindings stay
+valid, and records in `extra["origin"]` which node of the original capture each node stands for;
+notes name nodes by their index in the original capture (the dump prints them as user-graph ids).
+
+Scalars are runtime arguments, so a rewrite may only test a scalar's value through the value
+class the capture keys plans on (ops.OpKind.keyed_scalars, ops.scalar_class).  The rewrites
+that do, and so the only scalar values with a plan of their own:
+  * x*1, 1*x, x/1       (mul, div: the value 1)
+  * x+0, x-0 (ints), x+(-0.0), x-0.0 (floats)   (add: 0 and -0.0; sub: 0)
+  * powf: the exponents 0, 1, 2, -1 and 0.5 get their own code, and other exponents build one
+    kernel per class (finite?, integer?, odd integer?) -- ops.powf_exponent_class.
+Any other scalar value (a*3.0 vs a*4.0) shares one plan and one kernel."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .graph import Capture, Operand, _argkey
+from .graph import Capture, Operand
 from ..layout import contiguous_strides
 
 
 def _const_is(o: Operand, value) -> bool:
+    """The scalar operand is `value` (only asked for values in the op's keyed_scalars)."""
     return o.kind == "const" and o.value == value and (
         value != 0 or str(o.value) == str(value) or not o.dtype.is_float)
 
@@ -49,7 +59,7 @@ def _forward(n, ops, nodes, operands) -> int | None:
 
 def optimize(cap: Capture) -> Capture:
     """Simplify, CSE and DCE; returns a new Capture (same inputs, slots and targets)."""
-    nodes, operands, remap, seen, notes, origin = [], [], {}, {}, [], []
+    nodes, operands, args, remap, seen, notes, origin = [], [], [], {}, {}, [], []
     for j, (n, ops) in enumerate(zip(cap.nodes, cap.operands)):
         new_ops = [replace(o, index=remap[o.index]) if o.kind == "node" else o for o in ops]
         fwd = _forward(n, new_ops, nodes, operands)
@@ -57,7 +67,7 @@ def optimize(cap: Capture) -> Capture:
             remap[j] = fwd
             notes.append(f"n{j} ({n.op.name}) simplified to its operand n{origin[fwd]}")
             continue
-        key = (n.op.name, _argkey(n.arg), n.shape, n.dtype.name, tuple(o.key() for o in new_ops))
+        key = (n.op.name, cap.args[j], n.shape, n.dtype.name, tuple(o.key() for o in new_ops))
         if key in seen:
             remap[j] = seen[key]
             notes.append(f"n{j} ({n.op.name}) is a common subexpression: the same as n{origin[seen[key]]}")
@@ -65,8 +75,9 @@ def optimize(cap: Capture) -> Capture:
         remap[j] = seen[key] = len(nodes)
         nodes.append(n)
         operands.append(new_ops)
+        args.append(cap.args[j])
         origin.append(j)
-    out = Capture(cap.key, cap.inputs, cap.slots, nodes, operands, [remap[t] for t in cap.targets])
+    out = cap.derive(nodes, operands, [remap[t] for t in cap.targets], args)
     out.extra.update(notes=notes, origin=origin)
     return dce(out)
 
@@ -82,10 +93,10 @@ def dce(cap: Capture) -> Capture:
         return cap
     order = [j for j in range(len(nodes)) if j in live]
     new_index = {j: i for i, j in enumerate(order)}
-    out = Capture(cap.key, cap.inputs, cap.slots, [nodes[j] for j in order],
-                  [[replace(o, index=new_index[o.index]) if o.kind == "node" else o for o in operands[j]]
-                   for j in order],
-                  [new_index[t] for t in targets])
+    out = cap.derive([nodes[j] for j in order],
+                     [[replace(o, index=new_index[o.index]) if o.kind == "node" else o for o in operands[j]]
+                      for j in order],
+                     [new_index[t] for t in targets], [cap.args[j] for j in order])
     out.extra = dict(cap.extra)
     out.extra["origin"] = [_origin(cap)[j] for j in order]
     return out
@@ -138,7 +149,7 @@ def recompute_into_reductions(cap: Capture) -> Capture:
         clones[r] = sorted(sub)
     if not clones:
         return cap
-    new_nodes, new_ops, where, origin, was = [], [], {}, [], _origin(cap)
+    new_nodes, new_ops, new_args, where, origin, was = [], [], [], {}, [], _origin(cap)
     for j, (n, ops) in enumerate(zip(nodes, operands)):
         local = where
         if j in clones:
@@ -148,11 +159,13 @@ def recompute_into_reductions(cap: Capture) -> Capture:
                 origin.append(was[p])
                 new_nodes.append(nodes[p])
                 new_ops.append([replace(q, index=local[q.index]) if q.kind == "node" else q for q in operands[p]])
+                new_args.append(cap.args[p])
         where[j] = len(new_nodes)
         origin.append(was[j])
         new_nodes.append(n)
         new_ops.append([replace(q, index=local[q.index]) if q.kind == "node" else q for q in ops])
-    out = Capture(cap.key, cap.inputs, cap.slots, new_nodes, new_ops, [where[t] for t in cap.targets])
+        new_args.append(cap.args[j])
+    out = cap.derive(new_nodes, new_ops, [where[t] for t in cap.targets], new_args)
     out.extra["origin"] = origin
     out.extra["notes"] = cap.extra.get("notes", []) + [
         f"reduction n{was[r]} recomputes its producers ({', '.join(f'n{was[p]} {nodes[p].op.name}' for p in ps)})"

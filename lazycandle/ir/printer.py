@@ -109,14 +109,17 @@ def optimized_text(desc, names) -> str:
     return "\n".join(lines)
 
 
-def kernel_text(i, k, desc, names) -> list:
-    spec = k.spec
+def kernel_text(i, k, desc, names, step=None) -> list:
+    """Lines for kernel k (the scheduler's) as its plan step runs it (`step`: backend, reads,
+    detail of kernels of their own); nodes are named by `names` (user-graph ids)."""
+    spec = k.spec if k.spec is not None else getattr(step, "reads", None)
+    backend = getattr(step, "backend", None)
     fused = ", ".join(f"{names.nodes[j]} {desc['nodes'][j][0]}" for j in k.nodes)
-    lines = [f"kernel {i}: {k.kind}" + (f" [{k.backend}]" if getattr(k, "backend", None) else "") + f"  fuses {fused}"]
+    lines = [f"kernel {i}: {k.kind}" + (f" [{backend}]" if backend else "") + f"  fuses {fused}"]
     node_ops = desc["nodes"][k.nodes[0]][4] if spec is None else None
     for pos, bind in enumerate(k.inputs):
         if spec is not None:
-            strides, dt = spec.inputs[pos][1], spec.inputs[pos][0]
+            strides, dt = k.loop_strides[pos] if k.loop_strides else spec.inputs[pos][1], spec.inputs[pos][0]
         else:
             o = node_ops[pos]
             strides = f"{o.strides} shape {o.shape}"
@@ -128,27 +131,29 @@ def kernel_text(i, k, desc, names) -> list:
         lines.append(f"    reads  {src}: {dt} strides {strides}")
     for j in k.outputs:
         lines.append(f"    writes {names.nodes[j]}: {desc['nodes'][j][2]} {desc['nodes'][j][3].name}")
-    if spec is not None and hasattr(spec, "shape"):
-        from ..codegen import elementwise as ew
+    if spec is not None and k.loop_shape and step is not None:
+        shape, W = k.loop_shape, step.lanes
         if k.kind == "elementwise":
-            t = ew.tile_dim(spec)
-            nest = f"loop {spec.shape}, vector width {spec.width()} + scalar tail"
+            t = spec.tile
+            nest = f"loop {shape}, vector width {W} + scalar tail"
             if t is not None:
-                nest += f", tiled {spec.width()}x{spec.width()} over dims ({t}, {len(spec.shape) - 1}) with register transpose"
-            lines.append(f"    {nest}; parallel over {ew.parallel_extent(spec)} units")
+                nest += f", tiled {W}x{W} over dims ({t}, {len(shape) - 1}) with register transpose"
+            lines.append(f"    {nest}; parallel over {step.extent} units")
         elif k.kind == "reduce":
-            lines.append(f"    loop {spec.shape} reducing dims {[d for d, r in enumerate(spec.red) if r]} "
+            lines.append(f"    loop {shape} reducing dims {[d for d, r in enumerate(spec.red) if r]} "
                          f"({'inner-reduce' if spec.inner_reduce else 'inner-output'}), {spec.kind}, vector width "
-                         f"{spec.width()}; parallel over {spec.parallel_extent} units")
-    if getattr(k, "detail", None):
-        lines.append(f"    {k.detail}")
+                         f"{W}; parallel over {step.extent} units")
+        lines.append(f"    compiled for shape class: rank {spec.rank}, strides "
+                     f"{[c for _, c in spec.inputs]} (sizes {k.sizes} at run time)")
+    if getattr(step, "detail", None):
+        lines.append(f"    {step.detail}")
     return lines
 
 
 def schedule_text(plan, names) -> str:
     lines = []
     for i, k in enumerate(plan.kernels):
-        lines += kernel_text(i, k, plan.opt_desc, names)
+        lines += kernel_text(i, k, plan.opt_desc, names, plan.steps[i])
     for i, n in enumerate(plan.notes):
         lines.append(f"note: {names.note(i, n)}")
     return "\n".join(lines)
@@ -156,10 +161,10 @@ def schedule_text(plan, names) -> str:
 
 def llvm_text(plan, stage) -> str:
     out = []
-    for i, k in enumerate(plan.kernels):
-        cm = getattr(k, "compiled", None)
+    for i, (k, step) in enumerate(zip(plan.kernels, plan.steps)):
+        cm = getattr(step, "module", None)
         if cm is None:
-            out.append(f"; kernel {i}: {k.kind} (no generated code: {getattr(k, 'backend', 'nothing to run')})")
+            out.append(f"; kernel {i}: {k.kind} (no generated code: {getattr(step, 'backend', None) or 'nothing to run'})")
             continue
         out.append(f"; ==== kernel {i}: {k.kind}")
         out.append(cm.ir_text if stage == "llvm" else cm.asm())

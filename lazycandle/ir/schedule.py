@@ -25,6 +25,7 @@ from math import prod
 from ..errors import SchedulerError
 from ..layout import contiguous_strides, merge_dims
 from .graph import Capture
+from .kernels import EwSpec, RedSpec, runtime_sizes, stride_class, tile_dim
 from .ops import ELEMENTWISE, REDUCE
 
 # Ops fused into one kernel at most.  LLVM's optimiser is superlinear in the size of one
@@ -43,6 +44,10 @@ class Kernel:
     outputs: list                   # node indices written to buffers, in output order
     inputs: list = field(default_factory=list)   # ("slot", s) | ("node", j, offset): what each kernel input reads
     spec: object = None             # codegen spec (its structure is the compile cache key)
+    scalars: list = field(default_factory=list)  # capture scalar slot of each kernel scalar slot
+    loop_shape: tuple = ()          # fused kernels: the merged iteration shape
+    loop_strides: tuple = ()        # fused kernels: each input's strides over loop_shape
+    sizes: tuple = ()               # fused kernels: the runtime `sizes` argument
     why: list = field(default_factory=list)      # notes on fusion decisions (for the dump)
 
 
@@ -259,14 +264,22 @@ def schedule(cap: Capture):
     """Kernels in execution order, plus the set of materialised nodes and fusion notes."""
     groups, group_of, notes = group_nodes(cap)
     mat = materialized(cap, group_of)
+    return bind_kernels(cap, groups, mat), mat, notes
+
+
+def bind_kernels(cap: Capture, groups, mat) -> list:
+    """The kernels of `groups` (node index lists, in execution order) over this capture's
+    concrete layouts: fused kernels get their spec (shape class) and runtime sizes."""
     kernels = []
     for g in groups:
         kind = cap.nodes[g[-1]].op.category
         if kind in (ELEMENTWISE, REDUCE):
             kernels.append(_fused_kernel(cap, g, mat))
         else:
-            kernels.append(Kernel(kind, g, [j for j in g if j in mat]))
-    return kernels, mat, notes
+            reads = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)
+                     for o in cap.operands[g[0]] if o.kind != "const"]
+            kernels.append(Kernel(kind, g, [j for j in g if j in mat], reads))
+    return kernels
 
 
 def _merge_classed(shape, strides_list, red):
@@ -289,18 +302,20 @@ def _merge_classed(shape, strides_list, red):
 
 def _fused_kernel(cap: Capture, group, mat) -> Kernel:
     """An elementwise group, or a reduction with its private elementwise producers."""
-    from ..codegen.elementwise import EwSpec
-    from ..codegen.reduce import RedSpec
     sink = cap.nodes[group[-1]]
     red_node = group[-1] if sink.op.category == REDUCE else None
     members = set(group) - {red_node}
     shape = cap.operands[red_node][0].shape if red_node is not None else cap.nodes[group[0]].shape
     in_keys, in_strides, in_dtypes, inputs = {}, [], [], []
-    instr_of, instrs = {}, []
+    instr_of, instrs, scalar_of, scalars = {}, [], {}, []
 
     def ref(o):
         if o.kind == "const":
-            return ("c", o.value, o.dtype.name)
+            k = scalar_of.get(o.index)
+            if k is None:
+                k = scalar_of[o.index] = len(scalars)
+                scalars.append(o.index)
+            return ("s", k, o.dtype.name)
         if o.kind == "node" and o.index in members and cap.nodes[o.index].shape == shape and _identity_read(o, shape):
             return ("v", instr_of[o.index])
         if o.kind == "in":
@@ -326,7 +341,6 @@ def _fused_kernel(cap: Capture, group, mat) -> Kernel:
             return cap.inputs[o.src].dtype
         return cap.nodes[o.index].dtype
 
-    from .graph import _argkey
     for j in group:
         n, ops = cap.nodes[j], cap.operands[j]
         refs = tuple(ref(o) for o in ops)
@@ -335,15 +349,23 @@ def _fused_kernel(cap: Capture, group, mat) -> Kernel:
             dt = dtype_of(ops[0])
             instrs.append(("copy", None, dt.name, dt.name, refs))
         else:
-            instrs.append((n.op.name, _argkey(n.arg), dtype_of(ops[-1]).name, n.dtype.name, refs))
+            instrs.append((n.op.name, cap.args[j], dtype_of(ops[n.op.arity - 1]).name, n.dtype.name, refs))
+    scalar_dtypes = tuple(cap.scalars[k][1].name for k in scalars)
+    def classes(strides):
+        return tuple((dt.name, tuple(stride_class(x) for x in st)) for dt, st in zip(in_dtypes, strides))
+
     if red_node is not None:
         red = tuple(i in sink.arg for i in range(len(shape)))
         mshape, mred, mstrides = _merge_classed(shape, in_strides, red)
-        spec = RedSpec(mshape, mred, tuple((dt.name, s) for dt, s in zip(in_dtypes, mstrides)), tuple(instrs),
-                       sink.op.name, ((len(instrs) - 1, sink.dtype.name),))
-        return Kernel(REDUCE, list(group), [red_node], inputs, spec)
+        spec = RedSpec(mred, classes(mstrides), tuple(instrs), sink.op.name, ((len(instrs) - 1, sink.dtype.name),),
+                       scalar_dtypes)
+        return Kernel(REDUCE, list(group), [red_node], inputs, spec, scalars=scalars, loop_shape=mshape,
+                      loop_strides=tuple(mstrides), sizes=runtime_sizes(mshape, mstrides))
     outputs = [j for j in group if j in mat]
     mshape, mstrides = merge_dims(shape, in_strides + [contiguous_strides(shape)])
-    spec = EwSpec(mshape if prod(shape) else (0,), tuple((dt.name, s) for dt, s in zip(in_dtypes, mstrides[:-1])),
-                  tuple(instrs), tuple((instr_of[j], cap.nodes[j].dtype.name) for j in outputs))
-    return Kernel(ELEMENTWISE, list(group), outputs, inputs, spec)
+    mshape, mstrides = ((mshape, mstrides[:-1]) if prod(shape) else ((0,), [(0,)] * len(in_strides)))
+    cls = classes(mstrides)
+    spec = EwSpec(len(mshape), cls, tuple(instrs), tuple((instr_of[j], cap.nodes[j].dtype.name) for j in outputs),
+                  scalar_dtypes, tile_dim([c for _, c in cls]))
+    return Kernel(ELEMENTWISE, list(group), outputs, inputs, spec, scalars=scalars, loop_shape=mshape,
+                  loop_strides=tuple(mstrides), sizes=runtime_sizes(mshape, mstrides))

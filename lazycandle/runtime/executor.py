@@ -6,39 +6,59 @@ from __future__ import annotations
 import ctypes
 from math import prod
 
+import numpy as np
+
 from .. import caches, config
 from ..errors import UnboundPlaceholder
-from ..ir.graph import capture
+from ..ir.graph import capture, size_class_key
 from ..ir.node import Node
-from ..ir.schedule import schedule
 from . import pool
 from .steps import STEPS, NodeStep
 
-_KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+def pack_scalars(scalars) -> np.ndarray:
+    """The capture's scalar slots [(value, DType)] as the kernels read them: 8-byte slots, f64
+    bits for float scalars (exact: the value is already rounded to its dtype), i64 for ints."""
+    packed = np.empty(len(scalars), np.int64)
+    as_f64 = packed.view(np.float64)
+    for k, (v, dt) in enumerate(scalars):
+        if dt.is_float:
+            as_f64[k] = v
+        else:
+            packed[k] = v if v < 1 << 63 else v - (1 << 64)
+    return packed
 
 
 class Step:
-    """One compiled kernel call: which buffers it reads/writes and how to split it."""
+    """One compiled kernel call: which buffers it reads/writes, which of the plan's scalars it
+    takes, and how to split it."""
 
-    def __init__(self, kernel, fn, extent, align, cost):
-        self.kernel, self.fn, self.extent, self.align, self.cost = kernel, fn, extent, align, cost
+    def __init__(self, kernel, fn, extent, lanes, align, cost):
+        self.kernel, self.fn, self.extent, self.lanes, self.align, self.cost = kernel, fn, extent, lanes, align, cost
+        self.module = fn._module      # for the dump tool's llvm / asm stages
+        self.scalar_index = np.array(kernel.scalars, np.intp) if kernel.scalars else None
+        self.sizes = np.array(kernel.sizes, np.int64)
 
-    def run(self, addrs):
+    def run(self, addrs, packed_scalars):
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
         base = ctypes.addressof(arr)
+        scal = packed_scalars[self.scalar_index] if self.scalar_index is not None else None
+        scal_ptr = scal.ctypes.data if scal is not None else None
         fn = self.fn
-        pool.parallel_for(lambda a, b: fn(base, a, b), 0, self.extent,
+        sizes_ptr = self.sizes.ctypes.data
+        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, scal_ptr, a, b), 0, self.extent,
                           cost_per_item=self.cost, align=self.align)
 
 
-def _compiled_step(k, codegen, size, extent, align):
-    """Compile kernel k's spec with `codegen` (elementwise or reduce); None when it has no work."""
+def _compiled_step(k, codegen, size, extent, vector_units):
+    """Compile kernel k's spec with `codegen` (elementwise or reduce); None when it has no work.
+    `vector_units`: its units are single elements, so chunks split on vector boundaries."""
     if size == 0:
         return None
-    cm, name = codegen.compile_spec(k.spec)
-    k.compiled = cm
-    cost = len(k.spec.instrs) * prod(k.spec.shape) / extent
-    return Step(k, _KERNEL_FN(cm.address(name)), extent, align, cost)
+    fn = codegen.get_kernel(k.spec)
+    lanes = codegen.lanes(k.spec)
+    cost = len(k.spec.instrs) * prod(k.loop_shape) / extent
+    return Step(k, fn, extent, lanes, lanes if vector_units else 1, cost)
 
 
 def describe(cap):
@@ -50,15 +70,15 @@ def describe(cap):
 
 
 class Plan:
-    """A compiled graph: kernels in order, which node buffers they use, what to return."""
+    """A compiled graph: kernels in order, which node buffers they use, what to return.  Built
+    by the compiler driver (lazycandle/compiler.py) from the captured and the optimised
+    capture and the scheduled kernels; `template` lets captures of the same size class skip
+    the passes and the scheduler."""
 
-    def __init__(self, cap):
+    def __init__(self, src_cap, cap, kernels, materialized, notes, template=None):
         from ..codegen import elementwise as ew, reduce as red
-        from ..ir.passes import optimize, recompute_into_reductions
-        src_desc = describe(cap)
-        cap = recompute_into_reductions(optimize(cap))
-        self.kernels, self.materialized, self.notes = schedule(cap)
-        self.notes = cap.extra.get("notes", []) + self.notes
+        src_desc = describe(src_cap)
+        self.kernels, self.materialized, self.notes, self.template = kernels, materialized, notes, template
         # descriptions for the dump tool; the plan is cached, so it must not pin Nodes/buffers
         self.graph_desc, self.opt_desc = src_desc, describe(cap)
         self.node_meta = [(n.shape, n.dtype) for n in cap.nodes]
@@ -67,11 +87,12 @@ class Plan:
         for k in self.kernels:
             if k.kind == "elementwise":
                 spec = k.spec
-                self.steps.append(_compiled_step(k, ew, prod(spec.shape), ew.parallel_extent(spec),
-                                                 spec.width() if len(spec.shape) == 1 else 1))
+                self.steps.append(_compiled_step(k, ew, prod(k.loop_shape), ew.parallel_extent(spec, k.loop_shape),
+                                                 spec.rank == 1 and spec.tile is None))
             elif k.kind == "reduce":
                 spec = k.spec
-                self.steps.append(_compiled_step(k, red, prod(spec.out_shape), spec.parallel_extent, 1))
+                self.steps.append(_compiled_step(k, red, prod(spec.out_shape(k.loop_shape)),
+                                                 spec.parallel_extent(k.loop_shape), False))
             elif cap.nodes[k.nodes[0]].op.name in STEPS:
                 self.steps.append(STEPS[cap.nodes[k.nodes[0]].op.name](k, cap))
             else:
@@ -94,11 +115,13 @@ class Plan:
         self.free_after = [[j for j, r in last_read.items() if r == i and j not in keep]
                            for i in range(len(self.kernels))]
 
-    def run(self, in_bufs, offsets):
-        """in_bufs: 1-D arrays per capture input; offsets: per operand slot.  Returns the target
-        buffers in capture-target order."""
+    def run(self, in_bufs, offsets, scalars):
+        """in_bufs: 1-D arrays per capture input; offsets: per operand slot; scalars: the
+        capture's scalar slots [(value, DType)].  Returns the target buffers in capture-target
+        order."""
         from .buffers import alloc
         bufs = {}
+        packed = pack_scalars(scalars)
         slots = self.slots
         for i, (step, k) in enumerate(zip(self.steps, self.kernels)):
             if i > 0:
@@ -123,19 +146,25 @@ class Plan:
                     addrs.append(buf.ctypes.data + bind[2] * buf.itemsize)
             for j in k.outputs:
                 addrs.append(bufs[j].ctypes.data)
-            step.run(addrs)
+            step.run(addrs, packed)
         return [bufs[t] for t in self.targets]
 
 
 _plans = caches.register("plans", caches.LRU(config.plan_cache_size()))
+_templates = caches.register("plan templates", caches.LRU(config.plan_cache_size()))   # size-class key -> Template
 
 
 def get_plan(cap, targets=None) -> Plan:
     """The compiled plan for a capture's structure, from a bounded LRU cache (compiling on a
-    miss; LAZYCANDLE_DUMP prints the requested stages at every compile)."""
+    miss; LAZYCANDLE_DUMP prints the requested stages at every compile).  A new size of a known
+    structure replays that structure's template, and its kernels come from the kernel cache
+    (one per shape class)."""
     plan = _plans.get(cap.key)
     if plan is None:
-        plan = Plan(cap)
+        from ..compiler import compile_capture    # the driver sits above runtime
+        size_key = size_class_key(cap)
+        plan = compile_capture(cap, _templates.get(size_key))
+        _templates.put(size_key, plan.template)
         plan.slots = list(cap.slots)
         plan = _plans.put(cap.key, plan)
         if config.dump_stages():
@@ -215,7 +244,7 @@ def realize_nodes(nodes) -> None:
                 raise UnboundPlaceholder(f"placeholder {inp.arg!r} {inp.shape} {inp.dtype.name} is not bound: "
                                          f"realize it through lc.compile([...]).run({inp.arg}=...)")
         plan = get_plan(cap, work)
-        outs = plan.run([n.buffer for n in cap.inputs], cap.offsets)
+        outs = plan.run([n.buffer for n in cap.inputs], cap.offsets, cap.scalars)
         for n, orig, buf in zip(work, finish, outs):
             n.set_buffer(buf)
             if orig is not None:

@@ -24,7 +24,7 @@ def _addr(buf, lay) -> int:
 def _run(fn, addrs, units, cost) -> None:
     arr = (ctypes.c_void_p * len(addrs))(*addrs)
     base = ctypes.addressof(arr)
-    pool.parallel_for(lambda a, b: fn(base, a, b), 0, units, cost_per_item=cost)
+    pool.parallel_for(lambda a, b: fn(base, None, None, a, b), 0, units, cost_per_item=cost)
     del arr
 
 
@@ -75,12 +75,12 @@ class IndexStep(NodeStep):
                                 contiguous_strides(self.shape), t_lay.strides)
             runs = prod(self.shape) > 0 or prod(S) > 0
         self.spec = spec
-        self.kernel.spec = _Reads(self.operands)
+        self.reads = _Reads(self.operands)
         self.fn = None
         if runs and spec.units > 0:
             cm, self.fn = K.get_kernel(spec)
-            self.kernel.compiled = cm
-        self.kernel.detail = (f"{op} along dim {dim}: {spec.units} units (outer {spec.outer} x mid chunks of "
+            self.module = cm
+        self.detail = (f"{op} along dim {dim}: {spec.units} units (outer {spec.outer} x mid chunks of "
                               f"{spec.mchunk} of {spec.mid} x inner blocks of {spec.block} of {spec.inner}); "
                               f"ids {self.id_dtype.name} checked < {self.bound}")
 
@@ -110,7 +110,7 @@ class CatStep(NodeStep):
 
     def setup(self, cap):
         dim = self.arg
-        self.kernel.spec = _Reads(self.operands)
+        self.reads = _Reads(self.operands)
         out_strides = contiguous_strides(self.shape)
         self.parts = []
         start = 0
@@ -123,8 +123,8 @@ class CatStep(NodeStep):
                 self.parts.append((k, start * out_strides[dim], spec, fn))
             start += lay.shape[dim]
         if cms:
-            self.kernel.compiled = _Modules(cms)
-        self.kernel.detail = f"cat along dim {dim}: {len(self.parts)} strided copies"
+            self.module = _Modules(cms)
+        self.detail = f"cat along dim {dim}: {len(self.parts)} strided copies"
 
     def run_node(self, in_bufs, offsets, bufs):
         out = bufs[self.out]
@@ -139,12 +139,12 @@ class Im2colStep(NodeStep):
         lay, dt = self.operands[0][3], self.operands[0][4]
         kh, kw, ph, pw, sh, sw, dh, dw = self.arg
         self.spec = K.Im2colSpec(dt.size_in_bytes, *lay.shape, kh, kw, ph, pw, sh, sw, dh, dw, tuple(lay.strides))
-        self.kernel.spec = _Reads(self.operands)
+        self.reads = _Reads(self.operands)
         self.fn = None
         if prod(self.shape) > 0:
             cm, self.fn = K.get_kernel(self.spec)
-            self.kernel.compiled = cm
-        self.kernel.detail = (f"im2col {lay.shape} -> {self.shape}: kernel ({kh}, {kw}), padding ({ph}, {pw}), "
+            self.module = cm
+        self.detail = (f"im2col {lay.shape} -> {self.shape}: kernel ({kh}, {kw}), padding ({ph}, {pw}), "
                               f"stride ({sh}, {sw}), dilation ({dh}, {dw})")
 
     def run_node(self, in_bufs, offsets, bufs):

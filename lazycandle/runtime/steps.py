@@ -1,6 +1,7 @@
 """Kernels of their own: a node that is not fused (matmul, index and data-movement ops) runs as
 one Step.  Each op kind registers a Step class here; the executor builds it once per plan and
-calls `run_node` with the plan's buffers at run time."""
+calls `run_node` with the plan's buffers at run time.  A step never changes the scheduler's
+Kernel: what the dump tool shows of it (reads, module, detail, backend) lives on the step."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -32,9 +33,8 @@ class NodeStep:
                 raise TypeError(f"{node.op.name}: constant operands must be materialised by the Tensor API")
             src_dtype = cap.inputs[o.src].dtype if o.kind == "in" else cap.nodes[o.index].dtype
             self.operands.append((o.kind, o.index, o.src, Layout(o.shape, o.strides, o.offset), src_dtype))
-        kernel.inputs = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)
-                         for o in cap.operands[j]]
         self.kernel = kernel
+        self.reads = self.module = self.detail = self.backend = None
         self.setup(cap)
 
     def setup(self, cap):
@@ -62,7 +62,7 @@ class MatmulStep(NodeStep):
             picked = choose_backend(geometry(la, lb, self.dtype), setting)
         except Exception:   # the runtime decides again at each call
             picked = setting
-        self.kernel.backend = picked if setting != "auto" else f"auto -> {picked}"
+        self.backend = picked if setting != "auto" else f"auto -> {picked}"
 
     def run_node(self, in_bufs, offsets, bufs):
         from .matmul import matmul
@@ -70,4 +70,4 @@ class MatmulStep(NodeStep):
         b, lb = self.operand(1, in_bufs, offsets, bufs)
         setting = config.get_matmul_backend()
         used = matmul(a, la, b, lb, bufs[self.out], self.dtype, setting)
-        self.kernel.backend = used if setting != "auto" else f"auto -> {used}"
+        self.backend = used if setting != "auto" else f"auto -> {used}"

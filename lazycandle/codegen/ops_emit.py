@@ -1,0 +1,148 @@
+"""The LLVM emission of every elementwise op of the table (ir/ops.py), keyed by op name:
+EMIT[name](b, dtype, vals, arg) -> value in the compute type of the output (scalars or
+vectors alike).  `vals` are the operands' compute values followed by the op's runtime scalar
+args (affine: x, mul, add; clamp: x, lo, hi; elu: x, alpha; powf: x, e); `arg` is the
+structural arg the capture kept (powf: the exponent's class).  Comparisons return i1 (the
+kernel widens it to u8); cast is emitted by the kernel's cast table."""
+from __future__ import annotations
+
+from ..ir.ops import OPS, ELEMENTWISE
+from .llvmutil import call_intrinsic, const, FM_ELEMENTWISE as FM
+
+
+def _vmath(fname):
+    def emit(b, dt, vals, arg):
+        from . import vmath
+        return vmath.emit(b, fname, *vals)
+    return emit
+
+
+def _powf(b, dt, vals, arg):
+    """arg: the exponent's class (ops.powf_exponent_class); vals[1] the exponent at run time."""
+    from . import vmath
+    x, e = vals
+    return vmath.emit(b, "powf", x, arg[1] if arg[0] == "e" else vmath.RuntimeExponent(e, *arg[1:]))
+
+
+def _max_min(pick_max):
+    def emit(b, dt, vals, arg):
+        x, y = vals
+        if dt.is_float:  # like np.maximum: NaN in either operand propagates
+            keep_x = b.or_(b.fcmp_ordered(">=" if pick_max else "<=", x, y), b.fcmp_unordered("uno", x, x))
+            return b.select(keep_x, x, y)
+        cmp = b.icmp_signed if dt.is_signed else b.icmp_unsigned
+        return b.select(cmp(">=" if pick_max else "<=", x, y), x, y)
+    return emit
+
+
+def _div(b, dt, vals, arg):
+    x, y = vals
+    if dt.is_float:
+        return b.fdiv(x, y, flags=FM)
+    # Integer division truncates toward zero; x/0 -> 0; INT_MIN/-1 wraps (no trap).
+    zero, one = const(y.type, 0), const(y.type, 1)
+    is_zero = b.icmp_unsigned("==", y, zero)
+    if dt.is_signed:
+        is_m1 = b.icmp_signed("==", y, const(y.type, -1))
+        safe = b.select(b.or_(is_zero, is_m1), one, y)
+        q = b.select(is_m1, b.sub(zero, x), b.sdiv(x, safe))
+    else:
+        q = b.udiv(x, b.select(is_zero, one, y))
+    return b.select(is_zero, zero, q)
+
+
+def _cmp(pred):
+    def emit(b, dt, vals, arg, out_type=None):
+        x, y = vals
+        if dt.is_float:
+            c = b.fcmp_unordered("!=", x, y) if pred == "!=" else b.fcmp_ordered(pred, x, y)
+        elif dt.is_signed:
+            c = b.icmp_signed(pred, x, y)
+        else:
+            c = b.icmp_unsigned(pred, x, y)
+        return c   # i1; the kernel widens it to u8
+    return emit
+
+
+def _neg(b, dt, vals, arg):
+    x = vals[0]
+    return b.fneg(x) if dt.is_float else b.sub(const(x.type, 0), x)
+
+
+def _abs(b, dt, vals, arg):
+    x = vals[0]
+    if dt.is_float:
+        return call_intrinsic(b, "fabs", [x])
+    if not dt.is_signed:
+        return x
+    return b.select(b.icmp_signed("<", x, const(x.type, 0)), b.sub(const(x.type, 0), x), x)
+
+
+def _relu(b, dt, vals, arg):
+    x = vals[0]
+    if dt.is_float:
+        return b.select(b.fcmp_ordered("<", x, const(x.type, 0.0)), const(x.type, 0.0), x)
+    if not dt.is_signed:
+        return x
+    return b.select(b.icmp_signed("<", x, const(x.type, 0)), const(x.type, 0), x)
+
+
+def _sign(b, dt, vals, arg):
+    x = vals[0]
+    if dt.is_float:
+        pos = b.uitofp(b.fcmp_ordered(">", x, const(x.type, 0.0)), x.type)
+        neg = b.uitofp(b.fcmp_ordered("<", x, const(x.type, 0.0)), x.type)
+        return b.select(b.fcmp_unordered("uno", x, x), x, b.fsub(pos, neg))
+    pos = b.zext(b.icmp_signed(">", x, const(x.type, 0)) if dt.is_signed
+                 else b.icmp_unsigned(">", x, const(x.type, 0)), x.type)
+    if not dt.is_signed:
+        return pos
+    return b.sub(pos, b.zext(b.icmp_signed("<", x, const(x.type, 0)), x.type))
+
+
+def _rounding(intrinsic_name):
+    def emit(b, dt, vals, arg):
+        return call_intrinsic(b, intrinsic_name, [vals[0]]) if dt.is_float else vals[0]
+    return emit
+
+
+def _affine(b, dt, vals, arg):
+    x, mul, add = vals
+    if dt.is_float:
+        return b.fadd(b.fmul(x, mul, flags=FM), add, flags=FM)
+    return b.add(b.mul(x, mul), add)
+
+
+def _clamp(b, dt, vals, arg):
+    x, lo, hi = vals
+    y = _max_min(True)(b, dt, [x, lo], None)
+    return _max_min(False)(b, dt, [y, hi], None)
+
+
+def _arith(float_op, int_op):
+    def emit(b, dt, vals, arg):
+        x, y = vals
+        if dt.is_float:
+            return getattr(b, float_op)(x, y, flags=FM)
+        return getattr(b, int_op)(x, y)
+    return emit
+
+
+def _where(b, dt, vals, arg):
+    m, x, y = vals
+    return b.select(b.icmp_unsigned("!=", m, const(m.type, 0)), x, y)
+
+
+EMIT = {n: _vmath(n) for n in ("exp", "log", "sin", "cos", "tanh", "erf", "gelu", "gelu_erf", "silu", "sigmoid",
+                                 "sqrt", "recip", "elu")}
+EMIT.update({
+    "powf": _powf, "neg": _neg, "abs": _abs, "relu": _relu, "sign": _sign, "affine": _affine, "clamp": _clamp,
+    "sqr": lambda b, dt, v, a: _arith("fmul", "mul")(b, dt, [v[0], v[0]], a),
+    "ceil": _rounding("ceil"), "floor": _rounding("floor"), "round": _rounding("round"),
+    "add": _arith("fadd", "add"), "sub": _arith("fsub", "sub"), "mul": _arith("fmul", "mul"), "div": _div,
+    "maximum": _max_min(True), "minimum": _max_min(False), "where": _where, "copy": lambda b, dt, v, a: v[0],
+    "eq": _cmp("=="), "ne": _cmp("!="), "lt": _cmp("<"), "le": _cmp("<="), "gt": _cmp(">"), "ge": _cmp(">="),
+})
+_missing = {n for n, k in OPS.items() if k.category == ELEMENTWISE and n != "cast"} - set(EMIT)
+if _missing:
+    raise ImportError(f"ops_emit: no emission for elementwise op(s) {sorted(_missing)}")
