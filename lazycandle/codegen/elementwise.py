@@ -24,7 +24,7 @@ import llvmlite.ir as ir
 from .. import dtype as D
 from ..ir.ops import OPS
 from . import codecs, jit
-from .llvmutil import I8, I32, I64, F64, VOID, intrinsic, type_suffix, ltype, vec, splat, width_of, scalar_type
+from .llvmutil import I8, I32, I64, F64, VOID, intrinsic, type_suffix, ltype, vec, splat, const, width_of, scalar_type
 from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
 from ..ir.kernels import RUNTIME, EwSpec
 from .ops_emit import EMIT

@@ -27,7 +27,7 @@ from math import prod
 
 import llvmlite.ir as ir
 
-from .. import caches, dtype as D
+from .. import dtype as D
 from ..layout import merge_dims
 from . import codecs, jit
 from .llvmutil import I64, ltype
