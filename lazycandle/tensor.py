@@ -16,6 +16,7 @@ from .tensor_views import ViewMixin
 from .tensor_reduce import ReduceMixin
 from .tensor_matmul import MatmulMixin
 from .tensor_index import IndexMixin
+from .tensor_model import ModelMixin
 
 
 class Device:
@@ -38,7 +39,7 @@ def _as_shape(shape) -> tuple:
     return shape
 
 
-class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin):
+class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, ModelMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")
