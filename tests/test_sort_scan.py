@@ -89,6 +89,18 @@ def test_sort_long_rows_of_wide_and_narrow_keys(dt):
     np.testing.assert_array_equal(lc.tensor(a).arg_sort_last_dim().numpy(), ref_argsort(a))
 
 
+@pytest.mark.parametrize("bits", [128, 256], ids=["sse", "avx2"])
+def test_sort_network_for_narrower_vector_registers(monkeypatch, bits):
+    """The network's shape follows the host's vector width; check the widths of other hosts."""
+    from lazycandle.codegen import jit
+    monkeypatch.setattr(jit, "vector_bits", lambda: bits)
+    for n in (3, 5, 16, 17, 100, 300):
+        a = sort_data(lc.f32, (5 + bits // 128, n), "narrow", bits)     # shapes no other test compiles
+        ids = lc.tensor(a).arg_sort_last_dim(asc=n % 2 == 0)
+        assert f"vectors of {min(bits // 64, 1 << (n - 1).bit_length())}" in lc.dump(ids, stage="schedule")
+        np.testing.assert_array_equal(ids.numpy(), ref_argsort(a, n % 2 == 0))
+
+
 def test_nan_sorts_last_ascending_and_first_descending():
     a = np.array([[1.0, np.nan, -np.inf, 0.0, -0.0, np.nan, np.inf, -1.0]], np.float32)
     v, i = lc.tensor(a).sort_last_dim()

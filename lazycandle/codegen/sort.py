@@ -16,8 +16,11 @@ composites is the stable sort of the values.  Keys of <= 32 bits make an i64 com
 The row is written to the workspace (padded to a power of two N with all-ones composites,
 which sort after every real element) and sorted by a bitonic network: compare-exchange is an
 unsigned min/max on vectors of W composites (W = vector register / 64 bits; 1 for i128).
-Stages whose partner distance j >= W work on pairs of vectors; the stages with j < W run all
-inside one register (lane shuffles), one pass per merge size.  The low 32 bits of the sorted
+Stages whose partners lie more than a register block apart are passes over pairs of vectors;
+the rest run on blocks held in registers, one pass per merge size.  With i64 composites and
+at least W*W elements the blocks are square (W vectors of W lanes) and are transposed between
+stages so that nearly every compare-exchange is a whole-register min/max (see the square-block
+notes below); otherwise in-vector stages are lane shuffles.  The low 32 bits of the sorted
 composites are the ids.
 """
 from __future__ import annotations
@@ -35,7 +38,6 @@ from .llvmutil import I1, I32, I64, ltype
 from .loops import new_module, kernel_function, arg_pointer, counted_loop
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
-I128 = ir.IntType(128)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class SortSpec:
     step: int
     descending: bool
     id_dtype: str
+    vector_bits: int          # the host's widest vectors (part of the key: it shapes the network)
 
     @property
     def key_bits(self) -> int:
@@ -64,7 +67,7 @@ class SortSpec:
 
     @property
     def width(self) -> int:
-        w = jit.vector_bits() // 64 if self.comp_bits == 64 else 1
+        w = self.vector_bits // 64 if self.comp_bits == 64 else 1
         return min(w, self.padded)
 
     @property
@@ -82,7 +85,8 @@ class SortSpec:
 
 
 def sort_spec(dt: D.DType, outer, outer_strides, n, step, descending, id_dt: D.DType) -> SortSpec:
-    return SortSpec(dt.name, int(n), tuple(outer), tuple(outer_strides), int(step), bool(descending), id_dt.name)
+    return SortSpec(dt.name, int(n), tuple(outer), tuple(outer_strides), int(step), bool(descending), id_dt.name,
+                    jit.vector_bits())
 
 
 # ---- keys --------------------------------------------------------------------------------
@@ -212,6 +216,105 @@ def _in_block_stages(k, W, B):
     return stages + ([("lanes", k)] if W > 1 else [])
 
 
+# Square blocks (W vectors of W lanes, W*W elements) sit in registers either row-major
+# (element e is lane e % W of register e // W) or column-major (lane e // W of register e % W).
+# A compare-exchange at element distance d is a whole-register min/max when d is a register
+# distance of the current layout, else a lane round (shuffle, min, max, blend).  The first
+# pass sorts each block column-major (distances < W are registers) and ends row-major; every
+# later merge runs its distances >= W row-major, transposes, runs the rest column-major and
+# transposes back, so no lane rounds remain after the first pass.
+def _lane_perm(b, v, W, perm):
+    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), _lane_const(ir.VectorType(I32, W), perm))
+
+
+def _square_stage(b, R, W, kind, size, col_major):
+    """One stage on a square block R (a list of W vectors); `size` in elements."""
+    reg = size < W if col_major else size >= W          # partners are whole registers
+    d = size if size < W else size // W                  # the distance in registers or lanes
+    if reg:
+        for r in range(W):
+            if kind == "flip" and r & (size // 2) == 0:       # only col-major, size <= W
+                R[r], R[r ^ (size - 1)] = _minmax(b, R[r], R[r ^ (size - 1)])
+            elif kind == "half" and r & d == 0:
+                R[r], R[r + d] = _minmax(b, R[r], R[r + d])
+        return
+    if kind == "half":                                  # partners are lanes of the same register
+        for r in range(W):
+            R[r] = _lane_round(b, R[r], W, [l ^ d for l in range(W)], [(l & d) == 0 for l in range(W)])
+        return
+    m = size // W - 1                                   # column-major flip: registers r, W-1-r, lanes l ^ m
+    lower = _lane_const(ir.VectorType(I1, W), [int((l & ((m + 1) // 2)) == 0) for l in range(W)])
+    perm = [l ^ m for l in range(W)]
+    for r in range(W // 2):
+        q = W - 1 - r
+        mn, mx = _minmax(b, R[r], _lane_perm(b, R[q], W, perm))
+        R[r], R[q] = b.select(lower, mn, mx), _lane_perm(b, b.select(lower, mx, mn), W, perm)
+
+
+def _transpose(b, R, W):
+    """Swap register and lane index bits, one bit per round (W * log2 W two-input shuffles)."""
+    s = 1
+    while s < W:
+        for r in range(W):
+            if r & s:
+                continue
+            a, c = R[r], R[r | s]
+            lo = [l if not l & s else W + (l ^ s) for l in range(W)]
+            hi = [(l ^ s) if not l & s else W + l for l in range(W)]
+            R[r] = b.shuffle_vector(a, c, _lane_const(ir.VectorType(I32, W), lo))
+            R[r | s] = b.shuffle_vector(a, c, _lane_const(ir.VectorType(I32, W), hi))
+        s *= 2
+
+
+def _run_square(b, R, W, stages, col_major):
+    for kind, size in stages:
+        if kind == "transpose":
+            _transpose(b, R, W)
+            col_major = not col_major
+        else:
+            _square_stage(b, R, W, kind, size, col_major)
+    assert not col_major
+
+
+def _square_pass(b, ws_v, nvec, W, stages, col_major, cross=None):
+    """One pass over square blocks; `stages` may contain ("transpose", 0), which flips the
+    layout; blocks start in the layout `col_major` says and end row-major.  With `cross`
+    ("flip" or "half"), blocks come in pairs that first compare-exchange with each other
+    (row-major) at a distance of one block."""
+    per = 2 if cross else 1
+    with counted_loop(b, I64(0), I64(nvec // (W * per)), 1, "square") as q:
+        ps = [b.gep(ws_v, [b.add(b.mul(q, I64(W * per)), I64(g))], inbounds=True) for g in range(W * per)]
+        R = [b.load(p, align=8) for p in ps]
+        if cross:
+            for r in range(W):
+                o = W + (W - 1 - r if cross == "flip" else r)
+                y = _reverse(b, R[o], W) if cross == "flip" else R[o]
+                mn, mx = _minmax(b, R[r], y)
+                R[r], R[o] = mn, (_reverse(b, mx, W) if cross == "flip" else mx)
+        for blk in range(per):
+            part = R[blk * W:(blk + 1) * W]
+            _run_square(b, part, W, stages, col_major)
+            for x, p in zip(part, ps[blk * W:(blk + 1) * W]):
+                b.store(x, p, align=8)
+
+
+def _merge_in(k, B):
+    """Stages of a merge of size k with element distances below B (the flip first if k <= B)."""
+    stages = [("flip", k)] if k <= B else []
+    j = k // 4 if k <= B else B // 2
+    while j >= 1:
+        stages.append(("half", j))
+        j //= 2
+    return stages
+
+
+def _square_merge(k, W):
+    """A later merge's in-register stages: distances >= W row-major, the rest column-major."""
+    st = _merge_in(k, W * W)
+    wide = [s for s in st if s[1] >= W]
+    return wide + [("transpose", 0)] + [s for s in st if s[1] < W] + [("transpose", 0)]
+
+
 def _bitonic(b, ws, ct, N, W):
     """Sort ws[0:N] (N a power of two): one register pass sorts every block of B elements,
     then each larger merge runs its long-distance stages as vector-pair passes and the rest in
@@ -221,20 +324,29 @@ def _bitonic(b, ws, ct, N, W):
     vt = ct if W == 1 else ir.VectorType(ct, W)
     ws_v = b.bitcast(ws, vt.as_pointer())
     nvec = N // W
-    G = min(8 if W > 1 else 4, nvec)
+    square = W > 1 and nvec >= W
+    G = W if square else min(8 if W > 1 else 4, nvec)
     B = G * W
     first, k = [], 2
     while k <= B:
-        first += _in_block_stages(k, W, B)
+        first += _merge_in(k, B) if square else _in_block_stages(k, W, B)
         k *= 2
-    _block_pass(b, ws_v, nvec, W, G, first)
+    if square:
+        _square_pass(b, ws_v, nvec, W, first + [("transpose", 0)], col_major=True)
+    else:
+        _block_pass(b, ws_v, nvec, W, G, first)
     while k <= N:
-        _pair_pass(b, ws_v, N, W, k, k // 2, flip=True)
+        lowest = 2 * B if square else B        # square passes take blocks in pairs: one more stage
+        if k // 2 >= lowest:
+            _pair_pass(b, ws_v, N, W, k, k // 2, flip=True)
         j = k // 4
-        while j >= B:
+        while j >= lowest:
             _pair_pass(b, ws_v, N, W, k, j, flip=False)
             j //= 2
-        _block_pass(b, ws_v, nvec, W, G, _in_block_stages(k, W, B))
+        if square:
+            _square_pass(b, ws_v, nvec, W, _square_merge(k, W), False, "flip" if k == 2 * B else "half")
+        else:
+            _block_pass(b, ws_v, nvec, W, G, _in_block_stages(k, W, B))
         k *= 2
 
 
