@@ -178,19 +178,20 @@ def _block_pass(b, ws_v, nvec, W, G, stages):
             b.store(x, p, align=8)
 
 
-def _pair_pass(b, ws_v, N, W, k, j, flip):
-    """Compare-exchange of vectors j >= W elements apart (flip: element i of each block of k with
-    element k-1-i, i.e. a vector with the lane-reversed mirror vector)."""
-    per_block = (k // 2 if flip else j) // W            # vector pairs per block of 2j (or k) elements
-    shift = per_block.bit_length() - 1
-    with counted_loop(b, I64(0), I64(N // (2 * W)), 1, f"k{k}j{j}") as t:
-        blk = b.lshr(t, I64(shift))
-        off = b.and_(t, I64(per_block - 1))
-        a_idx = b.add(b.shl(blk, I64(shift + 1)), off)
+def _pair_pass(b, ws_v, N, W, shift, flip):
+    """Compare-exchange of vectors 2**shift vectors apart, in groups of 2**(shift+1) vectors;
+    flip: each vector of a group's first half with the lane-reversed mirror vector of the
+    group (element i of a merge block with element k-1-i).  `shift` may be a run-time value."""
+    shift = I64(shift) if isinstance(shift, int) else shift
+    per_block = b.shl(I64(1), shift)
+    with counted_loop(b, I64(0), I64(N // (2 * W)), 1, "pairs") as t:
+        base = b.shl(b.lshr(t, shift), b.add(shift, I64(1)))
+        off = b.and_(t, b.sub(per_block, I64(1)))
+        a_idx = b.add(base, off)
         if flip:
-            b_idx = b.sub(b.add(b.shl(blk, I64(shift + 1)), I64(2 * per_block - 1)), off)
+            b_idx = b.sub(b.add(base, b.sub(b.shl(per_block, I64(1)), I64(1))), off)
         else:
-            b_idx = b.add(a_idx, I64(per_block))
+            b_idx = b.add(a_idx, per_block)
         pa, pb = b.gep(ws_v, [a_idx], inbounds=True), b.gep(ws_v, [b_idx], inbounds=True)
         x, y = b.load(pa, align=8), b.load(pb, align=8)
         if flip:
@@ -198,6 +199,24 @@ def _pair_pass(b, ws_v, N, W, k, j, flip):
         mn, mx = _minmax(b, x, y)
         b.store(mn, pa, align=8)
         b.store(_reverse(b, mx, W) if flip else mx, pb, align=8)
+
+
+def _log2(x: int) -> int:
+    return x.bit_length() - 1
+
+
+def _late_merges(b, ws_v, N, W, k_from, lowest, in_register):
+    """Merges of size k = k_from .. N as ONE run-time loop over log2 k (their code does not
+    depend on k, so the kernel's size does not grow with N): the flip and the half-cleaners
+    down to distance `lowest` as vector-pair passes, then `in_register()` for the rest."""
+    if k_from > N:
+        return
+    lw, ll = _log2(W), _log2(lowest)
+    with counted_loop(b, I64(_log2(k_from)), I64(_log2(N) + 1), 1, "merge") as lk:
+        _pair_pass(b, ws_v, N, W, b.sub(lk, I64(1 + lw)), flip=True)
+        with counted_loop(b, I64(0), b.sub(lk, I64(1 + ll)), 1, "half") as m:
+            _pair_pass(b, ws_v, N, W, b.sub(b.sub(lk, I64(2 + lw)), m), flip=False)
+        in_register()
 
 
 def _in_block_stages(k, W, B):
@@ -331,23 +350,14 @@ def _bitonic(b, ws, ct, N, W):
     while k <= B:
         first += _merge_in(k, B) if square else _in_block_stages(k, W, B)
         k *= 2
-    if square:
-        _square_pass(b, ws_v, nvec, W, first + [("transpose", 0)], col_major=True)
-    else:
+    if not square:
         _block_pass(b, ws_v, nvec, W, G, first)
-    while k <= N:
-        lowest = 2 * B if square else B        # square passes take blocks in pairs: one more stage
-        if k // 2 >= lowest:
-            _pair_pass(b, ws_v, N, W, k, k // 2, flip=True)
-        j = k // 4
-        while j >= lowest:
-            _pair_pass(b, ws_v, N, W, k, j, flip=False)
-            j //= 2
-        if square:
-            _square_pass(b, ws_v, nvec, W, _square_merge(k, W), False, "flip" if k == 2 * B else "half")
-        else:
-            _block_pass(b, ws_v, nvec, W, G, _in_block_stages(k, W, B))
-        k *= 2
+        _late_merges(b, ws_v, N, W, 2 * B, B, lambda: _block_pass(b, ws_v, nvec, W, G, _in_block_stages(N, W, B)))
+        return
+    _square_pass(b, ws_v, nvec, W, first + [("transpose", 0)], col_major=True)
+    if N >= 2 * B:                    # square passes take blocks in pairs: one more stage each
+        _square_pass(b, ws_v, nvec, W, _square_merge(2 * B, W), False, "flip")
+    _late_merges(b, ws_v, N, W, 4 * B, 2 * B, lambda: _square_pass(b, ws_v, nvec, W, _square_merge(N, W), False, "half"))
 
 
 # ---- the kernel --------------------------------------------------------------------------
