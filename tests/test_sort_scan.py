@@ -136,6 +136,19 @@ def test_sort_of_a_lazy_expression_and_its_use_downstream():
     np.testing.assert_array_equal(t.gather(i, 1).numpy(), np.take_along_axis(a, i.numpy().astype(np.int64), 1))
 
 
+def test_sort_values_come_from_the_argsort_kernel_or_from_ids_realized_earlier():
+    a = sort_data(lc.f16, (4, 21), "fused")
+    exp_ids = ref_argsort(a)
+    exp = np.take_along_axis(a, exp_ids.astype(np.int64), -1)
+    v, i = lc.tensor(a).sort_last_dim()
+    assert "also writes the sorted values" in lc.dump(v, i, stage="schedule")
+    same_bits(v.numpy(), exp)                       # values only: the ids stay inside the plan
+    np.testing.assert_array_equal(i.numpy(), exp_ids)
+    v, i = lc.tensor(a).sort_last_dim()
+    i.realize()                                     # a later plan reads the realized ids
+    same_bits(v.numpy(), exp)
+
+
 def test_sort_of_rank_one_and_constant_tensors():
     a = np.array([3.0, -1.0, 2.0], np.float32)
     assert lc.tensor(a).arg_sort_last_dim().to_list() == [1, 2, 0]

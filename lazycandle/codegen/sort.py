@@ -52,6 +52,7 @@ class SortSpec:
     descending: bool
     id_dtype: str
     vector_bits: int          # the host's widest vectors (part of the key: it shapes the network)
+    values: bool = False      # also write the sorted values (ptrs[3]), read back at the ids
 
     @property
     def key_bits(self) -> int:
@@ -84,9 +85,9 @@ class SortSpec:
         return float(self.padded * lg * (lg + 1) // 2)
 
 
-def sort_spec(dt: D.DType, outer, outer_strides, n, step, descending, id_dt: D.DType) -> SortSpec:
+def sort_spec(dt: D.DType, outer, outer_strides, n, step, descending, id_dt: D.DType, values=False) -> SortSpec:
     return SortSpec(dt.name, int(n), tuple(outer), tuple(outer_strides), int(step), bool(descending), id_dt.name,
-                    jit.vector_bits())
+                    jit.vector_bits(), bool(values))
 
 
 # ---- keys --------------------------------------------------------------------------------
@@ -385,6 +386,10 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
     out = arg_pointer(b, ptrs, 0, ltype(id_dt.storage), "ids")
     src = arg_pointer(b, ptrs, 1, ltype(dt.storage), "src")
     ws = arg_pointer(b, ptrs, 2, ct, "ws")
+    raw_t = ir.IntType(8 * dt.size_in_bytes)
+    if spec.values:
+        vals = arg_pointer(b, ptrs, 3, raw_t, "vals")
+        raw_src = b.bitcast(src, raw_t.as_pointer())
     id_t = ltype(id_dt.storage)
     with counted_loop(b, lo, hi, 1, "row") as r:
         base = row_offset(b, r, spec.outer, spec.outer_strides)
@@ -401,8 +406,13 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
         with counted_loop(b, I64(0), I64(n), 1, "store") as i:
             c = b.load(b.gep(ws, [i], inbounds=True), align=8)
             idx = b.trunc(c, I32)
+            at = b.add(row_out, i)
+            if spec.values:
+                from_at = b.add(base, b.mul(b.zext(idx, I64), I64(spec.step)))
+                v = b.load(b.gep(raw_src, [from_at], inbounds=True), align=dt.size_in_bytes)
+                b.store(v, b.gep(vals, [at], inbounds=True), align=dt.size_in_bytes)
             idx = b.zext(idx, id_t) if id_t.width > 32 else idx
-            b.store(idx, b.gep(out, [b.add(row_out, i)], inbounds=True), align=id_dt.size_in_bytes)
+            b.store(idx, b.gep(out, [at], inbounds=True), align=id_dt.size_in_bytes)
     b.ret_void()
     return str(m)
 

@@ -1,7 +1,13 @@
-"""Steps of the model ops argsort, sort_take and cumsum (registered by op name; the executor builds one
-per plan).  `setup` turns the operand's layout into a kernel spec and compiles it once;
-`run_node` folds the run-time offset into the input pointer and runs rows / lines over the
-thread pool.  argsort gives every chunk of rows its own workspace (one row of composites)."""
+"""Steps of the model ops argsort, sort_take and cumsum (registered by op name; the executor
+builds one per plan).  `setup` turns the operand's layout into a kernel spec and compiles it
+once; `run_node` folds the run-time offset into the input pointer and runs rows / lines over the
+thread pool.  argsort gives every chunk of rows its own workspace (one row of composites).
+
+sort_last_dim is two nodes (ids, then the values read at the ids), but one kernel: when the plan
+has a sort_take of the same input reading this argsort's ids, the argsort kernel also writes the
+values, into a buffer it leaves in the run's buffer table under `_values_key(ids node)`; the
+sort_take step then adopts that buffer as its output instead of running its own kernel (which
+it still does when the ids come from elsewhere, e.g. realized earlier)."""
 from __future__ import annotations
 
 import ctypes
@@ -13,6 +19,7 @@ from ..codegen import scan as SC, sort as SO
 from ..dtype import DType
 from ..layout import contiguous_strides, merge_dims
 from . import pool
+from .buffers import alloc
 from .steps import NodeStep, register
 
 
@@ -24,6 +31,18 @@ def _split_rows(shape, strides):
     return sizes, st
 
 
+def _values_key(ids_node: int):
+    return ("sorted values", ids_node)
+
+
+def _same_read(a, b) -> bool:
+    if a.kind != b.kind:
+        return False
+    if a.kind == "in":
+        return a.index == b.index                  # one slot: one run-time address
+    return (a.index, a.strides, a.offset) == (b.index, b.strides, b.offset)
+
+
 @register("argsort")
 class ArgsortStep(NodeStep):
     def setup(self, cap):
@@ -31,7 +50,11 @@ class ArgsortStep(NodeStep):
         descending, id_name = self.arg
         outer, ostr = _split_rows(lay.shape, lay.strides)
         n = lay.shape[-1]
-        self.spec = SO.sort_spec(dt, outer, ostr, n, lay.strides[-1], descending, DType.from_name(id_name))
+        mine = cap.operands[self.out][0]
+        self.values = any(node.op.name == "sort_take" and ops[1].kind == "node" and ops[1].index == self.out
+                          and _same_read(ops[0], mine) for node, ops in zip(cap.nodes, cap.operands))
+        self.spec = SO.sort_spec(dt, outer, ostr, n, lay.strides[-1], descending, DType.from_name(id_name),
+                                 self.values)
         self.fn = None
         if prod(lay.shape) > 0:
             cm, self.fn = SO.get_kernel(self.spec)
@@ -39,7 +62,8 @@ class ArgsortStep(NodeStep):
         s = self.spec
         self.kernel.detail = (f"argsort {'descending' if descending else 'ascending'} of {s.rows} rows of {n} "
                               f"{dt.name}: {s.comp_bits}-bit (key, index) composites, bitonic network over "
-                              f"{s.padded} with vectors of {s.width}; {id_name} ids")
+                              f"{s.padded} with vectors of {s.width}; {id_name} ids"
+                              + ("; also writes the sorted values for sort_take" if self.values else ""))
 
     def run_node(self, in_bufs, offsets, bufs):
         if self.fn is None:
@@ -48,10 +72,16 @@ class ArgsortStep(NodeStep):
         out_addr = bufs[self.out].ctypes.data
         in_addr = x.ctypes.data + lx.offset * x.itemsize
         fn, nbytes = self.fn, self.spec.workspace_bytes
+        extra = []
+        if self.values:
+            vals = alloc(prod(self.shape), self.operands[0][4])
+            bufs[_values_key(self.out)] = vals
+            extra = [vals.ctypes.data]
 
         def rows(a, b):
             ws = np.empty(nbytes + 64, np.uint8)
-            addrs = (ctypes.c_void_p * 3)(out_addr, in_addr, ws.ctypes.data + (-ws.ctypes.data) % 64)
+            ptrs = [out_addr, in_addr, ws.ctypes.data + (-ws.ctypes.data) % 64] + extra
+            addrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
             fn(ctypes.addressof(addrs), a, b)
 
         pool.parallel_for(rows, 0, self.spec.rows, cost_per_item=self.spec.row_cost)
@@ -70,9 +100,15 @@ class SortTakeStep(NodeStep):
         if prod(lay.shape) > 0:
             cm, self.fn = SO.get_kernel(self.spec)
             self.kernel.compiled = cm
-        self.kernel.detail = f"sorted values: {self.spec.rows} rows of {self.spec.n} read at their argsort ids"
+        self.kernel.detail = (f"sorted values: {self.spec.rows} rows of {self.spec.n} read at their argsort ids "
+                              f"(or adopted from the argsort kernel when it ran in this plan)")
 
     def run_node(self, in_bufs, offsets, bufs):
+        kind, ids_index = self.operands[1][0], self.operands[1][1]
+        written = bufs.pop(_values_key(ids_index), None) if kind == "node" else None
+        if written is not None:
+            bufs[self.out] = written
+            return
         if self.fn is None:
             return
         x, lx = self.operand(0, in_bufs, offsets, bufs)
