@@ -18,6 +18,7 @@ from .tensor_reduce import ReduceMixin
 from .tensor_matmul import MatmulMixin
 from .tensor_index import IndexMixin
 from .tensor_interop import InteropMixin, from_dlpack
+from .tensor_model import ModelMixin
 
 
 class Device:
@@ -35,7 +36,7 @@ def _as_shape(shape, op) -> tuple:
     return as_shape(shape, op, ShapeMismatch)
 
 
-class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, InteropMixin):
+class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, InteropMixin, ModelMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")

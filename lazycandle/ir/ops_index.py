@@ -26,3 +26,11 @@ _op("scatter_add", INDEX, arity=3, doc="copy of t with src added at ids along di
 _op("index_add", INDEX, arity=3, doc="copy of t with slices of src added at 1-D ids along dim")
 _op("cat", INDEX, arity=-1, doc="concatenation along dim (raw copies through strides)")
 _op("im2col", INDEX, arity=1, doc="convolution patches (b, c, kh, kw, oh, ow) with zero padding")
+
+# Model ops (kernels in codegen/sort.py and codegen/scan.py, steps in runtime/sort_steps.py):
+#   argsort    srcs (t,)       arg (descending, ids dtype name)  ids of the stable sort of each last-dim row
+#   sort_take  srcs (t, ids)   arg None   out[.., i] = t[.., ids[.., i]] (u32 ids straight from argsort)
+#   cumsum     srcs (t,)       arg dim    inclusive running sum along dim
+_op("argsort", INDEX, arity=1, out_dtype="u32", doc="stable per-row argsort along the last dim (NaN largest)")
+_op("sort_take", INDEX, arity=2, doc="the sorted values: each last-dim row read at its argsort ids")
+_op("cumsum", INDEX, arity=1, doc="inclusive scan along dim (ints wrap; f16/bf16/f8 in f32; f32 in f64)")

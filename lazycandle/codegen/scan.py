@@ -1,0 +1,109 @@
+"""LLVM kernel of cumsum: an inclusive scan along one dim (kernel ABI `void k(i8** ptrs, i64 lo,
+i64 hi)` over lines; ptrs = [out, input]).  A unit is one line (a position of every other dim);
+consecutive units are neighbouring positions of the last other dim, so a scan over a leading
+dim still walks memory that neighbouring units share.
+
+The running sum lives in the accumulator type of the dtype: integers wrap in their own width
+(like `np.cumsum(x, dtype=x.dtype)`); f16 / bf16 / f8e4m3 accumulate in f32 and round each
+output once (exactly `np.cumsum(x.astype(f32)).astype(dt)`, SPEC's compute-in-f32 rule); f32
+accumulates in f64 and rounds each output once (no error growth along long lines); f64 in f64.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from math import prod
+
+import llvmlite.ir as ir
+
+from .. import dtype as D
+from . import codecs, jit
+from .llvmutil import F32, F64, I64, ltype
+from .loops import new_module, kernel_function, arg_pointer, counted_loop
+from .sort import row_offset
+
+KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+@dataclass(frozen=True)
+class ScanSpec:
+    """One cumsum kernel (also its cache key): lines over `outer` (sizes, input strides, output
+    strides), each `n` long with steps `in_step` / `out_step`."""
+    dtype: str
+    n: int
+    outer: tuple
+    in_strides: tuple
+    out_strides: tuple
+    in_step: int
+    out_step: int
+
+    @property
+    def lines(self) -> int:
+        return prod(self.outer)
+
+
+def _accumulator(dt: D.DType):
+    if dt.is_int:
+        return ltype(dt.storage)
+    return F64 if dt.name in ("f32", "f64") else F32
+
+
+def build_scan(spec: ScanSpec, name: str = "cumsum") -> str:
+    dt = D.DType.from_name(spec.dtype)
+    st, acc_t = ltype(dt.storage), _accumulator(dt)
+    m = new_module(name)
+    fn, b = kernel_function(m, name)
+    ptrs, lo, hi = fn.args
+    out = arg_pointer(b, ptrs, 0, st, "out")
+    src = arg_pointer(b, ptrs, 1, st, "src")
+    al = dt.size_in_bytes
+    with counted_loop(b, lo, hi, 1, "line") as r:
+        in_base = row_offset(b, r, spec.outer, spec.in_strides)
+        out_base = row_offset(b, r, spec.outer, spec.out_strides)
+        pre = b.block
+        head = b.append_basic_block("scan.head")
+        body = b.append_basic_block("scan.body")
+        done = b.append_basic_block("scan.done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64, "i")
+        acc = b.phi(acc_t, "acc")
+        i.add_incoming(I64(0), pre)
+        acc.add_incoming(ir.Constant(acc_t, 0), pre)
+        b.cbranch(b.icmp_signed("<", i, I64(spec.n)), body, done)
+        b.position_at_end(body)
+        x = b.load(b.gep(src, [b.add(in_base, b.mul(i, I64(spec.in_step)))], inbounds=True), align=al)
+        if dt.is_int:
+            nxt = b.add(acc, x)
+            y = nxt
+        else:
+            v = codecs.decode(b, dt.codec, x) if dt.codec else x
+            if v.type != acc_t:
+                v = b.fpext(v, acc_t)
+            nxt = b.fadd(acc, v)
+            if dt.codec:
+                y = codecs.encode(b, dt.codec, nxt)
+            else:
+                y = b.fptrunc(nxt, st) if st != acc_t else nxt
+        b.store(y, b.gep(out, [b.add(out_base, b.mul(i, I64(spec.out_step)))], inbounds=True), align=al)
+        i.add_incoming(b.add(i, I64(1), flags=("nsw",)), b.block)
+        acc.add_incoming(nxt, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+    b.ret_void()
+    return str(m)
+
+
+_cache: dict = {}
+_lock = threading.Lock()
+
+
+def get_kernel(spec: ScanSpec):
+    """(CompiledModule, ctypes function) for a spec, compiled once per structure."""
+    hit = _cache.get(spec)
+    if hit is None:
+        cm = jit.compile_ir(build_scan(spec), ["cumsum"], name="cumsum")
+        with _lock:
+            hit = _cache.setdefault(spec, (cm, KERNEL_FN(cm.address("cumsum"))))
+    return hit

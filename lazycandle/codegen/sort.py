@@ -1,0 +1,470 @@
+"""LLVM kernel of argsort: a stable sort of each row, rows independent (kernel ABI
+`void k(i8** ptrs, i64 lo, i64 hi)` over rows; ptrs = [ids out, input, workspace]).
+
+Each element becomes one unsigned integer, the *composite* `key << 32 | index`, where `key` is
+an order-preserving unsigned image of the value:
+  * unsigned ints: the bits; signed ints: the bits with the sign bit flipped;
+  * floats (any sign-magnitude format, read through the dtype's codec for NaN tests): -0 is
+    made +0 (they compare equal, so their order must stay the input order), then negative
+    values have all bits flipped and positive ones the sign bit set; NaN is the largest key.
+  * descending: the key is complemented, so NaN (largest) comes first and ties still keep
+    ascending indices.
+Composites are all distinct and ties are broken by the index, so ANY correct sort of the
+composites is the stable sort of the values.  Keys of <= 32 bits make an i64 composite, the
+64-bit dtypes an i128 one.
+
+The row is written to the workspace (padded to a power of two N with all-ones composites,
+which sort after every real element) and sorted by a bitonic network: compare-exchange is an
+unsigned min/max on vectors of W composites (W = vector register / 64 bits; 1 for i128).
+Stages whose partners lie more than a register block apart are passes over pairs of vectors;
+the rest run on blocks held in registers, one pass per merge size.  With i64 composites and
+at least W*W elements the blocks are square (W vectors of W lanes) and are transposed between
+stages so that nearly every compare-exchange is a whole-register min/max (see the square-block
+notes below); otherwise in-vector stages are lane shuffles.  The low 32 bits of the sorted
+composites are the ids.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from math import prod
+
+import llvmlite.ir as ir
+
+from .. import dtype as D
+from . import codecs, jit
+from .llvmutil import I1, I32, I64, ltype
+from .loops import new_module, kernel_function, arg_pointer, counted_loop
+
+KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+@dataclass(frozen=True)
+class SortSpec:
+    """One argsort kernel (also its cache key): rows over `outer` (sizes, input strides), each
+    row `n` elements `step` apart in the input; ids are written contiguously, n per row."""
+    dtype: str
+    n: int
+    outer: tuple
+    outer_strides: tuple
+    step: int
+    descending: bool
+    id_dtype: str
+    vector_bits: int          # the host's widest vectors (part of the key: it shapes the network)
+    values: bool = False      # also write the sorted values (ptrs[3]), read back at the ids
+
+    @property
+    def key_bits(self) -> int:
+        return D.DType.from_name(self.dtype).bits
+
+    @property
+    def comp_bits(self) -> int:
+        return 64 if self.key_bits <= 32 else 128
+
+    @property
+    def padded(self) -> int:
+        return 1 << max(self.n - 1, 0).bit_length()
+
+    @property
+    def width(self) -> int:
+        w = self.vector_bits // 64 if self.comp_bits == 64 else 1
+        return min(w, self.padded)
+
+    @property
+    def rows(self) -> int:
+        return prod(self.outer)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.padded * self.comp_bits // 8
+
+    @property
+    def row_cost(self) -> float:
+        lg = max(self.padded.bit_length() - 1, 1)
+        return float(self.padded * lg * (lg + 1) // 2)
+
+
+def sort_spec(dt: D.DType, outer, outer_strides, n, step, descending, id_dt: D.DType, values=False) -> SortSpec:
+    return SortSpec(dt.name, int(n), tuple(outer), tuple(outer_strides), int(step), bool(descending), id_dt.name,
+                    jit.vector_bits(), bool(values))
+
+
+# ---- keys --------------------------------------------------------------------------------
+def _key(b, dt: D.DType, stored, descending: bool):
+    """The order-preserving unsigned key (an integer of the dtype's width) of one stored value."""
+    it = ir.IntType(dt.bits)
+    raw = stored if isinstance(stored.type, ir.IntType) else b.bitcast(stored, it)
+    sign = ir.Constant(it, 1 << (dt.bits - 1))
+    if dt.is_int:
+        key = b.xor(raw, sign) if dt.is_signed else raw
+    else:
+        value = codecs.decode(b, dt.codec, stored) if dt.codec else stored
+        is_nan = b.fcmp_unordered("uno", value, value)
+        mag = b.and_(raw, ir.Constant(it, (1 << (dt.bits - 1)) - 1))
+        raw = b.select(b.icmp_unsigned("==", mag, ir.Constant(it, 0)), ir.Constant(it, 0), raw)
+        neg = b.icmp_unsigned("!=", b.and_(raw, sign), ir.Constant(it, 0))
+        key = b.select(neg, b.xor(raw, ir.Constant(it, -1)), b.or_(raw, sign))
+        key = b.select(is_nan, ir.Constant(it, -1), key)
+    return b.xor(key, ir.Constant(it, -1)) if descending else key
+
+
+def _composite(b, key, index, ct: ir.IntType):
+    shift = ct.width // 2
+    return b.or_(b.shl(b.zext(key, ct), ir.Constant(ct, shift)), b.zext(index, ct))
+
+
+# ---- the network -------------------------------------------------------------------------
+# Bitonic merge in its "flip" form, so every compare-exchange puts the minimum first and no
+# direction has to be computed: merging two sorted halves of a block of k first compares
+# element i with k-1-i, then runs half-cleaners (i with i+j, j = k/4 .. 1).
+def _minmax(b, x, y):
+    """(min, max); max as x ^ y ^ min, one ternary-logic op that runs on either vector port
+    where a 64-bit vector max has only one (15% faster on AVX-512)."""
+    mn = b.select(b.icmp_unsigned("<", x, y), x, y)
+    return mn, b.xor(b.xor(x, y), mn)
+
+
+def _lane_const(t, values):
+    return ir.Constant(t, [ir.Constant(t.element, v) for v in values])
+
+
+def _lane_round(b, v, W, partner, lower):
+    """Compare-exchange of lane l with lane partner[l]; lanes with lower[l] keep the minimum."""
+    other = b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), _lane_const(ir.VectorType(I32, W), partner))
+    mn, mx = _minmax(b, v, other)
+    return b.select(_lane_const(ir.VectorType(I1, W), [int(x) for x in lower]), mn, mx)
+
+
+def _lane_merge(b, v, W, k):
+    """The stages of a merge of size k that stay inside one vector: the flip when k <= W, then
+    the half-cleaners with j < W."""
+    if k <= W:
+        v = _lane_round(b, v, W, [l ^ (k - 1) for l in range(W)], [(l & (k // 2)) == 0 for l in range(W)])
+        j = k // 4
+    else:
+        j = W // 2
+    while j >= 1:
+        v = _lane_round(b, v, W, [l ^ j for l in range(W)], [(l & j) == 0 for l in range(W)])
+        j //= 2
+    return v
+
+
+def _reverse(b, v, W):
+    if W == 1:
+        return v
+    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                            _lane_const(ir.VectorType(I32, W), list(range(W - 1, -1, -1))))
+
+
+def _block_pass(b, ws_v, nvec, W, G, stages):
+    """One pass over blocks of G vectors held in registers, running `stages` on each block:
+    ("flip", k) / ("half", j) compare-exchange whole vectors inside the block (k, j >= W;
+    the flip pairs a vector with the lane-reversed mirror one), ("lanes", k) the in-vector
+    stages of a merge of size k."""
+    with counted_loop(b, I64(0), I64(nvec // G), 1, "block") as q:
+        ps = [b.gep(ws_v, [b.add(b.mul(q, I64(G)), I64(g))], inbounds=True) for g in range(G)]
+        v = [b.load(p, align=8) for p in ps]
+        for kind, size in stages:
+            if kind == "lanes":
+                v = [_lane_merge(b, x, W, size) for x in v]
+                continue
+            span = size // W                     # vectors per group of the stage
+            for g0 in range(0, G, span if kind == "flip" else 2 * span):
+                pairs = ([(g0 + i, g0 + span - 1 - i) for i in range(span // 2)] if kind == "flip"
+                         else [(g0 + i, g0 + i + span) for i in range(span)])
+                for lo_i, hi_i in pairs:
+                    y = _reverse(b, v[hi_i], W) if kind == "flip" else v[hi_i]
+                    mn, mx = _minmax(b, v[lo_i], y)
+                    v[lo_i], v[hi_i] = mn, (_reverse(b, mx, W) if kind == "flip" else mx)
+        for x, p in zip(v, ps):
+            b.store(x, p, align=8)
+
+
+def _pair_pass(b, ws_v, N, W, shift, flip):
+    """Compare-exchange of vectors 2**shift vectors apart, in groups of 2**(shift+1) vectors;
+    flip: each vector of a group's first half with the lane-reversed mirror vector of the
+    group (element i of a merge block with element k-1-i).  `shift` may be a run-time value."""
+    shift = I64(shift) if isinstance(shift, int) else shift
+    per_block = b.shl(I64(1), shift)
+    with counted_loop(b, I64(0), I64(N // (2 * W)), 1, "pairs") as t:
+        base = b.shl(b.lshr(t, shift), b.add(shift, I64(1)))
+        off = b.and_(t, b.sub(per_block, I64(1)))
+        a_idx = b.add(base, off)
+        if flip:
+            b_idx = b.sub(b.add(base, b.sub(b.shl(per_block, I64(1)), I64(1))), off)
+        else:
+            b_idx = b.add(a_idx, per_block)
+        pa, pb = b.gep(ws_v, [a_idx], inbounds=True), b.gep(ws_v, [b_idx], inbounds=True)
+        x, y = b.load(pa, align=8), b.load(pb, align=8)
+        if flip:
+            y = _reverse(b, y, W)
+        mn, mx = _minmax(b, x, y)
+        b.store(mn, pa, align=8)
+        b.store(_reverse(b, mx, W) if flip else mx, pb, align=8)
+
+
+def _log2(x: int) -> int:
+    return x.bit_length() - 1
+
+
+def _late_merges(b, ws_v, N, W, k_from, lowest, in_register):
+    """Merges of size k = k_from .. N as ONE run-time loop over log2 k (their code does not
+    depend on k, so the kernel's size does not grow with N): the flip and the half-cleaners
+    down to distance `lowest` as vector-pair passes, then `in_register()` for the rest."""
+    if k_from > N:
+        return
+    lw, ll = _log2(W), _log2(lowest)
+    with counted_loop(b, I64(_log2(k_from)), I64(_log2(N) + 1), 1, "merge") as lk:
+        _pair_pass(b, ws_v, N, W, b.sub(lk, I64(1 + lw)), flip=True)
+        with counted_loop(b, I64(0), b.sub(lk, I64(1 + ll)), 1, "half") as m:
+            _pair_pass(b, ws_v, N, W, b.sub(b.sub(lk, I64(2 + lw)), m), flip=False)
+        in_register()
+
+
+def _in_block_stages(k, W, B):
+    """The stages of a merge of size k whose partners lie inside one block of B elements."""
+    if k <= W:
+        return [("lanes", k)]
+    stages = []
+    if k <= B:
+        stages.append(("flip", k))
+        j = k // 4
+    else:
+        j = B // 2
+    while j >= W:
+        stages.append(("half", j))
+        j //= 2
+    return stages + ([("lanes", k)] if W > 1 else [])
+
+
+# Square blocks (W vectors of W lanes, W*W elements) sit in registers either row-major
+# (element e is lane e % W of register e // W) or column-major (lane e // W of register e % W).
+# A compare-exchange at element distance d is a whole-register min/max when d is a register
+# distance of the current layout, else a lane round (shuffle, min, max, blend).  The first
+# pass sorts each block column-major (distances < W are registers) and ends row-major; every
+# later merge runs its distances >= W row-major, transposes, runs the rest column-major and
+# transposes back, so no lane rounds remain after the first pass.
+def _lane_perm(b, v, W, perm):
+    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), _lane_const(ir.VectorType(I32, W), perm))
+
+
+def _square_stage(b, R, W, kind, size, col_major):
+    """One stage on a square block R (a list of W vectors); `size` in elements."""
+    reg = size < W if col_major else size >= W          # partners are whole registers
+    d = size if size < W else size // W                  # the distance in registers or lanes
+    if reg:
+        for r in range(W):
+            if kind == "flip" and r & (size // 2) == 0:       # only col-major, size <= W
+                R[r], R[r ^ (size - 1)] = _minmax(b, R[r], R[r ^ (size - 1)])
+            elif kind == "half" and r & d == 0:
+                R[r], R[r + d] = _minmax(b, R[r], R[r + d])
+        return
+    if kind == "half":                                  # partners are lanes of the same register
+        for r in range(W):
+            R[r] = _lane_round(b, R[r], W, [l ^ d for l in range(W)], [(l & d) == 0 for l in range(W)])
+        return
+    m = size // W - 1                                   # column-major flip: registers r, W-1-r, lanes l ^ m
+    lower = _lane_const(ir.VectorType(I1, W), [int((l & ((m + 1) // 2)) == 0) for l in range(W)])
+    perm = [l ^ m for l in range(W)]
+    for r in range(W // 2):
+        q = W - 1 - r
+        mn, mx = _minmax(b, R[r], _lane_perm(b, R[q], W, perm))
+        R[r], R[q] = b.select(lower, mn, mx), _lane_perm(b, b.select(lower, mx, mn), W, perm)
+
+
+def _transpose(b, R, W):
+    """Swap register and lane index bits, one bit per round (W * log2 W two-input shuffles)."""
+    s = 1
+    while s < W:
+        for r in range(W):
+            if r & s:
+                continue
+            a, c = R[r], R[r | s]
+            lo = [l if not l & s else W + (l ^ s) for l in range(W)]
+            hi = [(l ^ s) if not l & s else W + l for l in range(W)]
+            R[r] = b.shuffle_vector(a, c, _lane_const(ir.VectorType(I32, W), lo))
+            R[r | s] = b.shuffle_vector(a, c, _lane_const(ir.VectorType(I32, W), hi))
+        s *= 2
+
+
+def _run_square(b, R, W, stages, col_major):
+    for kind, size in stages:
+        if kind == "transpose":
+            _transpose(b, R, W)
+            col_major = not col_major
+        else:
+            _square_stage(b, R, W, kind, size, col_major)
+    assert not col_major
+
+
+def _square_pass(b, ws_v, nvec, W, stages, col_major, cross=None):
+    """One pass over square blocks; `stages` may contain ("transpose", 0), which flips the
+    layout; blocks start in the layout `col_major` says and end row-major.  With `cross`
+    ("flip" or "half"), blocks come in pairs that first compare-exchange with each other
+    (row-major) at a distance of one block."""
+    per = 2 if cross else 1
+    with counted_loop(b, I64(0), I64(nvec // (W * per)), 1, "square") as q:
+        ps = [b.gep(ws_v, [b.add(b.mul(q, I64(W * per)), I64(g))], inbounds=True) for g in range(W * per)]
+        R = [b.load(p, align=8) for p in ps]
+        if cross:
+            for r in range(W):
+                o = W + (W - 1 - r if cross == "flip" else r)
+                y = _reverse(b, R[o], W) if cross == "flip" else R[o]
+                mn, mx = _minmax(b, R[r], y)
+                R[r], R[o] = mn, (_reverse(b, mx, W) if cross == "flip" else mx)
+        for blk in range(per):
+            part = R[blk * W:(blk + 1) * W]
+            _run_square(b, part, W, stages, col_major)
+            for x, p in zip(part, ps[blk * W:(blk + 1) * W]):
+                b.store(x, p, align=8)
+
+
+def _merge_in(k, B):
+    """Stages of a merge of size k with element distances below B (the flip first if k <= B)."""
+    stages = [("flip", k)] if k <= B else []
+    j = k // 4 if k <= B else B // 2
+    while j >= 1:
+        stages.append(("half", j))
+        j //= 2
+    return stages
+
+
+def _square_merge(k, W):
+    """A later merge's in-register stages: distances >= W row-major, the rest column-major."""
+    st = _merge_in(k, W * W)
+    wide = [s for s in st if s[1] >= W]
+    return wide + [("transpose", 0)] + [s for s in st if s[1] < W] + [("transpose", 0)]
+
+
+def _bitonic(b, ws, ct, N, W):
+    """Sort ws[0:N] (N a power of two): one register pass sorts every block of B elements,
+    then each larger merge runs its long-distance stages as vector-pair passes and the rest in
+    one register pass."""
+    if N < 2:
+        return
+    vt = ct if W == 1 else ir.VectorType(ct, W)
+    ws_v = b.bitcast(ws, vt.as_pointer())
+    nvec = N // W
+    square = W > 1 and nvec >= W
+    G = W if square else min(8 if W > 1 else 4, nvec)
+    B = G * W
+    first, k = [], 2
+    while k <= B:
+        first += _merge_in(k, B) if square else _in_block_stages(k, W, B)
+        k *= 2
+    if not square:
+        _block_pass(b, ws_v, nvec, W, G, first)
+        _late_merges(b, ws_v, N, W, 2 * B, B, lambda: _block_pass(b, ws_v, nvec, W, G, _in_block_stages(N, W, B)))
+        return
+    _square_pass(b, ws_v, nvec, W, first + [("transpose", 0)], col_major=True)
+    if N >= 2 * B:                    # square passes take blocks in pairs: one more stage each
+        _square_pass(b, ws_v, nvec, W, _square_merge(2 * B, W), False, "flip")
+    _late_merges(b, ws_v, N, W, 4 * B, 2 * B, lambda: _square_pass(b, ws_v, nvec, W, _square_merge(N, W), False, "half"))
+
+
+# ---- the kernel --------------------------------------------------------------------------
+def row_offset(b, r, sizes, strides):
+    """Element offset of flat row index r over `sizes` (last fastest) with `strides`."""
+    off = I64(0)
+    for d in range(len(sizes) - 1, -1, -1):
+        i = b.urem(r, I64(sizes[d])) if d else r
+        if strides[d]:
+            off = b.add(off, b.mul(i, I64(strides[d])))
+        if d:
+            r = b.udiv(r, I64(sizes[d]))
+    return off
+
+
+def build_sort(spec: SortSpec, name: str = "argsort") -> str:
+    dt, id_dt = D.DType.from_name(spec.dtype), D.DType.from_name(spec.id_dtype)
+    ct = ir.IntType(spec.comp_bits)
+    N, W, n = spec.padded, spec.width, spec.n
+    m = new_module(name)
+    fn, b = kernel_function(m, name)
+    ptrs, lo, hi = fn.args
+    out = arg_pointer(b, ptrs, 0, ltype(id_dt.storage), "ids")
+    src = arg_pointer(b, ptrs, 1, ltype(dt.storage), "src")
+    ws = arg_pointer(b, ptrs, 2, ct, "ws")
+    raw_t = ir.IntType(8 * dt.size_in_bytes)
+    if spec.values:
+        vals = arg_pointer(b, ptrs, 3, raw_t, "vals")
+        raw_src = b.bitcast(src, raw_t.as_pointer())
+    id_t = ltype(id_dt.storage)
+    with counted_loop(b, lo, hi, 1, "row") as r:
+        base = row_offset(b, r, spec.outer, spec.outer_strides)
+        with counted_loop(b, I64(0), I64(n), 1, "load") as i:
+            at = b.add(base, b.mul(i, I64(spec.step)))
+            stored = b.load(b.gep(src, [at], inbounds=True), align=dt.size_in_bytes)
+            key = _key(b, dt, stored, spec.descending)
+            b.store(_composite(b, key, b.trunc(i, I32), ct), b.gep(ws, [i], inbounds=True), align=8)
+        if N > n:
+            with counted_loop(b, I64(n), I64(N), 1, "pad") as i:
+                b.store(ir.Constant(ct, -1), b.gep(ws, [i], inbounds=True), align=8)
+        _bitonic(b, ws, ct, N, W)
+        row_out = b.mul(r, I64(n))
+        with counted_loop(b, I64(0), I64(n), 1, "store") as i:
+            c = b.load(b.gep(ws, [i], inbounds=True), align=8)
+            idx = b.trunc(c, I32)
+            at = b.add(row_out, i)
+            if spec.values:
+                from_at = b.add(base, b.mul(b.zext(idx, I64), I64(spec.step)))
+                v = b.load(b.gep(raw_src, [from_at], inbounds=True), align=dt.size_in_bytes)
+                b.store(v, b.gep(vals, [at], inbounds=True), align=dt.size_in_bytes)
+            idx = b.zext(idx, id_t) if id_t.width > 32 else idx
+            b.store(idx, b.gep(out, [at], inbounds=True), align=id_dt.size_in_bytes)
+    b.ret_void()
+    return str(m)
+
+
+@dataclass(frozen=True)
+class TakeSpec:
+    """Values of a sort: out[r, i] = row r of the input at ids[r, i] (ids from argsort, so in
+    range by construction).  A raw copy of `esize`-byte elements; rows as in SortSpec."""
+    esize: int
+    n: int
+    outer: tuple
+    outer_strides: tuple
+    step: int
+
+    @property
+    def rows(self) -> int:
+        return prod(self.outer)
+
+
+def build_take(spec: TakeSpec, name: str = "take") -> str:
+    et = ir.IntType(8 * spec.esize)
+    m = new_module(name)
+    fn, b = kernel_function(m, name)
+    ptrs, lo, hi = fn.args
+    out = arg_pointer(b, ptrs, 0, et, "out")
+    src = arg_pointer(b, ptrs, 1, et, "src")
+    ids = arg_pointer(b, ptrs, 2, I32, "ids")
+    with counted_loop(b, lo, hi, 1, "row") as r:
+        base = row_offset(b, r, spec.outer, spec.outer_strides)
+        row_out = b.mul(r, I64(spec.n))
+        with counted_loop(b, I64(0), I64(spec.n), 1, "take") as i:
+            at = b.add(row_out, i)
+            j = b.zext(b.load(b.gep(ids, [at], inbounds=True), align=4), I64)
+            v = b.load(b.gep(src, [b.add(base, b.mul(j, I64(spec.step)))], inbounds=True), align=spec.esize)
+            b.store(v, b.gep(out, [at], inbounds=True), align=spec.esize)
+    b.ret_void()
+    return str(m)
+
+
+_BUILDERS = {SortSpec: (build_sort, "argsort"), TakeSpec: (build_take, "take")}
+
+
+_cache: dict = {}
+_lock = threading.Lock()
+
+
+def get_kernel(spec):
+    """(CompiledModule, ctypes function) for a spec, compiled once per structure."""
+    hit = _cache.get(spec)
+    if hit is None:
+        build, name = _BUILDERS[type(spec)]
+        cm = jit.compile_ir(build(spec, name), [name], name=name)
+        with _lock:
+            hit = _cache.setdefault(spec, (cm, KERNEL_FN(cm.address(name))))
+    return hit
