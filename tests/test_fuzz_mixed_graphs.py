@@ -31,10 +31,6 @@ ATOL, RTOL = 3e-5, 3e-5
 # ---- the op catalogue: lazycandle and NumPy sides of every op --------------------------------
 # Each op maps operands of the graph's shape S = (m, n) to a value of shape S.  `e` is the
 # per-example environment: w (n, n), bias (n,), row ids (m,), column ids (n,), masks (S, u8).
-def _mean_rows(x, xp):
-    return x.mean_keepdim(1).broadcast_as(x.shape) if xp is None else x.mean(1, keepdims=True)
-
-
 UNARY = {
     "tanh": (lambda x, e: x.tanh(), lambda x, e: np.tanh(x)),
     "sin": (lambda x, e: x.sin(), lambda x, e: np.sin(x)),

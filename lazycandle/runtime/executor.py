@@ -110,10 +110,13 @@ class Plan:
                 if bind[0] == "node":
                     last_read[bind[1]] = i
         keep = set(self.targets)
-        self.alloc_at = [[j for j in sorted(self.materialized) if first_write.get(j, 0) == i]
-                         for i in range(len(self.kernels))]
-        self.free_after = [[j for j, r in last_read.items() if r == i and j not in keep]
-                           for i in range(len(self.kernels))]
+        self.alloc_at = [[] for _ in self.kernels]          # bucketed in one pass: linear in graph size
+        for j in sorted(self.materialized):
+            self.alloc_at[first_write.get(j, 0)].append(j)
+        self.free_after = [[] for _ in self.kernels]
+        for j, r in last_read.items():
+            if j not in keep:
+                self.free_after[r].append(j)
 
     def run(self, in_bufs, offsets, scalars):
         """in_bufs: 1-D arrays per capture input; offsets: per operand slot; scalars: the
