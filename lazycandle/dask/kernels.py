@@ -95,15 +95,15 @@ class _Rebuild:
 
 @dataclass(frozen=True)
 class Stage:
-    """One blockwise call: `kind` "out" (program output `index`), or "part" (the per-block
-    partial of cut record `index`; `part` is "val" or "idx" for argmax/argmin)."""
+    """One blockwise call: `kind` "out" (program output `index`) or "part" (the per-block
+    partial of cut record `index`)."""
     kind: str
     index: int
-    part: str = ""
 
 
 class StageFn:
-    """The function of a stage's blockwise task: blocks in, one ndarray out."""
+    """The function of a stage's blockwise task: blocks in, one ndarray out (for an argmax /
+    argmin partial: the tuple (best values, their indices with the block's offset added))."""
 
     def __init__(self, token, desc, dims, stage, frozen, inputs):
         self.token, self.desc, self.dims, self.stage = token, desc, dims, stage
@@ -117,17 +117,19 @@ class StageFn:
                 if c is not None:
                     sizes[c] = s
         feeds = {name: b for (name, _), b in zip(self.inputs, blocks)}
-        if self.stage.part == "idx":
-            feeds["__off"], blocks = np.asarray(blocks[-1][0], np.uint32), blocks[:-1]
-            feeds.pop(self.inputs[-1][0])
+        if "__arange" in feeds:          # the block's offset along an argmax / argmin dim
+            feeds["__off"] = np.asarray(feeds.pop("__arange")[0], np.uint32)
         key = (self.token, self.stage, tuple(sorted(sizes.items())))
         prog = _program(key, lambda: self._compile(sizes))
         with task_threads():
-            out = prog.run(**feeds)[0]
-        rec = self.desc.recs[self.stage.index] if self.stage.kind == "part" else None
-        if rec is not None and rec.category == "matmul":
-            out = out[None]           # the k-block axis the tree sums over
-        return out
+            outs = prog.run(**feeds)
+        if self.stage.kind == "part":
+            rec = self.desc.recs[self.stage.index]
+            if rec.category == "matmul":
+                return outs[0][None]     # the k-block axis the tree sums over
+            if rec.op in ("argmax", "argmin"):
+                return tuple(outs)
+        return outs[0]
 
     def _compile(self, sizes):
         from ..graph_api import compile as lc_compile
@@ -141,12 +143,16 @@ class StageFn:
         if rec.op == "mean":
             return lc_compile([Tensor(rb.node(st.index, op="sum"))])
         if rec.op in ("argmax", "argmin"):
-            if st.part == "val":
-                val_dtype = self.desc.recs[rec.srcs[0].rec].dtype
-                return lc_compile([Tensor(rb.node(st.index, op=rec.op[3:], dtype=val_dtype))])
+            val_dtype = self.desc.recs[rec.srcs[0].rec].dtype
+            val = Tensor(rb.node(st.index, op=rec.op[3:], dtype=val_dtype))
             idx = Tensor(rb.node(st.index))
-            return lc_compile([idx.broadcast_add(placeholder("__off", (), u32))])
+            return lc_compile([val, idx.broadcast_add(placeholder("__off", (), u32))])
         return lc_compile([Tensor(rb.node(st.index))])
+
+
+def pick(block, i):
+    """Item `i` of a tuple-valued partial block (a slice of the task's result, no compute)."""
+    return block[i]
 
 
 class CombineFn:

@@ -15,7 +15,8 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .kernels import CombineFn, Stage, StageFn
+from .graph import BCAST
+from .kernels import CombineFn, Stage, StageFn, pick
 
 SPLIT_EVERY = 8
 
@@ -80,10 +81,15 @@ class Planner:
         dt = np.dtype(_np_dtype(out_dtype))
         return da.blockwise(fn, tuple(out_ind), *args, dtype=dt, concatenate=True, new_axes=new_axes,
                             adjust_chunks=adjust_chunks, meta=np.empty((0,) * len(out_ind), dt),
-                            token=f"lazycandle-{stage.kind}{stage.index}{stage.part}-{self.token}")
+                            token=f"lazycandle-{stage.kind}{stage.index}-{self.token}")
 
     def _output(self, i):
         src = self.desc.outputs[i]
+        m = self.dims.maps[("o", i)]
+        if src.rec in self.values and m is not None and BCAST not in m:
+            kept = [k for k in m if k >= 0]
+            if kept == sorted(kept):       # a cut's value with size-1 dims dropped or added
+                return self.values[src.rec].reshape(src.shape)
         dtype = self.desc.recs[src.rec].dtype
         return self._blockwise(Stage("out", i), [src.rec], self.dims.out[i], dtype)
 
@@ -104,9 +110,10 @@ class Planner:
         if rec.op in ("argmax", "argmin"):
             d, c = rec.arg[0], red[0]
             offsets = da.arange(self.dims.full[c], chunks=(self.chunks[c],), dtype=np.uint32)
-            val_dtype = self.desc.recs[rec.srcs[0].rec].dtype
-            val = self._blockwise(Stage("part", r, "val"), [r], out_cls, val_dtype, adjust)
-            idx = self._blockwise(Stage("part", r, "idx"), [r], out_cls, rec.dtype, adjust, [(offsets, c)])
+            val_dt, idx_dt = np.dtype(_np_dtype(self.desc.recs[rec.srcs[0].rec].dtype)), np.dtype(np.uint32)
+            pair = self._blockwise(Stage("part", r), [r], out_cls, "u32", adjust, [(offsets, c)])
+            val, idx = (pair.map_blocks(pick, i, dtype=dt, meta=np.empty((0,) * pair.ndim, dt))
+                        for i, dt in ((0, val_dt), (1, idx_dt)))
             fns = [(CombineFn(rec.op[3:], d), (0,)), (CombineFn("argidx", d, rec.op), (0, 1))]
             return self._tree([val, idx], axes, fns)[1]
         part = self._blockwise(Stage("part", r), [r], out_cls, rec.dtype, adjust)
