@@ -111,6 +111,7 @@ class StageFn:
         self.inputs = inputs          # [(feed name, classes chunked in this stage per dim)]
 
     def __call__(self, *blocks):
+        blocks = [_single(b) for b in blocks]
         sizes = {}
         for (_, classes), b in zip(self.inputs, blocks):
             for c, s in zip(classes, b.shape):
@@ -148,6 +149,13 @@ class StageFn:
             idx = Tensor(rb.node(st.index))
             return lc_compile([val, idx.broadcast_add(placeholder("__off", (), u32))])
         return lc_compile([Tensor(rb.node(st.index))])
+
+
+def _single(block):
+    """The one block behind blockwise's nesting of a dim the output lacks (it is one chunk)."""
+    while isinstance(block, list):
+        (block,) = block
+    return block
 
 
 def pick(block, i):

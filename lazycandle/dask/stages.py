@@ -2,7 +2,8 @@
 
 Each stage is one `da.blockwise` call of a StageFn (a compiled lazycandle program per block).
 Blockwise indices are class ids for the classes chunked in that stage; every other dim gets a
-fresh index of its own (it is one chunk, so blockwise's concatenation is the block itself).
+fresh index of its own (it is one chunk: an input dim the output lacks hands the task a list
+of that one block, unwrapped without a copy).
 A cut (a reduce or matmul over a chunked class) is a partial stage followed by a tree of
 CombineFn levels, `split_every` partials at a time.
 """
@@ -79,7 +80,7 @@ class Planner:
                 new_axes[i] = 1 if c is None or pos in adjust else self.dims.full[c]
         fn = StageFn(self.token, self.desc, self.dims, stage, frozen, specs)
         dt = np.dtype(_np_dtype(out_dtype))
-        return da.blockwise(fn, tuple(out_ind), *args, dtype=dt, concatenate=True, new_axes=new_axes,
+        return da.blockwise(fn, tuple(out_ind), *args, dtype=dt, concatenate=False, new_axes=new_axes,
                             adjust_chunks=adjust_chunks, meta=np.empty((0,) * len(out_ind), dt),
                             token=f"lazycandle-{stage.kind}{stage.index}-{self.token}")
 
