@@ -95,6 +95,15 @@ def test_mlp_forward(xchunks, wchunks):
     _close(out.compute(scheduler="threads"), want, rtol=1e-4, atol=1e-4)
 
 
+def test_mismatched_chunks_along_joined_dims_are_refined():
+    y = RNG.standard_normal((37, 50)).astype(np.float32)
+    x, Y = lc.placeholder("x", X.shape), lc.placeholder("y", y.shape)
+    prog = lc.compile([(x + Y.t()).sum(1)])     # x's dim 0 meets y's dim 1 and dim 1 meets dim 0
+    (out,) = lc.dask.run(prog, x=da.from_array(X, chunks=(17, 37)), y=da.from_array(y, chunks=(9, 20)))
+    assert out.chunks == ((17, 3, 14, 6, 10),)     # edges of both: 0 17 20 34 40 50
+    _close(out.compute(scheduler="threads"), (X + y.T).sum(1))
+
+
 def test_numpy_feeds_and_conversions():
     prog, _ = PROGRAMS["sum0"]
     (out,) = lc.dask.run(prog, x=X)

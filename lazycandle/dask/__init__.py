@@ -22,7 +22,7 @@ import numpy as np
 from ..dtype import DType
 from ..errors import Error, FeedError
 from .graph import Analysis, describe
-from .kernels import CombineFn, Dims, Stage, StageFn
+from .kernels import Dims
 from .stages import Planner
 
 AUTO_RECHUNK_BYTES = 64 << 20   # a dim that must be one chunk is merged automatically below this block size
@@ -132,4 +132,4 @@ def to_tensor(x):
     return from_numpy(np.ascontiguousarray(v), DType.from_numpy(v.dtype))
 
 
-__all__ = ["run", "from_tensor", "to_tensor", "AUTO_RECHUNK_BYTES", "CombineFn", "Stage", "StageFn"]
+__all__ = ["run", "from_tensor", "to_tensor", "AUTO_RECHUNK_BYTES"]

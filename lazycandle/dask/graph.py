@@ -170,10 +170,6 @@ class Analysis:
         if c is not None:
             self.whole.setdefault(c, why)
 
-    def is_whole(self, slot):
-        c = self.cls(slot)
-        return c is None or c in self.whole
-
     # ---- correspondences ----------------------------------------------------------------
     def _link_view(self, key, prefix, src, who):
         base = self.desc.recs[src.rec]
@@ -225,17 +221,3 @@ class Analysis:
             if c in seen:
                 self._make_whole(s, f"{who} joins two of its own dims ({seen[c][-1]} and {s[-1]})")
             seen[c] = s
-
-    # ---- queries --------------------------------------------------------------------------
-    def rec_classes(self, r):
-        return [self.cls(("r", r, d)) for d in range(len(self.desc.recs[r].shape))]
-
-    def reduced_classes(self, r):
-        """Classes a reduce / matmul record reduces over (its operand's reduced / k dims)."""
-        rec = self.desc.recs[r]
-        if rec.category == REDUCE:
-            return [self.cls(("s", r, 0, d)) for d in rec.arg]
-        if rec.category == MATMUL:
-            return [self.cls(("s", r, 0, len(rec.shape) - 1))]
-        return []
-

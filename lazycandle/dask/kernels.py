@@ -50,11 +50,12 @@ class _Rebuild:
         self.desc, self.dims, self.sizes, self.frozen = desc, dims, sizes, frozen
         self.memo = {}
 
-    def _size(self, c):
-        return 1 if c is None else self.sizes.get(c, self.dims.full[c])
+    def _size(self, c, orig):
+        """A dim's size in this block: its class's block size, else its whole size."""
+        return orig if c is None else self.sizes.get(c, self.dims.full[c])
 
     def shape(self, r):
-        return tuple(self._size(c) for c in self.dims.rec[r])
+        return tuple(self._size(c, s) for c, s in zip(self.dims.rec[r], self.desc.recs[r].shape))
 
     def node(self, r, op=None, dtype=None):
         """The node of record `r`; `op`/`dtype` rebuild it as another op of the same operands."""
@@ -84,8 +85,7 @@ class _Rebuild:
             lay = Layout(src.shape, src.strides, src.offset)
         else:
             bstr = contiguous_strides(base.shape)
-            shape = tuple(base.shape[k] if k >= 0 else self._size(c) for k, c in zip(m, classes))
-            shape = tuple(1 if k == -2 else s for k, s in zip(m, shape))
+            shape = tuple(base.shape[k] if k >= 0 else self._size(c, s) for k, c, s in zip(m, classes, src.shape))
             lay = Layout(shape, tuple(bstr[k] if k >= 0 else 0 for k in m), 0)
         if lay.shape == base.shape and lay.is_contiguous() and lay.offset == 0 \
                 and base.op.category != "source":
