@@ -18,7 +18,8 @@ from .. import config
 from ..dtype import DType, u32
 from ..layout import Layout, contiguous_strides
 
-_programs: dict = {}
+_programs: dict = {}           # (graph token, stage, block sizes) -> Program, oldest first
+MAX_PROGRAMS = 512
 _compile_lock = threading.Lock()
 
 
@@ -87,8 +88,7 @@ class _Rebuild:
             bstr = contiguous_strides(base.shape)
             shape = tuple(base.shape[k] if k >= 0 else self._size(c, s) for k, c, s in zip(m, classes, src.shape))
             lay = Layout(shape, tuple(bstr[k] if k >= 0 else 0 for k in m), 0)
-        if lay.shape == base.shape and lay.is_contiguous() and lay.offset == 0 \
-                and base.op.category != "source":
+        if lay.shape == base.shape and lay.is_contiguous() and lay.offset == 0:
             return base
         return Node("view", (base,), None, lay.shape, base.dtype, layout=lay)
 
@@ -195,6 +195,8 @@ def _program(key, build):
             prog = _programs.get(key)
             if prog is None:
                 prog = _programs[key] = build()
+                if len(_programs) > MAX_PROGRAMS:
+                    del _programs[next(iter(_programs))]
     return prog
 
 
