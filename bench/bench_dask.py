@@ -2,6 +2,7 @@
 
   python bench/bench_dask.py out-of-core [--gb 40]   # dask.array.random input, threaded scheduler
   python bench/bench_dask.py in-memory   [--gb 2]    # a persisted array on a 2-worker LocalCluster
+  (--only lazycandle|numpy runs one engine; --rows-per-chunk, --workers)
 
 Both compute s = exp(x*a + b).sum(-1) and the per-column mean and std over the chunked rows
 (one pass: std = sqrt(mean(x^2) - mean^2)).  Each engine runs in its own child process so its
@@ -76,6 +77,7 @@ def main():
     ap.add_argument("--rows-per-chunk", type=int, default=4096)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--engine", choices=["lazycandle", "numpy"], default=None)
+    ap.add_argument("--only", choices=["lazycandle", "numpy"], default=None, help="run one engine")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.gb is None:
@@ -84,9 +86,9 @@ def main():
         return _child(args)
     import numpy as np
     print(f"{args.mode}: {args.gb} GB f32 ({COLS} columns, {args.rows_per_chunk}-row chunks), "
-          f"{args.workers} workers, load {os.getloadavg()[0]:.1f}")
+          f"{args.workers} workers, load {os.getloadavg()[0]:.1f}", flush=True)
     rows = {}
-    for engine in ("lazycandle", "numpy"):
+    for engine in [args.only] if args.only else ("lazycandle", "numpy"):
         out = f"/tmp/bench_dask_{engine}_{os.getpid()}.npy"
         cmd = [sys.executable, __file__, args.mode, "--gb", str(args.gb), "--rows-per-chunk",
                str(args.rows_per_chunk), "--workers", str(args.workers), "--engine", engine, "--out", out]
@@ -94,7 +96,10 @@ def main():
         rows[engine] = json.loads(line)
         rows[engine]["values"] = np.load(out)
         os.unlink(out)
-        print(f"  {engine:10s} {rows[engine]['seconds']:8.2f} s   peak RSS {rows[engine]['peak_rss_gb']:.2f} GB")
+        print(f"  {engine:10s} {rows[engine]['seconds']:8.2f} s   peak RSS {rows[engine]['peak_rss_gb']:.2f} GB",
+              flush=True)
+    if args.only:
+        return
     lc_v, np_v = rows["lazycandle"]["values"], rows["numpy"]["values"]
     err = float(np.max(np.abs(lc_v - np_v) / np.maximum(np.abs(np_v), 1e-3)))
     print(f"  speed-up {rows['numpy']['seconds'] / rows['lazycandle']['seconds']:.2f}x, "
