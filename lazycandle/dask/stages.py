@@ -23,6 +23,8 @@ SPLIT_EVERY = 8
 
 
 class Planner:
+    """The dask arrays of a described program: its cuts in record order, then its outputs."""
+
     def __init__(self, desc, dims, chunks, arrays):
         self.desc, self.dims, self.chunks, self.arrays = desc, dims, chunks, arrays
         self.token = dask.base.tokenize(desc.key(), sorted((k, v.name) for k, v in arrays.items()))
