@@ -13,3 +13,11 @@ from .caches import clear_caches, cache_info
 from .config import get_num_threads, set_num_threads, num_threads, set_matmul_backend, get_matmul_backend
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    """`lc.dask` is imported on first use, so `import lazycandle` never imports dask."""
+    if name == "dask":
+        import importlib
+        return importlib.import_module(".dask", __name__)
+    raise AttributeError(f"module 'lazycandle' has no attribute {name!r}")
