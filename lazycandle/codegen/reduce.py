@@ -1,4 +1,4 @@
-"""Reduction kernels (sum, mean, max, min, argmax, argmin over any set of dims), with the
+"""Reduction kernels (sum, mean, prod, max, min, argmax, argmin over any set of dims), with the
 elementwise producers of the reduced value fused in (the same instruction DAG as elementwise
 kernels, evaluated per input element).
 
@@ -8,7 +8,7 @@ Two loop shapes, chosen by where the innermost input dim lands:
                 horizontal combine;
   inner-output  (the last dim is kept, e.g. sum(0)): one unit per row of outputs; U vectors of
                 W outputs stay in registers while the reduced dims are walked.
-Float sums accumulate in f64 (f32/f16/bf16 inputs), integer sums wrap in their dtype;
+Float sums and products accumulate in f64 (f32/f16/bf16 inputs), integer ones wrap in their dtype;
 max/min propagate NaN like np.max; argmax/argmin keep the first index on ties (a NaN counts as
 the maximum / minimum, first one wins, like NumPy).
 """
@@ -26,6 +26,9 @@ from .elementwise import _Kernel, _emit_instrs, _bits
 from .llvmutil import I32, I64, F64, ltype, vec, splat, const, width_of, FM_REDUCE
 from .loops import counted_loop
 
+# kinds that accumulate arithmetically (f64 accumulators for floats); the rest select a value
+ARITH_KINDS = ("sum", "mean", "prod")
+
 
 @dataclass(frozen=True)
 class RedSpec:
@@ -33,7 +36,7 @@ class RedSpec:
     red: tuple              # per dim: True when reduced
     inputs: tuple           # ((dtype_name, strides), ...)
     instrs: tuple           # elementwise DAG (see EwSpec); the reduced value is the last instr
-    kind: str               # sum | mean | max | min | argmax | argmin
+    kind: str               # sum | mean | prod | max | min | argmax | argmin
     outputs: tuple          # ((instr index, out dtype name),)  -- one output
 
     @property
@@ -51,7 +54,7 @@ class RedSpec:
     def width(self) -> int:
         bits = max([_bits(D.DType.from_name(dt)) for dt, _ in self.inputs] +
                    [_bits(D.DType.from_name(i[3])) for i in self.instrs] + [32])
-        if self.kind in ("sum", "mean") and D.DType.from_name(self.instrs[-1][3]).is_float:
+        if self.kind in ARITH_KINDS and D.DType.from_name(self.instrs[-1][3]).is_float:
             bits = 64
         return max(2, jit.vector_bits() // bits)
 
@@ -64,7 +67,7 @@ class RedSpec:
 
 
 def _acc_type(spec, dt):
-    if spec.kind in ("sum", "mean") and dt.is_float:
+    if spec.kind in ARITH_KINDS and dt.is_float:
         return F64
     return ltype(dt.compute)
 
@@ -96,8 +99,9 @@ class _RedKernel(_Kernel):
 
     def init(self, w):
         kind, t = self.spec.kind, vec(self.acc_t, w)
-        if kind in ("sum", "mean"):
-            return const(t, 0.0 if self.is_float else 0)
+        if kind in ARITH_KINDS:
+            identity = 1 if kind == "prod" else 0
+            return const(t, float(identity) if self.is_float else identity)
         big = "max" in kind
         if self.is_float:
             return const(t, float("-inf") if big else float("inf"))
@@ -118,7 +122,9 @@ class _RedKernel(_Kernel):
 
     def combine(self, acc, x):
         b = self.b
-        if self.spec.kind in ("sum", "mean"):
+        if self.spec.kind == "prod":
+            return b.fmul(acc, x, flags=FM_REDUCE) if self.is_float else b.mul(acc, x)
+        if self.spec.kind in ARITH_KINDS:
             return b.fadd(acc, x, flags=FM_REDUCE) if self.is_float else b.add(acc, x)
         return b.select(self.better(x, acc), x, acc)
 
@@ -127,7 +133,7 @@ class _RedKernel(_Kernel):
         b = self.b
         if self.spec.kind == "mean":
             acc = b.fdiv(acc, const(acc.type, float(self.spec.count)))
-        if self.spec.kind in ("sum", "mean") and self.is_float:
+        if self.spec.kind in ARITH_KINDS and self.is_float:
             from .elementwise import _cast
             return self.store_value(_cast(b, acc, D.f64, self.out_dtype))
         return self.store_value(acc)

@@ -15,6 +15,7 @@ from fractions import Fraction
 import numpy as np
 
 from . import vmath_core as core
+from .llvmutil import call_intrinsic
 from .vmath_core import V
 
 
@@ -47,15 +48,18 @@ def _log_dd(v: V, ax):
     return hi, v.sel(finite, lo, v.c(0.0))
 
 
-def _abs_pow(v: V, ax, e: float):
-    """|x|^e for ax = |x| (NaN, 0 and inf handled by log / exp's own rules)."""
+def _abs_pow(v: V, ax, e):
+    """|x|^e for ax = |x| (NaN, 0 and inf handled by log / exp's own rules); e is a Python
+    float or a value of x's type."""
     if v.key == "f32":
         w = v.other("f64")
-        y = w.mul(core.log(w, v.b.fpext(ax, w.t)), w.c(e))
+        we = w.c(e) if isinstance(e, float) else v.b.fpext(e, w.t)
+        y = w.mul(core.log(w, v.b.fpext(ax, w.t)), we)
         return v.b.fptrunc(core.exp(w, y), v.t)
+    ve = v.c(e) if isinstance(e, float) else e
     hi, lo = _log_dd(v, ax)
-    y, y_lo = v.two_prod(hi, v.c(e))
-    y_lo = v.fma(lo, v.c(e), y_lo)
+    y, y_lo = v.two_prod(hi, ve)
+    y_lo = v.fma(lo, ve, y_lo)
     y_lo = v.sel(v.cmp("<", v.abs(y), v.c(2000.0)), y_lo, v.c(0.0))   # beyond: 0 or inf anyway
     p, s1, s2 = core.exp_parts(v, y, y_lo)
     return v.sel(v.isnan(y), y, v.mul(v.mul(p, s1), s2))
@@ -87,3 +91,21 @@ def powf(v: V, x, e: float):
     if math.isinf(e):
         res = v.sel(v.cmp("==", x, v.c(-1.0)), one, res)    # pow(-1, +-inf) = 1
     return v.sel(v.cmp("==", x, one), one, res)            # pow(1, anything) = 1
+
+
+def pow_values(v: V, x, e):
+    """np.power(x, e) elementwise for two values of the same type: powf's special cases
+    decided per lane at run time (C99 pow, as NumPy's power of two arrays)."""
+    one, zero, inf = v.c(1.0), v.c(0.0), v.c(math.inf)
+    res = _abs_pow(v, v.abs(x), e)
+    b = v.b
+    finite_e = v.cmp("<", v.abs(e), inf)
+    floor_e = call_intrinsic(b, "floor", [e])
+    is_int = b.and_(finite_e, v.cmp("==", floor_e, e))
+    half = v.mul(e, v.c(0.5))
+    odd = b.and_(is_int, v.cmp("!=", call_intrinsic(b, "floor", [half]), half))
+    res = v.sel(odd, v.copysign(res, x), res)             # odd integer: sign of x (also -0, -inf)
+    neg_x = b.and_(v.cmp("<", x, zero), v.cmp(">", x, v.c(-math.inf)))
+    res = v.sel(b.and_(neg_x, b.and_(finite_e, b.not_(is_int))), v.c(math.nan), res)
+    res = v.sel(b.and_(v.cmp("==", x, v.c(-1.0)), b.not_(finite_e)), v.sel(v.isnan(e), res, one), res)
+    return v.sel(b.or_(v.cmp("==", x, one), v.cmp("==", e, zero)), one, res)   # pow(1, y) = pow(x, 0) = 1
