@@ -92,12 +92,21 @@ class Layout:
         return Layout(tuple(shape), self.strides, self.offset + start * self.strides[dim] if length else self.offset)
 
     def slice(self, dim, start, stop, step) -> "Layout":
-        n = max(0, (stop - start + step - 1) // step)
+        """Python's range(start, stop, step) along `dim` (start, stop already in range as
+        slice.indices gives them); a negative step is a negative stride."""
+        n = len(range(start, stop, step))
         shape, strides = list(self.shape), list(self.strides)
         shape[dim] = n
         strides[dim] = self.strides[dim] * step
         off = self.offset + start * self.strides[dim] if n else self.offset
         return Layout(tuple(shape), tuple(strides), off)
+
+    def flip(self, dim) -> "Layout":
+        """`dim` in reverse order: its stride negated, the offset moved to its last element."""
+        n = self.shape[dim]
+        strides = list(self.strides)
+        strides[dim] = -strides[dim]
+        return Layout(self.shape, tuple(strides), self.offset + (n - 1) * self.strides[dim] if n else self.offset)
 
     def select(self, dim, index) -> "Layout":
         """Drop `dim`, keeping element `index` of it."""

@@ -19,6 +19,7 @@ from .tensor_matmul import MatmulMixin
 from .tensor_index import IndexMixin
 from .tensor_interop import InteropMixin, from_dlpack
 from .tensor_model import ModelMixin
+from .tensor_extras import ExtrasMixin
 
 
 class Device:
@@ -36,7 +37,7 @@ def _as_shape(shape, op) -> tuple:
     return as_shape(shape, op, ShapeMismatch)
 
 
-class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, InteropMixin, ModelMixin):
+class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, InteropMixin, ModelMixin, ExtrasMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")
@@ -140,7 +141,11 @@ Tensor.from_numpy = staticmethod(from_numpy)
 
 
 def full(value, shape, dtype=D.f32) -> Tensor:
-    """A lazy constant: one scalar node broadcast to `shape` (nothing is allocated until used)."""
+    """A lazy constant: one scalar node broadcast to `shape` (nothing is allocated until used).
+    torch / NumPy's order `full(shape, value)` is accepted too when the first argument is a
+    shape (a tuple or list)."""
+    if isinstance(value, (tuple, list)) and not isinstance(shape, (tuple, list)):
+        value, shape = shape, value
     return _full(value, shape, dtype, "full")
 
 

@@ -147,6 +147,9 @@ class MathMixin:
     def sub(self, o): return self._binary("sub", o, False)
     def mul(self, o): return self._binary("mul", o, False)
     def div(self, o): return self._binary("div", o, False)
+    def floor_divide(self, o): return self._binary("floordiv", o, True)
+    def remainder(self, o): return self._binary("mod", o, True)
+    def pow(self, e): return self._binary("pow", e, True)
     def maximum(self, o): return self._binary("maximum", o, False)
     def minimum(self, o): return self._binary("minimum", o, False)
     def broadcast_add(self, o): return self._binary("add", o, True)
@@ -215,11 +218,17 @@ class MathMixin:
     def __ne__(self, o): return self._binary("ne", o, True)
     __hash__ = object.__hash__
 
+    def __floordiv__(self, o): return self._binary("floordiv", o, True)
+    def __rfloordiv__(self, o): return self._binary("floordiv", o, True, reflected=True)
+    def __mod__(self, o): return self._binary("mod", o, True)
+    def __rmod__(self, o): return self._binary("mod", o, True, reflected=True)
+
     def __pow__(self, e):
-        e = as_scalar(e)
-        if e is None:
-            return NotImplemented
-        return self.powf(e)
+        """A scalar exponent is powf; a tensor exponent is pow (broadcasting, same dtype)."""
+        s = as_scalar(e)
+        return self.powf(s) if s is not None else self._binary("pow", e, True)
+
+    def __rpow__(self, base): return self._binary("pow", base, True, reflected=True)
 
     def __matmul__(self, o):
         o = as_operand(o, type(self))

@@ -1,6 +1,10 @@
-"""Reductions: sum / mean over any dims, max / min / argmax / argmin over one dim, and the
+"""Reductions: sum / mean / prod over any dims, max / min / argmax / argmin over one dim, and the
 `_all` forms.  Each builds one reduce node with keepdim semantics; the non-keepdim forms are a
-view that drops the reduced dims."""
+view that drops the reduced dims.
+
+Both call forms work: candle's positional `sum(dims)` / `sum_keepdim(dims)` and torch's
+`sum()` (everything), `sum(dim=..., keepdim=True)`; NumPy's `axis=` is accepted as `dim`.
+Statistics built from these (var, std, logsumexp, norm, all, any) live in tensor_extras.py."""
 from __future__ import annotations
 
 from math import prod
@@ -13,6 +17,8 @@ from .tensor_views import norm_dim
 
 # argmax / argmin return u32 indices, so the dim they reduce can hold at most this many elements
 MAX_ARG_DIM = 2 ** 32 - 1
+# kinds defined over a zero-length dim (sum 0, prod 1, mean NaN); the others raise EmptyReduction
+EMPTY_OK_KINDS = ("sum", "mean", "prod")
 
 
 def _dims(dims, shape, op):
@@ -36,16 +42,19 @@ class ReduceMixin:
     __slots__ = ()
 
     def _reduce(self, kind, dims, keepdim):
+        """One reduce node over `dims` (None: every dim)."""
         op = f"{kind}_keepdim" if keepdim else kind
         if self.dtype.storage_only:
             raise UnsupportedDTypeForOp(f"{op}: dtype {self.dtype.name} is storage-only (no arithmetic)")
         if kind == "mean" and not self.dtype.is_float:
             raise UnsupportedDTypeForOp(f"{op}: mean needs a float dtype, got {self.dtype.name}")
+        if dims is None:
+            dims = tuple(range(self.rank)) or (0,)
         dims = _dims(dims, self.shape, op)
         x = self.unsqueeze(0) if self.rank == 0 else self
         shape = tuple(1 if i in dims else d for i, d in enumerate(x.shape))
         # max / min / arg* need an element of the reduced dims for every output element
-        if kind not in ("sum", "mean") and prod(shape) and any(x.shape[d] == 0 for d in dims):
+        if kind not in EMPTY_OK_KINDS and prod(shape) and any(x.shape[d] == 0 for d in dims):
             raise EmptyReduction(f"{op}: reduction over a zero-length dim (shape {self.shape}, dims {dims})")
         if kind.startswith("arg") and x.shape[dims[0]] > MAX_ARG_DIM:
             raise ShapeMismatch(f"{op}: dim {dims[0]} of shape {self.shape} ({self.dtype.name}) is longer than "
@@ -58,28 +67,62 @@ class ReduceMixin:
             t = t.reshape(tuple(d for i, d in enumerate(shape) if i not in dims))
         return t
 
+    def _many(self, kind, dims, keepdim, dim, axis):
+        return self._reduce(kind, _pick(dims, dim, axis, kind), keepdim)
+
     def sum_keepdim(self, dims): return self._reduce("sum", dims, True)
-    def sum(self, dims): return self._reduce("sum", dims, False)
     def mean_keepdim(self, dims): return self._reduce("mean", dims, True)
-    def mean(self, dims): return self._reduce("mean", dims, False)
+    def prod_keepdim(self, dims): return self._reduce("prod", dims, True)
+
+    def sum(self, dims=None, keepdim=False, *, dim=None, axis=None):
+        """Sum over `dims` (an int or a sequence; None: every dim)."""
+        return self._many("sum", dims, keepdim, dim, axis)
+
+    def mean(self, dims=None, keepdim=False, *, dim=None, axis=None):
+        return self._many("mean", dims, keepdim, dim, axis)
+
+    def prod(self, dims=None, keepdim=False, *, dim=None, axis=None):
+        """Product over `dims`; integers keep their dtype and wrap (no promotion)."""
+        return self._many("prod", dims, keepdim, dim, axis)
 
     def _one_dim(self, kind, dim, keepdim):
+        if dim is None:     # torch: over the flattened tensor (arg kinds index it row-major)
+            x = self.flatten_all() if kind.startswith("arg") and self.rank > 1 else self
+            t = x._reduce(kind, None, False)
+            return t.reshape((1,) * self.rank) if keepdim else t
         return self._reduce(kind, (as_index(dim, kind, "dim (one int)"),), keepdim)
 
     def max_keepdim(self, dim): return self._one_dim("max", dim, True)
-    def max(self, dim): return self._one_dim("max", dim, False)
     def min_keepdim(self, dim): return self._one_dim("min", dim, True)
-    def min(self, dim): return self._one_dim("min", dim, False)
     def argmax_keepdim(self, dim): return self._one_dim("argmax", dim, True)
-    def argmax(self, dim): return self._one_dim("argmax", dim, False)
     def argmin_keepdim(self, dim): return self._one_dim("argmin", dim, True)
-    def argmin(self, dim): return self._one_dim("argmin", dim, False)
+
+    def max(self, dim=None, keepdim=False, *, axis=None):
+        """Max over one dim (None: every element); values only, like candle."""
+        return self._one_dim("max", _pick(None, dim, axis, "max"), keepdim)
+
+    def min(self, dim=None, keepdim=False, *, axis=None):
+        return self._one_dim("min", _pick(None, dim, axis, "min"), keepdim)
+
+    def argmax(self, dim=None, keepdim=False, *, axis=None):
+        """u32 index of the first maximum along `dim` (None: in the flattened tensor)."""
+        return self._one_dim("argmax", _pick(None, dim, axis, "argmax"), keepdim)
+
+    def argmin(self, dim=None, keepdim=False, *, axis=None):
+        return self._one_dim("argmin", _pick(None, dim, axis, "argmin"), keepdim)
 
     def _all(self, kind):
-        x = self.flatten_all() if self.rank != 1 else self
-        return x._reduce(kind, (0,), False)
+        return self._reduce(kind, None, False)
 
     def sum_all(self): return self._all("sum")
     def mean_all(self): return self._all("mean")
     def max_all(self): return self._all("max")
     def min_all(self): return self._all("min")
+
+
+def _pick(dims, dim, axis, op):
+    """The one dims argument among candle's positional, torch's `dim=` and NumPy's `axis=`."""
+    given = [d for d in (dims, dim, axis) if d is not None]
+    if len(given) > 1:
+        raise TypeError(f"{op}: give the dims once (positionally, as dim= or as axis=)")
+    return given[0] if given else None

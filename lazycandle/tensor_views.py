@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from math import prod
 
+import numpy as np
+
 from .errors import (BroadcastIncompatibleShapes, DimOutOfRange, IndexOutOfBounds, NarrowInvalidArgs,
                      ShapeMismatch)
 from .ir.node import Node
@@ -172,6 +174,8 @@ class ViewMixin:
         return type(self)(Node("copy", (self._node,), None, self.shape, self.dtype))
 
     def __getitem__(self, idx):
+        if _is_tensor_index(idx):
+            return self._index_by(idx)
         if not isinstance(idx, tuple):
             idx = (idx,)
         idx = tuple(i if i is None or i is Ellipsis or isinstance(i, slice)
@@ -189,10 +193,8 @@ class ViewMixin:
                 lay = lay.unsqueeze(dim)
                 dim += 1
             elif isinstance(i, slice):
-                start, stop, step = i.indices(lay.shape[dim])
-                if step <= 0:
-                    raise ValueError(f"index: slice steps must be > 0, got {i.step}")
-                lay = lay.slice(dim, start, max(start, stop), step)
+                start, stop, step = i.indices(lay.shape[dim])     # ValueError for a zero step
+                lay = lay.slice(dim, start, stop, step)
                 dim += 1
             else:
                 size = lay.shape[dim]
@@ -200,3 +202,9 @@ class ViewMixin:
                     raise IndexOutOfBounds(f"index: {i} out of range for dim {dim} of size {size} (shape {self.shape})")
                 lay = lay.select(dim, i % size)
         return self._view(lay, f"index[{idx!r}]")
+
+
+def _is_tensor_index(idx) -> bool:
+    """A Tensor, a NumPy array of rank >= 1 or a list: ids or a mask (tensor_extras._index_by)."""
+    from .tensor import Tensor
+    return isinstance(idx, (Tensor, list)) or (isinstance(idx, np.ndarray) and idx.ndim > 0)

@@ -85,7 +85,7 @@ FLOAT_ARG_CALLS = {
     "index_float": lambda x: x[1.5],
     "index_float_in_tuple": lambda x: x[0, 1.0],
     "index_str": lambda x: x["a"],
-    "index_list": lambda x: x[[0, 1]],
+    "index_list_of_floats": lambda x: x[[0.5, 1]],     # a list of ints is ids (SPEC: t[ids])
     "zeros": lambda x: lc.zeros((2.5,)),
     "ones_int_float": lambda x: lc.ones(3.0),
     "full": lambda x: lc.full(1, (2, 2.0)),

@@ -14,6 +14,8 @@ i64 hi)` over a range of independent units, split with pool.parallel_for).
 * `CopySpec` -- a strided copy into a strided destination (cat's pieces).
 * `Im2colSpec` -- convolution patches (b, c, kh, kw, oh, ow) read through the input's strides,
   zeros where the window lies in the padding.
+* `NonzeroSpec` -- the flat ids of the nonzero elements of a 1-D mask, in order (a boolean-mask
+  index `t[mask]` gathers with them).
 
 Pure data movement loads and stores integers of the element's width (a raw byte copy, so the
 storage-only dtypes and NaN payloads move untouched); scatter_add / index_add compute in the
@@ -403,8 +405,40 @@ def build_im2col(spec: Im2colSpec, name: str = "im2col") -> str:
     return str(m)
 
 
+# ---- nonzero (the ids of a boolean mask) -------------------------------------------------------
+@dataclass(frozen=True)
+class NonzeroSpec:
+    esize: int        # bytes of a mask element (compared raw with 0)
+    stride: int       # of the 1-D mask
+
+
+def build_nonzero(spec: NonzeroSpec, name: str = "nonzero") -> str:
+    """One sequential unit: out[j++] = i for every mask[i] != 0, i < n, writing at most `cap`
+    ids (ptrs: out i64*, mask, params i64* {n, cap}; sizes are run-time values)."""
+    et = ir.IntType(8 * spec.esize)
+    m = new_module(name)
+    fn, b = kernel_function(m, name)
+    out = arg_pointer(b, fn.args[0], 0, I64, "out")
+    mask = arg_pointer(b, fn.args[0], 1, et, "mask")
+    params = arg_pointer(b, fn.args[0], 2, I64, "params")
+    n = b.load(params, align=8)
+    cap = b.load(_at(b, params, I64(1)), align=8)
+    j = b.alloca(I64)
+    b.store(I64(0), j)
+    with counted_loop(b, I64(0), n, 1, "i") as i:
+        v = b.load(_at(b, mask, b.mul(i, I64(spec.stride))), align=spec.esize)
+        with b.if_then(b.icmp_unsigned("!=", v, ir.Constant(et, 0))):
+            jj = b.load(j)
+            with b.if_then(b.icmp_signed("<", jj, cap)):
+                b.store(i, _at(b, out, jj), align=8)
+            b.store(b.add(jj, I64(1)), j)
+    b.ret_void()
+    return str(m)
+
+
 # ---- compile cache ------------------------------------------------------------------------
-_BUILDERS = {IndexSpec: (build_index, "idx"), CopySpec: (build_copy, "copy"), Im2colSpec: (build_im2col, "im2col")}
+_BUILDERS = {IndexSpec: (build_index, "idx"), CopySpec: (build_copy, "copy"), Im2colSpec: (build_im2col, "im2col"),
+             NonzeroSpec: (build_nonzero, "nonzero")}
 
 
 def _build(spec):

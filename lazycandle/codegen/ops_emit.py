@@ -133,6 +133,60 @@ def _where(b, dt, vals, arg):
     return b.select(b.icmp_unsigned("!=", m, const(m.type, 0)), x, y)
 
 
+def _int_divmod(b, dt, x, y):
+    """Floor quotient and modulo of integers like NumPy: x // 0 = x % 0 = 0, INT_MIN // -1
+    wraps to INT_MIN (no trap); the modulo takes the divisor's sign."""
+    zero, one = const(y.type, 0), const(y.type, 1)
+    is_zero = b.icmp_unsigned("==", y, zero)
+    if not dt.is_signed:
+        safe = b.select(is_zero, one, y)
+        return b.select(is_zero, zero, b.udiv(x, safe)), b.select(is_zero, zero, b.urem(x, safe))
+    is_m1 = b.icmp_signed("==", y, const(y.type, -1))
+    safe = b.select(b.or_(is_zero, is_m1), one, y)
+    q = b.select(is_m1, b.sub(zero, x), b.sdiv(x, safe))
+    r = b.select(is_m1, zero, b.srem(x, safe))
+    adjust = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero),
+                                                                 b.icmp_signed("<", y, zero)))
+    q = b.select(adjust, b.sub(q, one), q)
+    r = b.select(adjust, b.add(r, y), r)
+    return b.select(is_zero, zero, q), b.select(is_zero, zero, r)
+
+
+def _float_divmod(b, x, y):
+    """NumPy's npy_divmod: the modulo from fmod (LLVM's frem is exact fmod), moved to the
+    divisor's sign; the quotient (x - mod) / y snapped to an integer.  y == 0 gives x / y and
+    fmod's NaN, as NumPy does."""
+    zero, one = const(y.type, 0.0), const(y.type, 1.0)
+    mod = b.frem(x, y)
+    div = b.fdiv(b.fsub(x, mod), y)
+    mod_nz = b.fcmp_unordered("!=", mod, zero)
+    adjust = b.and_(mod_nz, b.xor(b.fcmp_ordered("<", y, zero), b.fcmp_ordered("<", mod, zero)))
+    mod = b.select(adjust, b.fadd(mod, y), mod)
+    div = b.select(adjust, b.fsub(div, one), div)
+    mod = b.select(mod_nz, mod, call_intrinsic(b, "copysign", [zero, y]))
+    fl = call_intrinsic(b, "floor", [div])
+    fl = b.select(b.fcmp_ordered(">", b.fsub(div, fl), const(y.type, 0.5)), b.fadd(fl, one), fl)
+    q = b.select(b.fcmp_unordered("!=", div, zero), fl, call_intrinsic(b, "copysign", [zero, b.fdiv(x, y)]))
+    y_zero = b.fcmp_ordered("==", y, zero)
+    return b.select(y_zero, b.fdiv(x, y), q), mod
+
+
+def _floordiv(b, dt, vals, arg):
+    x, y = vals
+    return (_float_divmod(b, x, y) if dt.is_float else _int_divmod(b, dt, x, y))[0]
+
+
+def _mod(b, dt, vals, arg):
+    x, y = vals
+    return (_float_divmod(b, x, y) if dt.is_float else _int_divmod(b, dt, x, y))[1]
+
+
+def _pow(b, dt, vals, arg):
+    from ..codegen.vmath_core import V
+    from ..codegen.vmath_pow import pow_values
+    return pow_values(V(b, vals[0].type), vals[0], vals[1])
+
+
 EMIT = {n: _vmath(n) for n in ("exp", "log", "sin", "cos", "tanh", "erf", "gelu", "gelu_erf", "silu", "sigmoid",
                                  "sqrt", "recip", "elu")}
 EMIT.update({
@@ -142,6 +196,7 @@ EMIT.update({
     "add": _arith("fadd", "add"), "sub": _arith("fsub", "sub"), "mul": _arith("fmul", "mul"), "div": _div,
     "maximum": _max_min(True), "minimum": _max_min(False), "where": _where, "copy": lambda b, dt, v, a: v[0],
     "eq": _cmp("=="), "ne": _cmp("!="), "lt": _cmp("<"), "le": _cmp("<="), "gt": _cmp(">"), "ge": _cmp(">="),
+    "floordiv": _floordiv, "mod": _mod, "pow": _pow,
 })
 _missing = {n for n, k in OPS.items() if k.category == ELEMENTWISE and n != "cast"} - set(EMIT)
 if _missing:

@@ -1,4 +1,4 @@
-"""Reduction kernels (sum, mean, max, min, argmax, argmin over any set of dims), with the
+"""Reduction kernels (sum, mean, prod, max, min, argmax, argmin over any set of dims), with the
 elementwise producers of the reduced value fused in (the same instruction DAG as elementwise
 kernels, evaluated per input element).
 
@@ -12,7 +12,7 @@ Like elementwise kernels, reduce kernels are compiled per shape class (sizes and
 than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors at a time while
 4 W elements remain, then one vector at a time, then a scalar tail, so one kernel serves every
 length.
-Float sums accumulate in f64 (f32/f16/bf16 inputs), integer sums wrap in their dtype;
+Float sums and products accumulate in f64 (f32/f16/bf16 inputs), integer ones wrap in their dtype;
 max/min propagate NaN like np.max; argmax/argmin keep the first index on ties (a NaN counts as
 the maximum / minimum, first one wins, like NumPy).
 """
@@ -29,6 +29,7 @@ from . import jit
 from .elementwise import _Kernel, _emit_instrs, _bits
 from .llvmutil import I32, I64, F64, ltype, vec, splat, const, width_of, FM_REDUCE
 from .loops import KERNEL_FN, counted_loop, unit_range
+
 
 
 def lanes(spec: RedSpec) -> int:
@@ -82,8 +83,9 @@ class _RedKernel(_Kernel):
 
     def init(self, w):
         ident, t = self.red.identity, vec(self.acc_t, w)
-        if ident == "zero":
-            return const(t, 0.0 if self.is_float else 0)
+        if ident in ("zero", "one"):
+            v = 0 if ident == "zero" else 1
+            return const(t, float(v) if self.is_float else v)
         big = ident == "lowest"     # the identity of max is the lowest value
         if self.is_float:
             return const(t, float("-inf") if big else float("inf"))
@@ -106,6 +108,8 @@ class _RedKernel(_Kernel):
         b = self.b
         if self.red.combine == "add":
             return b.fadd(acc, x, flags=FM_REDUCE) if self.is_float else b.add(acc, x)
+        if self.red.combine == "mul":
+            return b.fmul(acc, x, flags=FM_REDUCE) if self.is_float else b.mul(acc, x)
         return b.select(self.better(x, acc), x, acc)
 
     def finish(self, acc):

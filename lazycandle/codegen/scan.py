@@ -10,8 +10,6 @@ accumulates in f64 and rounds each output once (no error growth along long lines
 """
 from __future__ import annotations
 
-import ctypes
-import threading
 from dataclasses import dataclass
 from math import prod
 
@@ -20,10 +18,9 @@ import llvmlite.ir as ir
 from .. import dtype as D
 from . import codecs, jit
 from .llvmutil import F32, F64, I64, ltype
-from .loops import new_module, kernel_function, arg_pointer, counted_loop
+from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
 from .sort import row_offset
 
-KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 
 @dataclass(frozen=True)
@@ -54,7 +51,7 @@ def build_scan(spec: ScanSpec, name: str = "cumsum") -> str:
     st, acc_t = ltype(dt.storage), _accumulator(dt)
     m = new_module(name)
     fn, b = kernel_function(m, name)
-    ptrs, lo, hi = fn.args
+    ptrs, (lo, hi) = fn.args[0], unit_range(fn)
     out = arg_pointer(b, ptrs, 0, st, "out")
     src = arg_pointer(b, ptrs, 1, st, "src")
     al = dt.size_in_bytes
@@ -95,15 +92,10 @@ def build_scan(spec: ScanSpec, name: str = "cumsum") -> str:
     return str(m)
 
 
-_cache: dict = {}
-_lock = threading.Lock()
+_kernels = jit.KernelCache(lambda spec: (build_scan(spec), "cumsum"), KERNEL_FN)
 
 
 def get_kernel(spec: ScanSpec):
-    """(CompiledModule, ctypes function) for a spec, compiled once per structure."""
-    hit = _cache.get(spec)
-    if hit is None:
-        cm = jit.compile_ir(build_scan(spec), ["cumsum"], name="cumsum")
-        with _lock:
-            hit = _cache.setdefault(spec, (cm, KERNEL_FN(cm.address("cumsum"))))
-    return hit
+    """(CompiledModule, ctypes function) for a spec, from the one kernel cache of jit.py."""
+    fn = _kernels(spec)
+    return fn._module, fn

@@ -25,8 +25,6 @@ composites are the ids.
 """
 from __future__ import annotations
 
-import ctypes
-import threading
 from dataclasses import dataclass
 from math import prod
 
@@ -35,9 +33,8 @@ import llvmlite.ir as ir
 from .. import dtype as D
 from . import codecs, jit
 from .llvmutil import I1, I32, I64, ltype
-from .loops import new_module, kernel_function, arg_pointer, counted_loop
+from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
 
-KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 
 @dataclass(frozen=True)
@@ -382,7 +379,7 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
     N, W, n = spec.padded, spec.width, spec.n
     m = new_module(name)
     fn, b = kernel_function(m, name)
-    ptrs, lo, hi = fn.args
+    ptrs, (lo, hi) = fn.args[0], unit_range(fn)
     out = arg_pointer(b, ptrs, 0, ltype(id_dt.storage), "ids")
     src = arg_pointer(b, ptrs, 1, ltype(dt.storage), "src")
     ws = arg_pointer(b, ptrs, 2, ct, "ws")
@@ -436,7 +433,7 @@ def build_take(spec: TakeSpec, name: str = "take") -> str:
     et = ir.IntType(8 * spec.esize)
     m = new_module(name)
     fn, b = kernel_function(m, name)
-    ptrs, lo, hi = fn.args
+    ptrs, (lo, hi) = fn.args[0], unit_range(fn)
     out = arg_pointer(b, ptrs, 0, et, "out")
     src = arg_pointer(b, ptrs, 1, et, "src")
     ids = arg_pointer(b, ptrs, 2, I32, "ids")
@@ -455,16 +452,15 @@ def build_take(spec: TakeSpec, name: str = "take") -> str:
 _BUILDERS = {SortSpec: (build_sort, "argsort"), TakeSpec: (build_take, "take")}
 
 
-_cache: dict = {}
-_lock = threading.Lock()
+def _build(spec):
+    build, name = _BUILDERS[type(spec)]
+    return build(spec, name), name
+
+
+_kernels = jit.KernelCache(_build, KERNEL_FN)
 
 
 def get_kernel(spec):
-    """(CompiledModule, ctypes function) for a spec, compiled once per structure."""
-    hit = _cache.get(spec)
-    if hit is None:
-        build, name = _BUILDERS[type(spec)]
-        cm = jit.compile_ir(build(spec, name), [name], name=name)
-        with _lock:
-            hit = _cache.setdefault(spec, (cm, KERNEL_FN(cm.address(name))))
-    return hit
+    """(CompiledModule, ctypes function) for a spec, from the one kernel cache of jit.py."""
+    fn = _kernels(spec)
+    return fn._module, fn

@@ -15,6 +15,7 @@ from fractions import Fraction
 import numpy as np
 
 from . import vmath_core as core
+from .llvmutil import call_intrinsic
 from .vmath_core import V
 
 
@@ -111,3 +112,21 @@ def _general_pow(v: V, x, e, finite, is_int, odd, is_inf):
         e_inf = v.cmp("==", v.abs(e), v.c(math.inf))
         res = v.sel(v.b.and_(e_inf, v.cmp("==", x, v.c(-1.0))), one, res)
     return v.sel(v.cmp("==", x, one), one, res)            # pow(1, anything) = 1
+
+
+def pow_values(v: V, x, e):
+    """np.power(x, e) elementwise for two values of the same type: powf's special cases
+    decided per lane at run time (C99 pow, as NumPy's power of two arrays)."""
+    one, zero, inf = v.c(1.0), v.c(0.0), v.c(math.inf)
+    res = _abs_pow(v, v.abs(x), e)
+    b = v.b
+    finite_e = v.cmp("<", v.abs(e), inf)
+    floor_e = call_intrinsic(b, "floor", [e])
+    is_int = b.and_(finite_e, v.cmp("==", floor_e, e))
+    half = v.mul(e, v.c(0.5))
+    odd = b.and_(is_int, v.cmp("!=", call_intrinsic(b, "floor", [half]), half))
+    res = v.sel(odd, v.copysign(res, x), res)             # odd integer: sign of x (also -0, -inf)
+    neg_x = b.and_(v.cmp("<", x, zero), v.cmp(">", x, v.c(-math.inf)))
+    res = v.sel(b.and_(neg_x, b.and_(finite_e, b.not_(is_int))), v.c(math.nan), res)
+    res = v.sel(b.and_(v.cmp("==", x, v.c(-1.0)), b.not_(finite_e)), v.sel(v.isnan(e), res, one), res)
+    return v.sel(b.or_(v.cmp("==", x, one), v.cmp("==", e, zero)), one, res)   # pow(1, y) = pow(x, 0) = 1

@@ -93,12 +93,15 @@ _op("mul", ELEMENTWISE, arity=2, keyed_scalars=(1,))
 _op("div", ELEMENTWISE, arity=2, cost=4, keyed_scalars=(1,))
 _op("maximum", ELEMENTWISE, arity=2)
 _op("minimum", ELEMENTWISE, arity=2)
+_op("floordiv", ELEMENTWISE, arity=2, cost=8, doc="floor division like np.floor_divide")
+_op("mod", ELEMENTWISE, arity=2, cost=8, doc="modulo with the divisor's sign like np.remainder")
+_op("pow", ELEMENTWISE, arity=2, float_only=True, cost=20, doc="np.power with a tensor exponent")
 for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
     _op(_n, ELEMENTWISE, arity=2, out_dtype="u8")
 _op("where", ELEMENTWISE, arity=3, out_dtype="last")
 
 CMP_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
-BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum")
+BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum", "floordiv", "mod", "pow")
 
 _op("copy", ELEMENTWISE, doc="materialise a view into its own buffer")
 
@@ -107,8 +110,8 @@ _op("copy", ELEMENTWISE, doc="materialise a view into its own buffer")
 @dataclass(frozen=True)
 class Reduction:
     """What a reduction computes, for the reduce kernel generator:
-    identity  "zero" | "lowest" | "highest" (the dtype's -inf / +inf, or its integer extremes);
-    combine   "add" | "max" | "min" (max/min propagate NaN like np.max; arg kinds keep the
+    identity  "zero" | "one" | "lowest" | "highest" (the dtype's -inf / +inf, or its integer extremes);
+    combine   "add" | "mul" | "max" | "min" (max/min propagate NaN like np.max; arg kinds keep the
               first index on ties);
     acc       "f64" (floats accumulate in f64) | "dtype" (in the input's compute type);
     finish    "none" | "divide_count" (mean) | "index" (argmax/argmin return the position)."""
@@ -121,6 +124,7 @@ class Reduction:
 REDUCTIONS = {
     "sum": Reduction("zero", "add", "f64", "none"),
     "mean": Reduction("zero", "add", "f64", "divide_count"),
+    "prod": Reduction("one", "mul", "f64", "none"),
     "max": Reduction("lowest", "max", "dtype", "none"),
     "min": Reduction("highest", "min", "dtype", "none"),
     "argmax": Reduction("lowest", "max", "dtype", "index"),

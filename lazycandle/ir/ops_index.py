@@ -10,6 +10,7 @@ the structural cache key).
   scatter_add   srcs (t, ids, src)   arg dim   out = t; out[.., ids[.., i, ..], ..] += src[.., i, ..]
   index_add     srcs (t, ids, src)   arg dim   out = t; out[.., ids[i], ..] += src[.., i, ..]
   cat           srcs (t0, t1, ...)   arg dim   concatenation along dim
+  nonzero       srcs (mask,)         arg None  out (n,) i64: flat ids of mask's nonzero elements (mask 1-D)
   im2col        srcs (x,)            arg (kh, kw, ph, pw, sh, sw, dh, dw)
                 x (b, c, h, w) -> (b, c, kh, kw, oh, ow), zeros where the window is in the padding
 """
@@ -25,6 +26,7 @@ _op("scatter", INDEX, arity=3, doc="copy of t with src written at ids along dim"
 _op("scatter_add", INDEX, arity=3, doc="copy of t with src added at ids along dim")
 _op("index_add", INDEX, arity=3, doc="copy of t with slices of src added at 1-D ids along dim")
 _op("cat", INDEX, arity=-1, doc="concatenation along dim (raw copies through strides)")
+_op("nonzero", INDEX, arity=1, doc="ids of the nonzero elements of a 1-D mask (boolean-mask indexing)")
 _op("im2col", INDEX, arity=1, doc="convolution patches (b, c, kh, kw, oh, ow) with zero padding")
 
 # Model ops (kernels in codegen/sort.py and codegen/scan.py, steps in runtime/sort_steps.py):

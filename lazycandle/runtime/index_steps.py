@@ -153,3 +153,22 @@ class Im2colStep(NodeStep):
         x, lx = self.operand(0, in_bufs, offsets, bufs)
         s = self.spec
         _run(self.fn, [bufs[self.out].ctypes.data, _addr(x, lx)], s.units, float(s.oh * s.ow))
+
+
+@register("nonzero")
+class NonzeroStep(NodeStep):
+    """Ids of the nonzero elements of a 1-D mask; the node's length (counted by the Tensor API
+    from the realized mask) caps how many the kernel writes."""
+
+    def setup(self, cap):
+        lay, dt = self.operands[0][3], self.operands[0][4]
+        self.spec = K.NonzeroSpec(dt.size_in_bytes, lay.strides[0])
+        self.reads = _Reads(self.operands)
+        self.module, self.fn = K.get_kernel(self.spec)
+        self.detail = f"nonzero ids of a {dt.name} mask of {lay.shape[0]} elements"
+
+    def run_node(self, in_bufs, offsets, bufs):
+        m, lm = self.operand(0, in_bufs, offsets, bufs)
+        params = np.array([lm.shape[0], self.shape[0]], np.int64)
+        ptrs = (ctypes.c_void_p * 3)(bufs[self.out].ctypes.data, _addr(m, lm), params.ctypes.data)
+        self.fn(ctypes.addressof(ptrs), None, None, 0, 1)

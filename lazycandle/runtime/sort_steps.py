@@ -57,10 +57,9 @@ class ArgsortStep(NodeStep):
                                  self.values)
         self.fn = None
         if prod(lay.shape) > 0:
-            cm, self.fn = SO.get_kernel(self.spec)
-            self.kernel.compiled = cm
+            self.module, self.fn = SO.get_kernel(self.spec)
         s = self.spec
-        self.kernel.detail = (f"argsort {'descending' if descending else 'ascending'} of {s.rows} rows of {n} "
+        self.detail = (f"argsort {'descending' if descending else 'ascending'} of {s.rows} rows of {n} "
                               f"{dt.name}: {s.comp_bits}-bit (key, index) composites, bitonic network over "
                               f"{s.padded} with vectors of {s.width}; {id_name} ids"
                               + ("; also writes the sorted values for sort_take" if self.values else ""))
@@ -82,7 +81,7 @@ class ArgsortStep(NodeStep):
             ws = np.empty(nbytes + 64, np.uint8)
             ptrs = [out_addr, in_addr, ws.ctypes.data + (-ws.ctypes.data) % 64] + extra
             addrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
-            fn(ctypes.addressof(addrs), a, b)
+            fn(ctypes.addressof(addrs), None, None, a, b)
 
         pool.parallel_for(rows, 0, self.spec.rows, cost_per_item=self.spec.row_cost)
 
@@ -98,9 +97,8 @@ class SortTakeStep(NodeStep):
         self.spec = SO.TakeSpec(dt.size_in_bytes, lay.shape[-1], outer, ostr, lay.strides[-1])
         self.fn = None
         if prod(lay.shape) > 0:
-            cm, self.fn = SO.get_kernel(self.spec)
-            self.kernel.compiled = cm
-        self.kernel.detail = (f"sorted values: {self.spec.rows} rows of {self.spec.n} read at their argsort ids "
+            self.module, self.fn = SO.get_kernel(self.spec)
+        self.detail = (f"sorted values: {self.spec.rows} rows of {self.spec.n} read at their argsort ids "
                               f"(or adopted from the argsort kernel when it ran in this plan)")
 
     def run_node(self, in_bufs, offsets, bufs):
@@ -116,7 +114,7 @@ class SortTakeStep(NodeStep):
         addrs = (ctypes.c_void_p * 3)(bufs[self.out].ctypes.data, x.ctypes.data + lx.offset * x.itemsize,
                                       ids.ctypes.data + li.offset * ids.itemsize)
         base, fn = ctypes.addressof(addrs), self.fn
-        pool.parallel_for(lambda a, b: fn(base, a, b), 0, self.spec.rows, cost_per_item=float(self.spec.n))
+        pool.parallel_for(lambda a, b: fn(base, None, None, a, b), 0, self.spec.rows, cost_per_item=float(self.spec.n))
 
 
 @register("cumsum")
@@ -132,9 +130,8 @@ class CumsumStep(NodeStep):
         self.spec = SC.ScanSpec(dt.name, self.shape[dim], outer, in_st, out_st, lay.strides[dim], out_strides[dim])
         self.fn = None
         if prod(self.shape) > 0:
-            cm, self.fn = SC.get_kernel(self.spec)
-            self.kernel.compiled = cm
-        self.kernel.detail = f"cumsum along dim {dim}: {self.spec.lines} lines of {self.spec.n} {dt.name}"
+            self.module, self.fn = SC.get_kernel(self.spec)
+        self.detail = f"cumsum along dim {dim}: {self.spec.lines} lines of {self.spec.n} {dt.name}"
 
     def run_node(self, in_bufs, offsets, bufs):
         if self.fn is None:
@@ -142,4 +139,4 @@ class CumsumStep(NodeStep):
         x, lx = self.operand(0, in_bufs, offsets, bufs)
         addrs = (ctypes.c_void_p * 2)(bufs[self.out].ctypes.data, x.ctypes.data + lx.offset * x.itemsize)
         base, fn = ctypes.addressof(addrs), self.fn
-        pool.parallel_for(lambda a, b: fn(base, a, b), 0, self.spec.lines, cost_per_item=float(self.spec.n))
+        pool.parallel_for(lambda a, b: fn(base, None, None, a, b), 0, self.spec.lines, cost_per_item=float(self.spec.n))
