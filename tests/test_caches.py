@@ -178,3 +178,21 @@ def test_warm_new_process_loads_kernels_by_spec_without_building_ir(tmp_path):
                             text=True)
     assert second.returncode == 0, second.stderr
     assert int(second.stdout.split()[-1]) >= 2
+
+
+def test_spec_keyed_disk_entries_are_not_loaded_after_the_code_generator_changes(tmp_path):
+    env = dict(os.environ, LAZYCANDLE_CACHE_DIR=str(tmp_path))
+    code = ("import sys, numpy as np, lazycandle as lc\n"
+            "from lazycandle.codegen import jit\n"
+            "if sys.argv[1] == 'edited':\n"
+            "    jit._stamp[:] = ['source of an edited code generator']\n"
+            "x = lc.tensor(np.linspace(0, 1, 64, dtype=np.float32))\n"
+            "np.testing.assert_allclose(((x * 3.0).tanh()).numpy(), np.tanh(x.numpy() * 3), rtol=1e-6)\n"
+            "print(jit.stats['disk_hits'])\n")
+
+    def run(mode):
+        r = subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return int(r.stdout.split()[-1])
+    assert run("same") == 0 and run("same") == 1
+    assert run("edited") == 0          # compiled afresh under the new stamp

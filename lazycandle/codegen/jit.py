@@ -3,9 +3,10 @@ host CPU) -> object code -> linked into one long-lived ORC LLJIT.  Objects are c
 memory by IR text and, with LAZYCANDLE_CACHE_DIR, on disk, so a new process skips LLVM's
 optimiser and code generator entirely.  Kernels of a KernelCache are also found by their spec
 (plus a hash of the code generator's source and the host), so a warm process does not even
-build their IR.  llvmlite.binding is loaded on the first compile, not at import.  Each disk entry carries the sha256 of its object bytes
-and its full compile key; an entry that fails either check, cannot be read or does not link is
-deleted, recompiled and rewritten (with one warning per process) — never loaded as is."""
+build their IR.  llvmlite.binding is loaded on the first compile, not at import.  Each disk
+entry carries the sha256 of its object bytes and its full compile key; an entry that fails
+either check, cannot be read or does not link is deleted, recompiled and rewritten (with one
+warning per process) — never loaded as is."""
 from __future__ import annotations
 
 import hashlib
