@@ -2,8 +2,12 @@
 tool (lc.dump / Program.dump / LAZYCANDLE_DUMP)."""
 from __future__ import annotations
 
+import functools
+from math import prod
+
 import numpy as np
 
+from . import caches, named_dims
 from .dtype import DType
 from .errors import FeedError
 from .ir.graph import capture, views_graph
@@ -11,14 +15,13 @@ from .ir.printer import render
 from .runtime import executor
 
 
-def _targets(ts):
-    """The computed nodes standing for the tensors `ts`: a contiguous view of a computed node
+def _targets(nodes):
+    """The computed nodes standing for the output nodes: a contiguous view of a computed node
     reads that node's buffer (returned as (node, element offset)); other views, constants and
     realized tensors get a copy node."""
     from .ir.node import Node
     out = []
-    for t in ts:
-        n = t._node
+    for n in nodes:
         if n.op.category == "view" and n.layout.is_contiguous() and not n.base.realized \
                 and n.base.op.category not in ("source",):
             out.append((n.base, n.layout.offset))
@@ -29,9 +32,34 @@ def _targets(ts):
     return out
 
 
+class _Instance:
+    """A Program's graph compiled for concrete sizes: its targets, capture inputs and plan."""
+
+    def __init__(self, user_nodes):
+        targets = _targets(user_nodes)
+        self.user_nodes = user_nodes
+        self.targets = [n for n, _ in targets]
+        self.out_offsets = [off for _, off in targets]
+        cap = capture(self.targets)
+        self.inputs, self.offsets, self.scalars = cap.inputs, cap.offsets, cap.scalars
+        self.plan = executor.get_plan(cap, self.targets)
+
+    def run(self, arrays: dict) -> list:
+        """arrays: flat contiguous array per placeholder name."""
+        bufs = [n.buffer if n.realized else arrays[n.arg] for n in self.inputs]
+        outs = self.plan.run(bufs, self.offsets, self.scalars)
+        res = []
+        for o, n, off in zip(outs, self.user_nodes, self.out_offsets):
+            res.append(o[off:off + prod(n.shape)].reshape(n.shape))
+        return res
+
+
 class Program:
     """A compiled graph with named placeholder inputs.  `run(**feeds)` (or calling it) returns
-    one numpy array per output."""
+    one numpy array per output.  A program whose placeholders have named dims compiles once
+    per binding of those names (kept in a small per-program LRU)."""
+
+    BINDINGS_KEPT = 32
 
     def __init__(self, outputs):
         from .tensor import Tensor
@@ -39,22 +67,20 @@ class Program:
         if not outputs or not all(isinstance(t, Tensor) for t in outputs):
             raise TypeError("compile: expected a non-empty list of lc.Tensor outputs")
         self._user_nodes = [t._node for t in outputs]
-        targets = _targets(outputs)
-        self._targets = [n for n, _ in targets]
-        self._out_offsets = [off for _, off in targets]
-        cap = capture(self._targets)
-        self._cap_inputs = cap.inputs
-        self._offsets = cap.offsets
-        self._scalars = cap.scalars
-        self._plan = executor.get_plan(cap, self._targets)
-        self.inputs = [(n.arg, n.shape, n.dtype) for n in cap.inputs if not n.realized]
+        cap = capture([n for n, _ in _targets(self._user_nodes)])
+        placeholders = [n for n in cap.inputs if not n.realized]
+        self.inputs = [(n.arg, named_dims.shape_spec(n.shape), n.dtype) for n in placeholders]
         names = [n for n, _, _ in self.inputs]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise FeedError(f"compile: placeholder name(s) {sorted(dup)} used for more than one input")
-        self._consts = [n.buffer for n in cap.inputs]
+        self._symbolic = named_dims.has_named_dims(cap.nodes + cap.inputs)
+        self._fixed = None if self._symbolic else _Instance(self._user_nodes)
+        self._bound = caches.LRU(self.BINDINGS_KEPT)
+        self._last = self._fixed
 
-    def _bind(self, feeds):
+    def _check_feeds(self, feeds):
+        """Flat arrays by input name, and the sizes of the named dims (FeedError on any mismatch)."""
         expected = {n: (s, d) for n, s, d in self.inputs}
         unknown = set(feeds) - set(expected)
         if unknown:
@@ -63,46 +89,70 @@ class Program:
         if missing:
             raise FeedError(f"run: missing input(s) {sorted(missing)}: expected "
                             + ", ".join(f"{n} {expected[n][0]} {expected[n][1].name}" for n in sorted(missing)))
-        bufs = []
-        for node, const in zip(self._cap_inputs, self._consts):
-            if node.realized:
-                bufs.append(const)
-                continue
-            name, shape, dt = node.arg, node.shape, node.dtype
-            v = feeds[name]
-            if hasattr(v, "_node"):
-                v = v.numpy()
-            if not isinstance(v, np.ndarray):
-                v = np.asarray(v)
-            if not v.dtype.isnative and v.dtype.newbyteorder("=") == dt.numpy:
-                v = v.astype(dt.numpy)          # big-endian data: byteswapped to native
+        arrays, sizes, where = {}, {}, {}
+        for name, spec, dt in self.inputs:
+            v = _feed_array(feeds[name], dt)
             if v.dtype != dt.numpy:
                 raise FeedError(f"run: input {name!r} expects dtype {dt.name} ({dt.numpy}), given {v.dtype}")
-            if tuple(v.shape) != shape:
-                raise FeedError(f"run: input {name!r} expects shape {shape}, given {tuple(v.shape)}")
-            bufs.append(np.ascontiguousarray(v).reshape(-1))
-        return bufs
+            if len(v.shape) != len(spec) or any(isinstance(d, int) and d != g for d, g in zip(spec, v.shape)):
+                raise FeedError(f"run: input {name!r} expects shape {spec}, given {tuple(v.shape)}")
+            for d, g in zip(spec, v.shape):
+                if isinstance(d, str):
+                    if d in sizes and sizes[d] != g:
+                        other, other_shape = where[d]
+                        raise FeedError(f"run: named dim {d!r} is {sizes[d]} in input {other!r} (shape {other_shape}) "
+                                        f"but {g} in input {name!r} (shape {tuple(v.shape)})")
+                    sizes[d], where[d] = g, (name, tuple(v.shape))
+            arrays[name] = np.ascontiguousarray(v).reshape(-1)
+        return arrays, sizes
+
+    def _instance(self, sizes) -> _Instance:
+        if self._fixed is not None:
+            return self._fixed
+        key = tuple(sorted(sizes.items()))
+        inst = self._bound.get(key)
+        if inst is None:
+            inst = self._bound.put(key, _Instance(named_dims.bind(self._user_nodes, sizes)))
+        self._last = inst
+        return inst
 
     def run(self, **feeds) -> list:
-        outs = self._plan.run(self._bind(feeds), self._offsets, self._scalars)
-        res = []
-        for o, n, off in zip(outs, self._user_nodes, self._out_offsets):
-            size = int(np.prod(n.shape))
-            res.append(o[off:off + size].reshape(n.shape))
-        return res
+        arrays, sizes = self._check_feeds(feeds)
+        return self._instance(sizes).run(arrays)
 
     __call__ = run
 
     def dump(self, stage="schedule", fmt="text") -> str:
-        return render(stage, fmt, self._plan, views_graph(self._user_nodes), self._targets)
+        """A dump stage of the compiled program (with named dims: of the last binding run)."""
+        inst = self._last
+        if inst is None:
+            raise ValueError("dump: this program has named dims and is compiled per binding; run it once first")
+        return render(stage, fmt, inst.plan, views_graph(inst.user_nodes), inst.targets)
 
     def __repr__(self):
-        return f"Program(inputs={self.inputs}, kernels={len(self._plan.kernels)})"
+        kernels = f"kernels={len(self._fixed.plan.kernels)}" if self._fixed else f"bindings={len(self._bound)}"
+        return f"Program(inputs={self.inputs}, {kernels})"
 
     def __reduce__(self):
-        """Pickles the output graph; unpickling compiles it again (usually a cache hit)."""
+        """Pickles the output graph (a named dim by its name); unpickling compiles it again
+        (usually a cache hit)."""
         from .graph_pickle import graph_state, rebuild_program
         return rebuild_program, (graph_state(self._user_nodes),)
+
+
+def _feed_array(v, dt) -> np.ndarray:
+    """A feed as an ndarray, read in place when it already is one (a Tensor is realized, not
+    copied); a bool array feeds a u8 input (dt u8, or None: any) as its bytes, since SPEC makes
+    bool data u8; big-endian data is byteswapped to native."""
+    if hasattr(v, "_node"):
+        v = v.numpy()
+    if not isinstance(v, np.ndarray):
+        v = np.asarray(v)
+    if v.dtype == np.bool_ and (dt is None or dt.numpy == np.uint8):
+        v = v.view(np.uint8)
+    elif not v.dtype.isnative:
+        v = v.astype(v.dtype.newbyteorder("="))      # big-endian data: byteswapped to native
+    return v
 
 
 def compile(outputs) -> Program:
@@ -120,29 +170,87 @@ def dump(*ts, stage="graph", fmt="text") -> str:
         ts = ts[0]
     if not all(isinstance(t, Tensor) for t in ts):
         raise TypeError("dump: expected tensors")
-    targets = [n for n, _ in _targets(ts)]
-    plan = executor.get_plan(capture(targets), targets)
+    targets = [n for n, _ in _targets([t._node for t in ts])]
+    cap = capture(targets)
+    if named_dims.has_named_dims(cap.nodes + cap.inputs):
+        raise ValueError("dump: the graph has named dims, so it compiles per binding: use "
+                         "lc.compile(...).dump() after running the program")
+    plan = executor.get_plan(cap, targets)
     return render(stage, fmt, plan, views_graph([t._node for t in ts]), targets)
 
 
-def jit(fn):
-    """Trace `fn` on placeholders of its arguments' shapes and dtypes, compile once per
-    signature, and return numpy arrays (a tuple when fn returns several tensors)."""
-    from .tensor import Tensor, placeholder
-    cache = {}
+_CONSTANTS = (type(None), bool, int, float, complex, str)
 
-    def wrapper(*args):
-        arrays = [a.numpy() if isinstance(a, Tensor) else np.asarray(a) for a in args]
-        sig = tuple((a.shape, DType.from_numpy(a.dtype).name) for a in arrays)
-        entry = cache.get(sig)
+
+def _signature_part(pname, value, dynamic, names):
+    """How one argument enters a jit signature: ("t", shape, dtype) for an array (shape with
+    named dims under dynamic=True), ("c", value) for a Python constant."""
+    from .tensor import Tensor
+    if isinstance(value, (Tensor, np.ndarray, np.generic)):
+        arr = _feed_array(value, None)
+        dt = DType.from_numpy(np.dtype(np.uint8) if arr.dtype == np.bool_ else arr.dtype)
+        shape = tuple(arr.shape)
+        if dynamic:
+            shape = tuple(g if g in (0, 1) else names.setdefault(g, f"{pname}_d{j}") for j, g in enumerate(shape))
+        return ("t", shape, dt), arr
+    const = _constant(value)
+    if const is None:
+        raise TypeError(f"jit: argument {pname} is a {type(value).__name__}; expected a tensor, an array "
+                        f"or a Python constant (number, str, None, or a tuple / list of them)")
+    return ("c", const), None
+
+
+def _constant(value):
+    """value as a hashable signature constant (lists become tuples), or None if it is none."""
+    if isinstance(value, _CONSTANTS):
+        # repr tells -0.0 from 0.0 and makes NaN equal to itself
+        return (type(value).__name__, repr(value) if isinstance(value, (float, complex)) else value)
+    if isinstance(value, (tuple, list)):
+        parts = [_constant(v) for v in value]
+        return None if any(p is None for p in parts) else (type(value).__name__, tuple(parts))
+    return None
+
+
+def jit(fn=None, *, dynamic: bool = False):
+    """Trace `fn` on placeholders of its array arguments' shapes and dtypes, compile once per
+    signature, and return numpy arrays (a tuple when fn returns several tensors).
+
+    The signature holds each array's shape and dtype (a bool array is u8 data) and the value
+    of every other argument, positional or keyword: Python numbers, strings, None and tuples
+    of them are passed to `fn` as they are (a Python number in an op takes the other
+    operand's dtype), so a new value traces again.  With `dynamic=True` sizes are named dims
+    (`a0_d1`: dim 1 of positional argument 0; `kw_x_d0`: dim 0 of keyword argument x); sizes
+    0 and 1 stay fixed and dims of equal size share the first one's name, so calls with new
+    sizes reuse one Program, compiled per binding of those sizes.  Arrays are read in place,
+    not copied."""
+    if fn is None:
+        return functools.partial(jit, dynamic=dynamic)
+    from .tensor import Tensor, placeholder
+    programs = caches.LRU(64)
+
+    def wrapper(*args, **kwargs):
+        params = [(f"a{i}", v) for i, v in enumerate(args)] + [(f"kw_{k}", kwargs[k]) for k in sorted(kwargs)]
+        names, sig, feeds = {}, [], {}
+        for pname, value in params:
+            part, arr = _signature_part(pname, value, dynamic, names)
+            sig.append((pname, part))
+            if arr is not None:
+                feeds[pname] = arr
+        sig = tuple(sig)
+        entry = programs.get(sig)
         if entry is None:
-            phs = [placeholder(f"arg{i}", a.shape, DType.from_numpy(a.dtype)) for i, a in enumerate(arrays)]
-            out = fn(*phs)
+            traced = {pname: placeholder(pname, part[1], part[2]) if part[0] == "t" else value
+                      for (pname, part), (_, value) in zip(sig, params)}
+            out = fn(*(traced[f"a{i}"] for i in range(len(args))), **{k: traced[f"kw_{k}"] for k in kwargs})
             single = isinstance(out, Tensor)
-            entry = cache[sig] = (compile([out] if single else list(out)), single)
+            outs = [out] if single else list(out) if isinstance(out, (tuple, list)) else None
+            if not outs or not all(isinstance(t, Tensor) for t in outs):
+                raise TypeError(f"jit: {getattr(fn, '__name__', fn)} must return an lc.Tensor or a tuple / list "
+                                f"of them, got {type(out).__name__}")
+            entry = programs.put(sig, (compile(outs), single))
         prog, single = entry
-        res = prog.run(**{f"arg{i}": a for i, a in enumerate(arrays)})
+        res = prog.run(**feeds)
         return res[0] if single else tuple(res)
 
-    wrapper.__wrapped__ = fn
+    functools.update_wrapper(wrapper, fn)
     return wrapper

@@ -1,6 +1,7 @@
 """Pickling a Program: its output graph is stored as a flat, topologically ordered list of node
 records (op name, source indices, arg, shape, dtype, view layout, the raw bytes of a realized
-buffer, label).  Unpickling rebuilds the nodes and compiles them again, which the kernel cache
+buffer, label).  Sizes traced from named dims are stored as their polynomials of the names
+(named_dims.Size), since another process gives the names other probe values.  Unpickling rebuilds the nodes and compiles them again, which the kernel cache
 (keyed by the graph's structure) usually answers without compiling."""
 from __future__ import annotations
 
@@ -26,19 +27,25 @@ def _topo_order(roots) -> list:
 
 def graph_state(roots) -> tuple:
     """(records, indices of `roots`) describing the graph behind the nodes `roots`."""
+    from .layout import Layout
+    from .named_dims import sized
     order = _topo_order(roots)
     index = {id(n): i for i, n in enumerate(order)}
     records = []
     for n in order:
         data = None if n.buffer is None else np.ascontiguousarray(n.buffer).tobytes()
-        layout = n.layout if n.op.category == "view" else None
-        records.append((n.op.name, tuple(index[id(s)] for s in n.srcs), n.arg, n.shape, n.dtype, layout, data,
-                        n.label))
+        layout = None
+        if n.op.category == "view":
+            lay = n.layout
+            layout = Layout(sized(lay.shape), sized(lay.strides), sized(lay.offset))
+        records.append((n.op.name, tuple(index[id(s)] for s in n.srcs), sized(n.arg), sized(n.shape), n.dtype,
+                        layout, data, n.label))
     return records, [index[id(n)] for n in roots]
 
 
 def rebuild_nodes(state) -> list:
     """The root nodes of a graph stored by `graph_state`."""
+    from . import named_dims
     from .ir.node import Node
     from .runtime.buffers import alloc
     records, roots = state
@@ -50,6 +57,8 @@ def rebuild_nodes(state) -> list:
             buf.view(np.uint8)[:] = np.frombuffer(data, np.uint8)
         nodes.append(Node(op, tuple(nodes[i] for i in srcs), arg, shape, dtype, layout=layout, buffer=buf,
                           label=label))
+        if op == "placeholder":
+            named_dims.track(nodes[-1], shape)      # its names stay registered while it lives
     return [nodes[i] for i in roots]
 
 

@@ -10,9 +10,13 @@ from math import prod
 
 def as_index(value, op: str, what: str = "index") -> int:
     """`value` as a Python int the way NumPy takes dims, sizes and indices: ints and NumPy
-    integers (anything with __index__) pass; floats, bools and strings raise TypeError."""
+    integers (anything with __index__) pass; floats, bools and strings raise TypeError.  An
+    int is returned as it is, so a traced size of named dims (named_dims.Size, an int
+    subclass that operator.index would turn into a plain int) keeps printing with its names."""
     if isinstance(value, bool):     # NumPy's bool has no __index__: operator.index refuses it
         raise TypeError(f"{op}: {what} must be an int, got the bool {value!r}")
+    if isinstance(value, int):
+        return value
     try:
         return operator.index(value)
     except TypeError:

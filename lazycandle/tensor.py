@@ -7,11 +7,12 @@ from math import prod
 
 import numpy as np
 
-from . import dtype as D
+from . import dtype as D, named_dims
 from .dtype import DType, as_dtype
 from .errors import ShapeMismatch, UnsupportedDType, UnsupportedDTypeForOp, UnboundPlaceholder
 from .ir.node import Node
 from .layout import as_shape
+from .named_dims import Size
 from .tensor_math import MathMixin
 from .tensor_views import ViewMixin
 from .tensor_reduce import ReduceMixin
@@ -165,6 +166,9 @@ def const_node(value, dtype: DType) -> Node:
 def scalar_in_dtype(value, dtype: DType):
     """A Python scalar as the exact value it takes in `dtype` (float scalars with integer dtypes
     truncate toward zero; integers wrap)."""
+    if isinstance(value, Size):
+        raise UnboundPlaceholder(f"scalar: {value!r} is a size computed from named dims, known only at run; "
+                                 f"it can size tensors but not be a scalar operand")
     if isinstance(value, (bool, np.bool_)):
         value = int(value)
     if dtype.is_int:
@@ -228,8 +232,12 @@ def _check_float_creation(op, dtype):
 
 
 def placeholder(name: str, shape, dtype=D.f32) -> Tensor:
-    """A named graph input, bound by Program.run(name=array)."""
-    return Tensor(Node("placeholder", (), str(name), _as_shape(shape, "placeholder"), as_dtype(dtype), label=str(name)))
+    """A named graph input, bound by Program.run(name=array).  A str in `shape` is a named
+    size, bound at run (lazycandle/named_dims.py)."""
+    shape = _as_shape(named_dims.placeholder_shape(shape), "placeholder")
+    node = Node("placeholder", (), str(name), shape, as_dtype(dtype), label=str(name))
+    named_dims.track(node, shape)
+    return Tensor(node)
 
 
 def realize(*ts) -> tuple:

@@ -22,7 +22,6 @@ from .ir import ops_index  # noqa: F401  (registers the op kinds)
 from .ir.node import Node
 from .layout import Layout, as_index
 from .tensor_views import norm_dim
-from .runtime import index_steps  # noqa: F401  (registers the steps)
 
 ID_DTYPES = (D.u8, D.u32, D.i64)
 

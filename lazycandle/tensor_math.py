@@ -35,7 +35,9 @@ def as_scalar(x):
             return None
         x = x[()]
     if isinstance(x, (bool, np.bool_, numbers.Integral)):
-        return int(x)
+        # an int as it is: a size traced from named dims (an int subclass) must reach
+        # scalar_in_dtype, which refuses it, instead of baking in its trace value
+        return x if isinstance(x, int) and not isinstance(x, bool) else int(x)
     if isinstance(x, numbers.Real):
         return float(x)
     if isinstance(x, np.generic) and D._BY_NUMPY.get(x.dtype) is not None:   # ml_dtypes' floats

@@ -21,7 +21,6 @@ from . import dtype as D
 from .errors import NarrowInvalidArgs, UnsupportedDTypeForOp
 from .ir import ops_index  # noqa: F401  (registers the op kinds)
 from .ir.node import Node
-from .runtime import sort_steps  # noqa: F401  (registers the steps)
 from .tensor_views import norm_dim
 
 

@@ -1,4 +1,5 @@
 """lc.clear_caches / lc.cache_info and the bounded (LRU) plan cache."""
+import gc
 import os
 import subprocess
 import sys
@@ -75,12 +76,20 @@ def test_plan_cache_size_comes_from_env():
     assert out.stdout.split() == ["3", "3"]
 
 
+def test_plan_cache_size_parsing(monkeypatch):
+    from lazycandle import config
+    for env, want in (("", 512), ("3", 3), ("0", 0), ("-4", 0), ("many", 512)):
+        monkeypatch.setenv("LAZYCANDLE_PLAN_CACHE", env)
+        assert config.plan_cache_size() == want, env
+
+
 def test_programs_and_tensors_still_run_after_clear():
     x = lc.placeholder("x", (50,), lc.f32)
     prog = lc.compile([(x * 3.0 - 1.0).tanh()])
     w = lc.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
     prog_mm = lc.compile([lc.placeholder("m", (2, 3), lc.f32) @ w])
     lc.clear_caches()
+    gc.collect()          # code only the caches referenced would be unlinked now
     xs = np.linspace(-2, 2, 50, dtype=np.float32)
     np.testing.assert_allclose(prog(x=xs)[0], np.tanh(xs * 3 - 1), rtol=1e-6, atol=1e-6)
     m = np.ones((2, 3), np.float32)
@@ -130,3 +139,60 @@ def test_plan_cache_under_concurrent_realize_and_clear(monkeypatch):
 def _fresh_caches():
     yield
     lc.clear_caches()
+
+
+def test_import_lazycandle_does_not_load_networkx_llvm_binding_or_blas():
+    code = ("import sys, lazycandle\n"
+            "print(sorted(m for m in ('networkx', 'llvmlite.binding', 'scipy_openblas32') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_realizing_an_elementwise_chain_does_not_load_networkx():
+    code = ("import sys, numpy as np, lazycandle as lc\n"
+            "a = lc.tensor(np.ones(1000, np.float32))\n"
+            "(a * a + a).exp().numpy()\n"
+            "print('networkx' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_warm_new_process_loads_kernels_by_spec_without_building_ir(tmp_path):
+    env = dict(os.environ, LAZYCANDLE_CACHE_DIR=str(tmp_path))
+    code = ("import sys, numpy as np, lazycandle as lc\n"
+            "from lazycandle.codegen import elementwise as ew, reduce as red, jit\n"
+            "if sys.argv[1] == 'cold-build-forbidden':\n"
+            "    def boom(*a): raise AssertionError('IR built on a disk hit')\n"
+            "    real_ew, ew.build, red.build = ew.build, boom, boom\n"
+            "x = lc.tensor(np.linspace(0, 1, 100, dtype=np.float32))\n"
+            "y, s = lc.realize((x * x + x).exp(), (x * 2.0).sum(0))\n"
+            "np.testing.assert_allclose(y.numpy(), np.exp(x.numpy() ** 2 + x.numpy()), rtol=1e-6)\n"
+            "np.testing.assert_allclose(s.item(), (x.numpy() * 2).sum(), rtol=1e-5)\n"
+            "if sys.argv[1] == 'cold-build-forbidden':\n"
+            "    ew.build = real_ew\n"
+            "    assert 'define' in lc.dump((x * x + x).exp(), stage='llvm')\n"
+            "print(jit.stats['disk_hits'])\n")
+    first = subprocess.run([sys.executable, "-c", code, "warm"], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    second = subprocess.run([sys.executable, "-c", code, "cold-build-forbidden"], env=env, capture_output=True,
+                            text=True)
+    assert second.returncode == 0, second.stderr
+    assert int(second.stdout.split()[-1]) >= 2
+
+
+def test_spec_keyed_disk_entries_are_not_loaded_after_the_code_generator_changes(tmp_path):
+    env = dict(os.environ, LAZYCANDLE_CACHE_DIR=str(tmp_path))
+    code = ("import sys, numpy as np, lazycandle as lc\n"
+            "from lazycandle.codegen import jit\n"
+            "if sys.argv[1] == 'edited':\n"
+            "    jit._stamp[:] = ['source of an edited code generator']\n"
+            "x = lc.tensor(np.linspace(0, 1, 64, dtype=np.float32))\n"
+            "np.testing.assert_allclose(((x * 3.0).tanh()).numpy(), np.tanh(x.numpy() * 3), rtol=1e-6)\n"
+            "print(jit.stats['disk_hits'])\n")
+
+    def run(mode):
+        r = subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return int(r.stdout.split()[-1])
+    assert run("same") == 0 and run("same") == 1
+    assert run("edited") == 0          # compiled afresh under the new stamp

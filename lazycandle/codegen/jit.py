@@ -1,9 +1,12 @@
 """The JIT: LLVM IR text -> optimised module (new pass manager, O3, loop + SLP vectorisation,
 host CPU) -> object code -> linked into one long-lived ORC LLJIT.  Objects are cached in
 memory by IR text and, with LAZYCANDLE_CACHE_DIR, on disk, so a new process skips LLVM's
-optimiser and code generator entirely.  Each disk entry carries the sha256 of its object bytes
-and its full compile key; an entry that fails either check, cannot be read or does not link is
-deleted, recompiled and rewritten (with one warning per process) — never loaded as is."""
+optimiser and code generator entirely.  Kernels of a KernelCache are also found by their spec
+(plus a hash of the code generator's source and the host), so a warm process does not even
+build their IR.  llvmlite.binding is loaded on the first compile, not at import.  Each disk
+entry carries the sha256 of its object bytes and its full compile key; an entry that fails
+either check, cannot be read or does not link is deleted, recompiled and rewritten (with one
+warning per process) — never loaded as is."""
 from __future__ import annotations
 
 import hashlib
@@ -13,12 +16,8 @@ import threading
 import warnings
 
 import llvmlite
-import llvmlite.binding as llvm
 
 from .. import caches, config
-
-llvm.initialize_native_target()
-llvm.initialize_native_asmprinter()
 
 _lock = threading.RLock()
 _state = {}
@@ -34,17 +33,27 @@ os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def _host():
-    """Target machine, triple, data layout and LLJIT, created once per process."""
+    """llvmlite.binding (imported here: loading it is a third of `import lazycandle`), the
+    target machine, triple, data layout and LLJIT, created once per process."""
     if not _state:
-        target = llvm.Target.from_triple(llvm.get_process_triple())
-        cpu = llvm.get_host_cpu_name()
-        features = llvm.get_host_cpu_features().flatten()
-        if "+avx512f" in features:
-            features += ",-prefer-256-bit"   # explicit 512-bit vectors are our choice on AVX-512
-        tm = target.create_target_machine(cpu=cpu, features=features, opt=3, codemodel="jitdefault", jit=True)
-        _state.update(target=target, cpu=cpu, features=features, tm=tm, triple=tm.triple,
-                      data_layout=str(tm.target_data), lljit=llvm.create_lljit_compiler(tm))
+        with _lock:
+            if not _state:
+                _state.update(_create_host())
     return _state
+
+
+def _create_host() -> dict:
+    import llvmlite.binding as llvm
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    cpu = llvm.get_host_cpu_name()
+    features = llvm.get_host_cpu_features().flatten()
+    if "+avx512f" in features:
+        features += ",-prefer-256-bit"   # explicit 512-bit vectors are our choice on AVX-512
+    tm = target.create_target_machine(cpu=cpu, features=features, opt=3, codemodel="jitdefault", jit=True)
+    return dict(llvm=llvm, target=target, cpu=cpu, features=features, tm=tm, triple=tm.triple,
+                data_layout=str(tm.target_data), lljit=llvm.create_lljit_compiler(tm))
 
 
 def host_info() -> dict:
@@ -72,11 +81,19 @@ def triple_and_layout():
 
 
 class CompiledModule:
-    """Native code for one LLVM module; `address(name)` gives a callable function address."""
+    """Native code for one LLVM module; `address(name)` gives a callable function address.
+    `ir_text` may be given as a function building it: a module loaded from the disk cache by
+    its spec builds its IR only if a dump asks for it."""
 
     def __init__(self, name, ir_text, obj, lib):
-        self.name, self.ir_text, self._obj, self._lib = name, ir_text, obj, lib
+        self.name, self._ir_text, self._obj, self._lib = name, ir_text, obj, lib
         self._opt_text = None
+
+    @property
+    def ir_text(self) -> str:
+        if callable(self._ir_text):
+            self._ir_text = self._ir_text()
+        return self._ir_text
 
     def address(self, fn_name: str) -> int:
         return self._lib[fn_name]
@@ -94,6 +111,7 @@ class CompiledModule:
 
 def _optimize(ir_text: str):
     h = _host()
+    llvm = h["llvm"]
     mod = llvm.parse_assembly(ir_text)
     mod.verify()
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
@@ -104,61 +122,147 @@ def _optimize(ir_text: str):
     return mod
 
 
-def _code_bytes() -> int:
-    return sum(len(cm._obj) + len(cm.ir_text) for cm in list(_mem_cache.values()))
+class _Kernels:
+    """The in-memory compile caches: modules by IR-text key and by kernel-spec key (one module
+    may be in both); counted and cleared together as the registry's "kernels"."""
+
+    def __init__(self):
+        self.by_ir: dict = {}
+        self.by_spec: dict = {}
+
+    def modules(self) -> list:
+        both = list(self.by_ir.values()) + list(self.by_spec.values())
+        return list({id(cm): cm for cm in both}.values())
+
+    def nbytes(self) -> int:
+        return sum(len(cm._obj) + (len(cm._ir_text) if isinstance(cm._ir_text, str) else 0)
+                   for cm in self.modules())
+
+    def clear(self) -> None:
+        self.by_ir.clear()
+        self.by_spec.clear()
+
+    def __len__(self):
+        return len(self.modules())
 
 
-_mem_cache: dict = caches.register("kernels", {}, _code_bytes)   # compile key -> CompiledModule
+_kernels = caches.register("kernels", _Kernels(), lambda: _kernels.nbytes())
+_mem_cache = _kernels.by_ir          # IR compile key -> CompiledModule
 _counter = [0]
 
-DISK_FORMAT = 2          # bump when the on-disk entry layout changes
+DISK_FORMAT = 3          # bump when the on-disk entry layout changes
 _MAGIC = b"LCKOBJ\n"
 
 
-def _compile_key(ir_text: str) -> dict:
-    """Everything the object code depends on; stored in each disk entry and checked on load."""
+def _host_key() -> dict:
     h = _host()
-    return {"format": DISK_FORMAT, "ir_sha256": hashlib.sha256(ir_text.encode()).hexdigest(),
-            "triple": h["triple"], "cpu": h["cpu"], "features": h["features"],
+    return {"triple": h["triple"], "cpu": h["cpu"], "features": h["features"],
             "llvmlite": llvmlite.__version__}
 
 
-def _cache_key(ir_text: str) -> str:
-    return hashlib.sha256(json.dumps(_compile_key(ir_text), sort_keys=True).encode()).hexdigest()
+def _compile_key(ir_text: str) -> dict:
+    """Everything the object code of an IR text depends on; stored in each disk entry and
+    checked on load."""
+    return dict(_host_key(), format=DISK_FORMAT, ir_sha256=hashlib.sha256(ir_text.encode()).hexdigest())
+
+
+def _spec_compile_key(spec_key: str) -> dict:
+    """Everything the object code of a kernel spec depends on: the spec, the source of the code
+    generator that turns it into IR, and the host."""
+    return dict(_host_key(), format=DISK_FORMAT, codegen=_codegen_stamp(),
+                spec_sha256=hashlib.sha256(spec_key.encode()).hexdigest())
+
+
+def _disk_key(ckey: dict) -> str:
+    return hashlib.sha256(json.dumps(ckey, sort_keys=True).encode()).hexdigest()
+
+
+_stamp: list = []
+
+
+def _codegen_stamp() -> str:
+    """sha256 of the sources generated IR depends on (codegen/, ir/, dtypes, layouts), so a
+    spec-keyed disk entry is never loaded after the code generator changed."""
+    if not _stamp:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        files = [os.path.join(sub, f) for sub in ("codegen", "ir")
+                 for f in sorted(os.listdir(os.path.join(root, sub))) if f.endswith(".py")]
+        h = hashlib.sha256()
+        for f in files + ["dtype.py", "layout.py"]:
+            with open(os.path.join(root, f), "rb") as fh:
+                h.update(f.encode() + b"\0" + fh.read() + b"\0")
+        _stamp.append(h.hexdigest())
+    return _stamp[0]
 
 
 def compile_ir(ir_text: str, export: list, name: str = "kernel") -> CompiledModule:
     """Compile IR text exporting the named functions.  Cached in memory and on disk; a disk
     entry that fails verification or linking is dropped and the kernel compiled afresh."""
-    key = _cache_key(ir_text)
+    ckey = _compile_key(ir_text)
+    key = _disk_key(ckey)
     cm = _mem_cache.get(key)
     if cm is not None:
         return cm
     with _lock:
         cm = _mem_cache.get(key)
-        if cm is not None:
-            return cm
-        ckey = _compile_key(ir_text)
-        obj = _disk_get(key, ckey)
-        lib = None
-        if obj is not None:
-            try:
-                lib = _link(obj, export, key)
-                stats["disk_hits"] += 1
-            except RuntimeError as e:
-                _disk_drop(key, f"it does not link ({e})")
-        if lib is None:
-            obj = _host()["tm"].emit_object(_optimize(ir_text))
-            lib = _link(obj, export, key)
-            _disk_put(key, ckey, obj)
-        cm = CompiledModule(name, ir_text, obj, lib)
-        _mem_cache[key] = cm
-        stats["compiled"] += 1
+        if cm is None:
+            cm = _mem_cache[key] = _load_or_compile(key, ckey, lambda: (ir_text, list(export)), name)
         return cm
 
 
+def compile_spec(kind: str, spec, build):
+    """(module, exported function name) for kernel `spec` of code generator `kind` (a value
+    whose repr fully describes the kernel), found in memory and on disk by the spec itself, so
+    a hit never builds the IR: building it is most of what a warm new process would otherwise
+    spend on its first realize.  `build() -> (ir_text, function name)` runs on a miss (or
+    when a dump asks for the IR)."""
+    spec_key = f"{kind}:{spec!r}"
+    got = _kernels.by_spec.get(spec_key)
+    if got is not None:
+        return got, got.name
+    with _lock:
+        cm = _kernels.by_spec.get(spec_key)
+        if cm is None:
+            if not config.cache_dir() or " at 0x" in spec_key:   # no disk, or no stable key
+                text, name = build()
+                cm = compile_ir(text, [name], name=name)
+            else:
+                ckey = _spec_compile_key(spec_key)
+                cm = _load_or_compile(_disk_key(ckey), ckey, lambda: _one_export(build()), None)
+            _kernels.by_spec[spec_key] = cm
+        return cm, cm.name
+
+
+def _one_export(built):
+    text, name = built
+    return text, [name]
+
+
+def _load_or_compile(key, ckey, build, name) -> CompiledModule:
+    """The module under disk key `key` (its entry verified against `ckey`), else
+    `build() -> (ir_text, exported names)` optimised, compiled, linked and written to disk.
+    `name` defaults to the first exported name.  Runs under _lock."""
+    got = _disk_get(key, ckey)
+    if got is not None:
+        obj, export = got
+        try:
+            lib = _link(obj, export, key)
+        except RuntimeError as e:
+            _disk_drop(key, f"it does not link ({e})")
+        else:
+            stats["disk_hits"] += 1
+            stats["compiled"] += 1
+            return CompiledModule(name or export[0], lambda: build()[0], obj, lib)
+    ir_text, export = build()
+    obj = _host()["tm"].emit_object(_optimize(ir_text))
+    cm = CompiledModule(name or export[0], ir_text, obj, _link(obj, export, key))
+    _disk_put(key, dict(ckey, export=export), obj)
+    stats["compiled"] += 1
+    return cm
+
+
 def _link(obj: bytes, export: list, key: str):
-    builder = llvm.JITLibraryBuilder().add_object_img(obj)
+    builder = _host()["llvm"].JITLibraryBuilder().add_object_img(obj)
     for fn in export:
         builder.export_symbol(fn)
     _counter[0] += 1
@@ -182,7 +286,8 @@ def _encode_entry(ckey: dict, obj: bytes) -> bytes:
 
 
 def _decode_entry(data: bytes, ckey: dict):
-    """The object bytes of a disk entry, or a string saying why the entry is not usable."""
+    """(object bytes, exported function names) of a disk entry, or a string saying why the
+    entry is not usable."""
     if not data.startswith(_MAGIC):
         return "it has no lazycandle header"
     nl = data.find(b"\n", len(_MAGIC))
@@ -202,7 +307,10 @@ def _decode_entry(data: bytes, ckey: dict):
         return f"it holds {len(obj)} object bytes, its header says {head.get('obj_len')}"
     if head.get("obj_sha256") != hashlib.sha256(obj).hexdigest():
         return "its object bytes do not match their sha256"
-    return obj
+    export = head.get("export")
+    if not (isinstance(export, list) and export and all(isinstance(n, str) for n in export)):
+        return "its header names no exported function"
+    return obj, export
 
 
 def _disk_get(key, ckey):
@@ -215,11 +323,11 @@ def _disk_get(key, ckey):
     except OSError as e:
         _disk_drop(key, f"it is unreadable ({e.strerror})")
         return None
-    obj = _decode_entry(data, ckey)
-    if isinstance(obj, str):
-        _disk_drop(key, obj)
+    got = _decode_entry(data, ckey)
+    if isinstance(got, str):
+        _disk_drop(key, got)
         return None
-    return obj
+    return got
 
 
 def _disk_drop(key, why):
@@ -278,8 +386,7 @@ class KernelCache:
             with self._lock:
                 fn = self._fns.get(spec)
                 if fn is None:
-                    text, name = self.build(spec)
-                    cm = compile_ir(text, [name], name=name)
+                    cm, name = compile_spec(self.build.__module__, spec, lambda: self.build(spec))
                     fn = self.fntype(cm.address(name))
                     fn._module = cm
                     self._fns[spec] = fn

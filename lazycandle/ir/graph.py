@@ -12,14 +12,12 @@ Scalars are constants (`a * 2.0`, `lc.full`) and the scalar args of ops that tak
 (`OpKind.scalar_args`: affine, clamp, elu, powf).  Equal scalars of one dtype share a slot.
 The key holds each scalar's dtype and, where a rewrite of passes.py tests it, its value class
 (`OpKind.keyed_scalars`, `ops.scalar_class`), so a new value compiles nothing.
-`to_networkx(cap)` gives the same graph as a networkx DiGraph for passes, the scheduler and
-the printers.
+`to_networkx(cap)` gives the same graph as a networkx DiGraph for the printers (networkx is
+imported only there: it costs more than the rest of `import lazycandle`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import networkx as nx
 
 from ..layout import contiguous_strides
 from .ops import VIEW, scalar_class
@@ -191,9 +189,10 @@ def size_class_key(cap: Capture):
     return (inputs, tuple(nodes), cap.key[2], len(cap.slots))
 
 
-def to_networkx(cap: Capture) -> nx.DiGraph:
+def to_networkx(cap: Capture):
     """Nodes: ("in", i) for inputs, ("n", j) for computed nodes; edge attr `slot` = operand
     position and `operand` = the Operand (layout of the read)."""
+    import networkx as nx
     g = nx.DiGraph()
     for i, n in enumerate(cap.inputs):
         g.add_node(("in", i), kind="input", op=n.op.name, shape=n.shape, dtype=n.dtype,
@@ -209,8 +208,10 @@ def to_networkx(cap: Capture) -> nx.DiGraph:
     return g
 
 
-def views_graph(targets) -> nx.DiGraph:
-    """The graph as the user built it, views included (for the `graph` dump stage)."""
+def views_graph(targets):
+    """The graph as the user built it, views included (a networkx DiGraph for the `graph`
+    dump stage)."""
+    import networkx as nx
     g = nx.DiGraph()
     seen = set()
     stack = list(targets)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 
 from ..layout import Layout
+from ..named_dims import SYMBOLIC, sizes_of
 from .ops import OPS, VIEW
 
 _ids = itertools.count()
@@ -20,6 +21,8 @@ class Node:
         self.srcs = tuple(srcs)
         self.arg = arg
         self.shape = tuple(shape)
+        if max(self.shape, default=0) >= SYMBOLIC:      # traced with named dims: print them
+            self.shape = sizes_of(self.shape)
         self.dtype = dtype
         self.buffer = buffer
         self.label = label          # what the user called (for dumps): "transpose(0, 1)"

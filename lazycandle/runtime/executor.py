@@ -61,6 +61,15 @@ def _compiled_step(k, codegen, size, extent, vector_units):
     return Step(k, fn, extent, lanes, lanes if vector_units else 1, cost)
 
 
+def _node_step(op_name, kind):
+    """The NodeStep class running op `op_name`.  The index, conv, sort and scan steps register
+    on the first plan that needs one (their kernel modules are not part of `import lazycandle`)."""
+    from . import index_steps, sort_steps  # noqa: F401  (register the steps)
+    if op_name not in STEPS:
+        raise NotImplementedError(f"kernel kind {kind} ({op_name})")
+    return STEPS[op_name]
+
+
 def describe(cap):
     """Node-free description of a capture: inputs, nodes (op, arg, shape, dtype, operands), targets."""
     ins = [("placeholder" if n.op.name == "placeholder" else "buffer", n.arg if n.op.name == "placeholder" else None,
@@ -93,10 +102,8 @@ class Plan:
                 spec = k.spec
                 self.steps.append(_compiled_step(k, red, prod(spec.out_shape(k.loop_shape)),
                                                  spec.parallel_extent(k.loop_shape), False))
-            elif cap.nodes[k.nodes[0]].op.name in STEPS:
-                self.steps.append(STEPS[cap.nodes[k.nodes[0]].op.name](k, cap))
             else:
-                raise NotImplementedError(f"kernel kind {k.kind}")
+                self.steps.append(_node_step(cap.nodes[k.nodes[0]].op.name, k.kind)(k, cap))
         self._plan_memory()
 
     def _plan_memory(self):
