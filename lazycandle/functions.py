@@ -11,7 +11,7 @@ from .errors import ShapeMismatchBinaryOp, UnsupportedDTypeForOp
 from .ir.ops import ELEMENTWISE, OPS
 from .layout import as_index
 from .tensor import Tensor, _from_array, arange, full, tensor
-from .tensor_extras import _as_mask, triangle_mask
+from .tensor_extras import _as_mask
 from .tensor_index import cat
 from .tensor_math import as_scalar
 from .tensor_views import broadcast_shapes

@@ -405,7 +405,6 @@ class _Kernel:
                 self._row(in_base, out_base, c, t, out_strides, j_lo, j_hi)
 
     def _row(self, in_base, out_base, c, t, out_strides, jstart, jstop):
-        b = self.b
         base = [self.sadd(x, c, s[t]) for x, s in zip(in_base, self.strides)]
         ob = self.sadd(out_base, c, out_strides[t])
         self.inner_loop(jstart, jstop, base, ob, [s[-1] for s in self.strides])

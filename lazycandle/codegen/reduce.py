@@ -221,7 +221,7 @@ class _RedKernel(_Kernel):
 
     def reduce_inner(self, in_base, out_off, red_dims):
         """Everything reduced for one output element; the last reduced dim runs W-wide."""
-        b, W, spec = self.b, self.W, self.spec
+        b, W = self.b, self.W
         last = red_dims[-1]
         n = self.dims[last]
         U = UNROLL
@@ -260,7 +260,7 @@ class _RedKernel(_Kernel):
     def reduce_outer(self, in_base, out_row, red_dims, jd):
         """One row of outputs: U x W output lanes held in registers while the reduced dims are
         walked; then a scalar tail of outputs."""
-        b, W, spec = self.b, self.W, self.spec
+        b, W = self.b, self.W
         m = self.dims[jd]
         nvec = b.mul(b.udiv(m, I64(UNROLL * W)), I64(UNROLL * W))
         m1 = b.mul(b.udiv(m, I64(W)), I64(W))
