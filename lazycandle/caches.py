@@ -54,6 +54,24 @@ _registry: dict = {}     # name -> (cache with clear() and __len__, nbytes() or 
 _registry_lock = threading.Lock()
 
 
+def renew_lock_after_fork(owner, attr: str, factory=threading.Lock) -> None:
+    """Give `owner.attr` (a module or object holding a lock) a fresh lock in a forked child:
+    only the forking thread survives a fork, so a lock another thread held stays held forever."""
+    os.register_at_fork(after_in_child=lambda: setattr(owner, attr, factory()))
+
+
+def _renew_cache_locks():
+    """In a forked child: fresh locks for the registry and every registered cache that has one."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    for cache, _ in _registry.values():
+        if hasattr(cache, "_lock"):
+            cache._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_cache_locks)
+
+
 def register(name: str, cache, nbytes=None):
     """Register a module-level cache (anything with `clear()` and `len()`) under `name`;
     `nbytes()` optionally reports the memory its entries hold.  Returns the cache."""

@@ -9,6 +9,15 @@ import threading
 from .layout import as_index
 
 _lock = threading.Lock()
+
+
+def _renew_lock_after_fork():
+    """A forked child has only the forking thread: a lock another thread held stays held."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_lock_after_fork)
 _listeners = []          # called with the new thread count (the BLAS binding registers one)
 
 

@@ -19,6 +19,7 @@ operand (x / x.shape[0] raises UnboundPlaceholder; use mean), and code that bran
 size in Python sees the probe, a huge number."""
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from math import prod
@@ -33,6 +34,7 @@ SYMBOLIC = _MAX_COEF          # a size at least this large was computed from nam
 _MAX_DEGREE = 4
 
 _lock = threading.RLock()     # RLock: _release runs from GC finalizers
+caches.renew_lock_after_fork(sys.modules[__name__], "_lock", threading.RLock)
 _exponents: dict = {}         # name -> exponent e (the probe is B ** e)
 _monomials: dict = {0: ()}    # sum of up to _MAX_DEGREE exponents -> the names multiplied (sorted)
 _live: dict = {}              # name -> number of live placeholders using it

@@ -133,3 +133,41 @@ def test_parallel_for_inside_a_chunk_runs_inline():
 
     pool.parallel_for(outer, 0, 3, min_cost=0, threads=3)
     assert sorted(seen) == sorted([(0, 1), (1, 2), (2, 3), (3, 4), (10, 14), (20, 24)])
+
+
+HELD_LOCKS = """
+import os, sys, threading, time
+import numpy as np, lazycandle as lc
+from lazycandle import caches, config
+from lazycandle.codegen import jit
+from lazycandle.runtime import blas, buffers, matmul
+x = np.arange(1000, dtype=np.float32)
+assert (lc.tensor(x) * 2.0).numpy()[3] == 6.0
+locks = [config._lock, jit._lock, blas._lock, buffers._lock, matmul._plans_lock, caches._registry_lock]
+held = threading.Event()
+
+def hold():
+    for lk in locks:
+        lk.acquire()
+    held.set()
+    time.sleep(30)
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    lc.set_num_threads(2)
+    lc.clear_caches()
+    ok = (lc.tensor(x) * 3.0 + 1).exp().sum(0).numpy() > 0 and (lc.tensor(np.ones((64, 64), np.float32))
+                                                               @ lc.tensor(np.ones((64, 64), np.float32))).numpy()[0, 0] == 64
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+print("ok")
+"""
+
+
+def test_fork_while_another_thread_holds_the_engine_locks():
+    """Every module lock is renewed in a forked child, so a lock held by a thread that does not
+    exist there cannot hang the child's first realize, matmul, set_num_threads or clear_caches."""
+    assert "ok" in _probe(HELD_LOCKS, timeout=90)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
 import warnings
 
@@ -22,14 +23,7 @@ from .. import caches, config
 _lock = threading.RLock()
 _state = {}
 
-
-def _new_lock_after_fork():
-    """A forked child has only the forking thread: a lock another thread held stays held."""
-    global _lock
-    _lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_new_lock_after_fork)
+caches.renew_lock_after_fork(sys.modules[__name__], "_lock", threading.RLock)
 
 
 def _host():

@@ -10,14 +10,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 import threading
 
-from .. import config
+from .. import caches, config
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 BLASINT_MAX = 2**31 - 1          # scipy_openblas32: 32-bit integers
 
 _lock = threading.RLock()
+caches.renew_lock_after_fork(sys.modules[__name__], "_lock", threading.RLock)
 _state: dict = {}
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
+import sys
 import threading
 import weakref
 
 import numpy as np
+
+from .. import caches
 
 POOL_MIN_BYTES = 1 << 20          # smaller blocks come from malloc directly
 POOL_MAX_BYTES = 1 << 30          # never keep more than this idle
@@ -26,14 +28,7 @@ _idle = [0]
 _lock = threading.Lock()
 stats = {"reused": 0, "fresh": 0}
 
-
-def _new_lock_after_fork():
-    """A forked child has only the forking thread: a lock another thread held stays held."""
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_lock_after_fork)
+caches.renew_lock_after_fork(sys.modules[__name__], "_lock")
 
 
 class Block:

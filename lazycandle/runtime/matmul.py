@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, replace
@@ -482,6 +483,7 @@ def _address(arr: np.ndarray) -> int:
 
 _plans: dict = caches.register("matmul plans", {})
 _plans_lock = threading.Lock()
+caches.renew_lock_after_fork(sys.modules[__name__], "_plans_lock")
 _MAX_PLANS = 512
 
 
