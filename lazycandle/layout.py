@@ -98,7 +98,7 @@ class Layout:
     def slice(self, dim, start, stop, step) -> "Layout":
         """Python's range(start, stop, step) along `dim` (start, stop already in range as
         slice.indices gives them); a negative step is a negative stride."""
-        n = len(range(start, stop, step))
+        n = max(0, (stop - start + step - (1 if step > 0 else -1)) // step)   # len(range(...)), any int size
         shape, strides = list(self.shape), list(self.strides)
         shape[dim] = n
         strides[dim] = self.strides[dim] * step
