@@ -211,7 +211,10 @@ class ExtrasMixin:
         return s if keepdim else _drop(s, dims, self)
 
     def _max_over(self, dims):
-        """max with keepdim over any set of dims (max itself takes one dim)."""
+        """max with keepdim over any set of dims (max itself takes one dim; every dim goes
+        through the flattened tensor, as max() does)."""
+        if dims is None:
+            return self.max(keepdim=True)
         return self._reduce("max", dims, True)
 
     def norm(self, dim=None, keepdim=False, *, axis=None):

@@ -87,7 +87,7 @@ class ReduceMixin:
 
     def _one_dim(self, kind, dim, keepdim):
         if dim is None:     # torch: over the flattened tensor (arg kinds index it row-major)
-            x = self.flatten_all() if kind.startswith("arg") and self.rank > 1 else self
+            x = self.flatten_all() if self.rank > 1 else self
             t = x._reduce(kind, None, False)
             return t.reshape((1,) * self.rank) if keepdim else t
         return self._reduce(kind, (as_index(dim, kind, "dim (one int)"),), keepdim)
@@ -112,7 +112,8 @@ class ReduceMixin:
         return self._one_dim("argmin", _pick(None, dim, axis, "argmin"), keepdim)
 
     def _all(self, kind):
-        return self._reduce(kind, None, False)
+        x = self.flatten_all() if self.rank > 1 else self
+        return x._reduce(kind, None, False)
 
     def sum_all(self): return self._all("sum")
     def mean_all(self): return self._all("mean")

@@ -125,9 +125,27 @@ def _mod(b, dt, vals, arg):
 
 
 def _pow(b, dt, vals, arg):
-    from ..codegen.vmath_core import V
-    from ..codegen.vmath_pow import pow_values
-    return pow_values(V(b, vals[0].type), vals[0], vals[1])
+    x, e = vals
+    if dt.is_float:
+        from ..codegen.vmath_core import V
+        from ..codegen.vmath_pow import pow_values
+        return pow_values(V(b, x.type), x, e)
+    # integers: square-and-multiply over every exponent bit, wrapping like NumPy.  A negative
+    # exponent truncates 1 / x^-e toward zero (1 and -1 keep their powers, 0 and the rest give
+    # 0), the never-crash rule of integer division.
+    zero, one = const(x.type, 0), const(x.type, 1)
+    acc, base = one, x
+    for i in range(dt.bits):
+        bit = b.icmp_unsigned("!=", b.and_(b.lshr(e, const(e.type, i)), one), zero)
+        acc = b.select(bit, b.mul(acc, base), acc)
+        base = b.mul(base, base)
+    if not dt.is_signed:
+        return acc
+    odd = b.icmp_unsigned("!=", b.and_(e, one), zero)
+    minus_one = const(x.type, -1)
+    neg_pow = b.select(b.icmp_signed("==", x, one), one,
+                       b.select(b.icmp_signed("==", x, minus_one), b.select(odd, minus_one, one), zero))
+    return b.select(b.icmp_signed("<", e, zero), neg_pow, acc)
 
 
 def _cmp(pred):
@@ -249,7 +267,7 @@ _op("maximum", ELEMENTWISE, arity=2, emit=_max_min(True))
 _op("minimum", ELEMENTWISE, arity=2, emit=_max_min(False))
 _op("floordiv", ELEMENTWISE, arity=2, emit=_floordiv, cost=8, doc="floor division like np.floor_divide")
 _op("mod", ELEMENTWISE, arity=2, emit=_mod, cost=8, doc="modulo with the divisor's sign like np.remainder")
-_op("pow", ELEMENTWISE, arity=2, float_only=True, emit=_pow, cost=20, doc="np.power with a tensor exponent")
+_op("pow", ELEMENTWISE, arity=2, emit=_pow, cost=20, doc="np.power with a tensor exponent")
 for _n, _p in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">=")):
     _op(_n, ELEMENTWISE, arity=2, out_dtype="u8", emit=_cmp(_p))
 _op("where", ELEMENTWISE, arity=3, out_dtype="last", emit=_where)
