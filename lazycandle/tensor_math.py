@@ -226,9 +226,10 @@ class MathMixin:
     def __rmod__(self, o): return self._binary("mod", o, True, reflected=True)
 
     def __pow__(self, e):
-        """A scalar exponent is powf; a tensor exponent is pow (broadcasting, same dtype)."""
+        """A scalar exponent of a float tensor is powf; a tensor exponent (or any exponent of
+        an integer tensor) is pow, broadcasting, in one dtype."""
         s = as_scalar(e)
-        return self.powf(s) if s is not None else self._binary("pow", e, True)
+        return self.powf(s) if s is not None and self.dtype.is_float else self._binary("pow", e, True)
 
     def __rpow__(self, base): return self._binary("pow", base, True, reflected=True)
 

@@ -182,9 +182,27 @@ def _mod(b, dt, vals, arg):
 
 
 def _pow(b, dt, vals, arg):
-    from ..codegen.vmath_core import V
-    from ..codegen.vmath_pow import pow_values
-    return pow_values(V(b, vals[0].type), vals[0], vals[1])
+    x, e = vals
+    if dt.is_float:
+        from .vmath_core import V
+        from .vmath_pow import pow_values
+        return pow_values(V(b, x.type), x, e)
+    # integers: square-and-multiply over every exponent bit, wrapping like NumPy.  A negative
+    # exponent truncates 1 / x^-e toward zero (1 and -1 keep their powers, 0 and the rest give
+    # 0), the never-crash rule of integer division.
+    zero, one = const(x.type, 0), const(x.type, 1)
+    acc, base = one, x
+    for i in range(dt.bits):
+        bit = b.icmp_unsigned("!=", b.and_(b.lshr(e, const(e.type, i)), one), zero)
+        acc = b.select(bit, b.mul(acc, base), acc)
+        base = b.mul(base, base)
+    if not dt.is_signed:
+        return acc
+    odd = b.icmp_unsigned("!=", b.and_(e, one), zero)
+    minus_one = const(x.type, -1)
+    neg_pow = b.select(b.icmp_signed("==", x, one), one,
+                       b.select(b.icmp_signed("==", x, minus_one), b.select(odd, minus_one, one), zero))
+    return b.select(b.icmp_signed("<", e, zero), neg_pow, acc)
 
 
 EMIT = {n: _vmath(n) for n in ("exp", "log", "sin", "cos", "tanh", "erf", "gelu", "gelu_erf", "silu", "sigmoid",

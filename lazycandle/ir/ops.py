@@ -95,7 +95,7 @@ _op("maximum", ELEMENTWISE, arity=2)
 _op("minimum", ELEMENTWISE, arity=2)
 _op("floordiv", ELEMENTWISE, arity=2, cost=8, doc="floor division like np.floor_divide")
 _op("mod", ELEMENTWISE, arity=2, cost=8, doc="modulo with the divisor's sign like np.remainder")
-_op("pow", ELEMENTWISE, arity=2, float_only=True, cost=20, doc="np.power with a tensor exponent")
+_op("pow", ELEMENTWISE, arity=2, cost=20, doc="np.power with a tensor exponent")
 for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
     _op(_n, ELEMENTWISE, arity=2, out_dtype="u8")
 _op("where", ELEMENTWISE, arity=3, out_dtype="last")
