@@ -226,10 +226,13 @@ class MathMixin:
     def __rmod__(self, o): return self._binary("mod", o, True, reflected=True)
 
     def __pow__(self, e):
-        """A scalar exponent of a float tensor is powf; a tensor exponent (or any exponent of
-        an integer tensor) is pow, broadcasting, in one dtype."""
+        """A float scalar exponent (or any scalar of a float tensor) is powf, float-only; an
+        int scalar on an integer tensor and a tensor exponent are pow, broadcasting, in one
+        dtype (no promotion)."""
         s = as_scalar(e)
-        return self.powf(s) if s is not None and self.dtype.is_float else self._binary("pow", e, True)
+        if s is not None and (self.dtype.is_float or isinstance(s, float)):
+            return self.powf(s)
+        return self._binary("pow", e, True)
 
     def __rpow__(self, base): return self._binary("pow", base, True, reflected=True)
 
