@@ -110,7 +110,8 @@ class GradStore:
 
     def __iter__(self):
         for nid, g in self._grads.items():
-            yield _HANDLES.get(nid) or Tensor(self._nodes[nid]), g
+            handle = _HANDLES.get(nid)
+            yield (Tensor(self._nodes[nid]) if handle is None or handle._node.id != nid else handle), g
 
     def remove(self, t: Tensor):
         """Drop and return t's gradient (None if absent), like candle's GradStore::remove."""

@@ -22,6 +22,11 @@ def _mask(cond, like):
     return cond.to_dtype(like.dtype)
 
 
+def _scalar(arg, i=0) -> float:
+    """Scalar operand i of a runtime-scalar op (one scalar may be stored bare)."""
+    return float(arg[i] if isinstance(arg, (tuple, list)) else arg)
+
+
 def _rule(*names):
     def attach(fn):
         for n in names:
@@ -48,7 +53,7 @@ _rule("abs")(lambda n, g, xs, out: (g * xs[0].sign(),))
 _rule("relu")(lambda n, g, xs, out: (g * _mask(xs[0] > 0, g),))
 _rule("sigmoid")(lambda n, g, xs, out: (g * out * (1.0 - out),))
 _rule("copy")(lambda n, g, xs, out: (g,))
-_rule("affine")(lambda n, g, xs, out: (g * float(n.arg[0]),))
+_rule("affine")(lambda n, g, xs, out: (g * _scalar(n.arg),))
 _rule("erf")(lambda n, g, xs, out: (g * (xs[0].sqr() * -1.0).exp() * (2.0 / math.sqrt(math.pi)),))
 
 
@@ -78,7 +83,7 @@ def _gelu_erf(n, g, xs, out):
 
 @_rule("powf")
 def _powf(n, g, xs, out):
-    e = float(n.arg[0])
+    e = _scalar(n.arg)
     return (g * xs[0].powf(e - 1.0) * e,)
 
 
@@ -90,14 +95,14 @@ def _pow(n, g, xs, out):
 
 @_rule("elu")
 def _elu(n, g, xs, out):
-    alpha = float(n.arg[0])
+    alpha = _scalar(n.arg)
     pos = _mask(xs[0] > 0, g)
     return (g * (pos + (1.0 - pos) * (out + alpha)),)
 
 
 @_rule("clamp")
 def _clamp(n, g, xs, out):
-    lo, hi = (float(a) for a in n.arg)
+    lo, hi = _scalar(n.arg, 0), _scalar(n.arg, 1)
     return (g * _mask(xs[0] >= lo, g) * _mask(xs[0] <= hi, g),)
 
 
@@ -201,6 +206,24 @@ def _cumsum(n, g, xs, out):
 @_rule("sort_take")
 def _sort_take(n, g, xs, out):
     return (_zeros(xs[0]).scatter_add(xs[1].to_dtype("i64"), g, xs[0].rank - 1), None)
+
+
+@_rule("im2col")
+def _im2col(n, g, xs, out):
+    """Add each patch element back at its input position; padding positions go to a spare slot."""
+    from .tensor import tensor, zeros
+    kh, kw, ph, pw, sh, sw, dh, dw = n.arg
+    b, c, h, w = xs[0].shape
+    oh, ow = n.shape[4], n.shape[5]
+    rows = (np.arange(kh) * dh)[:, None, None, None] + (np.arange(oh) * sh)[None, None, :, None] - ph
+    cols = (np.arange(kw) * dw)[None, :, None, None] + (np.arange(ow) * sw)[None, None, None, :] - pw
+    inside = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
+    plane = np.where(inside, rows * w + cols, -1)                       # (kh, kw, oh, ow)
+    starts = (np.arange(b * c, dtype=np.int64) * (h * w)).reshape(b, c, 1, 1, 1, 1)
+    numel = b * c * h * w
+    flat = np.where(plane >= 0, starts + plane, numel).reshape(-1)
+    acc = zeros((numel + 1,), g.dtype).index_add(tensor(flat, "i64"), g.flatten_all(), 0)
+    return (acc.narrow(0, 0, numel).reshape(xs[0].shape),)
 
 
 # ---- views ----------------------------------------------------------------------------------
