@@ -331,3 +331,47 @@ def test_mlp_trains_to_98_percent_on_separable_data():
         opt.backward_step(loss)
     acc = (logits().numpy().argmax(1) == ys).mean()
     assert acc >= 0.98
+
+
+def test_nn_function_rules():
+    check_grad(lambda x: lc.nn.softmax(x, 1), rnd(2, 4))
+    check_grad(lambda x: lc.nn.log_softmax(x, -1), rnd(2, 4))
+    check_grad(lambda x, a: lc.nn.rms_norm(x, a, 1e-5), rnd(2, 4), rnd(4))
+    check_grad(lambda x, g, b: lc.nn.layer_norm(x, g, b, 1e-5), rnd(2, 4), rnd(4), rnd(4))
+    check_grad(lambda x, w, b: lc.nn.linear(x, w, b), rnd(2, 3, 4), rnd(5, 4), rnd(5))
+
+
+def test_model_op_rules():
+    check_grad(lambda x: x.cumsum(1), rnd(2, 5))
+    check_grad(lambda x: x.sort_last_dim()[0], rnd(2, 5))
+    check_grad(lambda x: x.topk(2, dim=0)[0], rnd(4, 3))
+
+
+def test_deep_graph_is_walked_iteratively():
+    x = lc.Var(np.array([1.0, 2.0]))
+    y = x
+    for _ in range(3000):
+        y = y + x * 0.001
+    g = y.sum().backward()[x].numpy()
+    np.testing.assert_allclose(g, [4.0, 4.0])
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_GRAPH_OPS = [
+    lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a - b.tanh(),
+    lambda a, b: a.sin() * b, lambda a, b: (a.sqr() + 1.0).sqrt() + b, lambda a, b: a.exp() * 0.1 + b.t().t(),
+    lambda a, b: a.broadcast_mul(b.sum_keepdim(1)), lambda a, b: a.maximum(b * 0.5),
+]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(_GRAPH_OPS) - 1), st.integers(0, 10), st.integers(0, 10)),
+                min_size=1, max_size=6))
+def test_random_graphs_match_finite_differences(program):
+    def fn(x, y):
+        vals = [x, y]
+        for op, i, j in program:
+            vals.append(_GRAPH_OPS[op](vals[i % len(vals)], vals[j % len(vals)]))
+        return vals[-1]
+    check_grad(fn, rnd(2, 2, lo=-1, hi=1), rnd(2, 2, lo=-1, hi=1))
