@@ -375,3 +375,34 @@ def test_random_graphs_match_finite_differences(program):
             vals.append(_GRAPH_OPS[op](vals[i % len(vals)], vals[j % len(vals)]))
         return vals[-1]
     check_grad(fn, rnd(2, 2, lo=-1, hi=1), rnd(2, 2, lo=-1, hi=1))
+
+
+def test_fused_training_step_has_fewer_kernels_than_ops():
+    from bench.train_step import build, count_ops
+    prog, _, outs = build([6, 5, 3], 4)
+    assert len(prog._fixed.plan.kernels) < count_ops(outs) / 2
+
+
+def test_gpt2_block_gradients_match_directional_finite_differences():
+    from bench import gpt2_block as G
+    d, t, heads = 8, 4, 2
+    params = {k: v.astype(np.float64) for k, v in G.init_params(d, 1, seed=3)[0].items()}
+    params = {k: v * (5.0 if k.startswith("w") else 1.0) for k, v in params.items()}
+    x0 = RNG.standard_normal((1, t, d))
+    mask = lc.tensor(G.causal_mask(t).astype(np.float64))
+    names = sorted(params)
+    w = RNG.standard_normal((1, t, d))
+
+    def loss(x, *ps):
+        return (G.block(x, dict(zip(names, ps)), mask, heads) * lc.tensor(w)).sum()
+
+    arrays = [x0] + [params[k] for k in names]
+    grads = lc.grad(loss, tuple(range(len(arrays))))(*[lc.tensor(a) for a in arrays])
+    eps = 1e-5
+    for i, (a, g) in enumerate(zip(arrays, grads)):
+        u = RNG.standard_normal(a.shape)
+        plus = [lc.tensor(b + eps * u if j == i else b) for j, b in enumerate(arrays)]
+        minus = [lc.tensor(b - eps * u if j == i else b) for j, b in enumerate(arrays)]
+        fd = (loss(*plus).numpy() - loss(*minus).numpy()) / (2 * eps)
+        np.testing.assert_allclose(float((g.numpy() * u).sum()), fd, rtol=1e-5, atol=1e-7,
+                                   err_msg=(["x"] + names)[i])
