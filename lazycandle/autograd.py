@@ -36,15 +36,20 @@ def Var(data, dtype=None) -> Tensor:
 
 
 def requires_grad_(self: Tensor, requires_grad: bool = True) -> Tensor:
-    """Mark this tensor trainable (in place, like torch); returns it."""
+    """Mark this tensor trainable (in place, like torch); returns it.  A view becomes a copy of
+    itself first (gradients flow to a view's base, so the view needs a node of its own)."""
     if requires_grad:
+        if self._node.op.category == VIEW:
+            self._node = self.copy()._node
         return _mark(self, "requires_grad_")
     _TRAINABLE.discard(self._node)
     return self
 
 
 def _replace_var(t: Tensor, new_node) -> None:
-    """Point trainable `t` at `new_node` (an optimizer's updated value), keeping it trainable."""
+    """Point trainable `t` at `new_node` (an optimizer's updated, realized value), keeping it
+    trainable; the value forgets the step's graph (else every step would keep the last)."""
+    new_node.origin = None
     _TRAINABLE.discard(t._node)
     t._node = new_node
     _mark(t, "optimizer")
@@ -64,10 +69,25 @@ def _is_constant(n) -> bool:
     return any(a <= n.id < b for a, b in _NO_GRAD_SPANS)
 
 
+def _keep_origin(n) -> bool:
+    """While anything is trainable, realized nodes keep their graph (so `loss.numpy()` before
+    `loss.backward()` works, as in candle); nodes built under no_grad() do not."""
+    return len(_TRAINABLE) > 0 and not _is_constant(n)
+
+
+node_mod.KEEP_ORIGIN = _keep_origin
+
+
+def _computed(n):
+    """The node as it was computed: its Origin once realized (when kept), else itself."""
+    return n.origin if n.origin is not None and n.realized else n
+
+
 def _inputs(n) -> tuple:
     """The nodes `n`'s gradient flows to: a view's base (layouts fold views), else its sources."""
     if _is_constant(n):
         return ()
+    n = _computed(n)
     if n.op.category == VIEW:
         return (n.base,)
     return n.srcs
@@ -147,10 +167,13 @@ def gradients(loss: Tensor, wrt=(), grad: Tensor | None = None, keep_all: bool =
             continue
         nodes[n.id] = n
         ins = _inputs(n)
-        if not ins or n.op.vjp is None:
+        if not ins:
             continue
         xs = tuple(Tensor(s) for s in ins)
-        for s, gs in zip(ins, n.op.vjp(n, g, xs, Tensor(n))):
+        how = _computed(n)
+        if how.op.vjp is None:
+            continue
+        for s, gs in zip(ins, how.op.vjp(how, g, xs, Tensor(n))):
             if gs is None or not needs[s.id]:
                 continue
             prev = adj.get(s.id)
@@ -187,6 +210,12 @@ def value_and_grad(fn, argnums=0):
             if not args[a].dtype.is_float:
                 raise UnsupportedDTypeForOp(f"grad: argument {a} is {args[a].dtype.name} (shape {args[a].shape}); "
                                             f"integer tensors have no gradient")
+        args = list(args)
+        seen = set()
+        for a in nums:      # a view or a repeated argument gets a node of its own to differentiate by
+            if args[a]._node.op.category == VIEW or args[a]._node.id in seen:
+                args[a] = args[a].copy()
+            seen.add(args[a]._node.id)
         value = fn(*args, **kwargs)
         if not isinstance(value, Tensor):
             raise TypeError(f"grad: {getattr(fn, '__name__', fn)} must return a scalar lc.Tensor, "

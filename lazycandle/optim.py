@@ -24,6 +24,8 @@ class _Optimizer:
         updates = [(i, v, g) for i, v, g in updates if g is not None]
         new, state = self._updates(updates)
         realize_nodes([t._node for t in new] + [t._node for t in state])
+        for t in state:
+            t._node.origin = None           # state carries values across steps, not graphs
         for (_, v, _), t in zip(updates, new):
             _replace_var(v, t._node)
 

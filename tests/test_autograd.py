@@ -406,3 +406,31 @@ def test_gpt2_block_gradients_match_directional_finite_differences():
         fd = (loss(*plus).numpy() - loss(*minus).numpy()) / (2 * eps)
         np.testing.assert_allclose(float((g.numpy() * u).sum()), fd, rtol=1e-5, atol=1e-7,
                                    err_msg=(["x"] + names)[i])
+
+
+def test_strided_and_broadcast_arguments_get_their_own_gradient():
+    base = lc.tensor(rnd(4, 3))
+    g = lc.grad(lambda v: (v.narrow(0, 1, 2) * v.narrow(0, 0, 2)).sum())(base.t())
+    want = np.zeros((3, 4))
+    bt = base.numpy().T
+    want[1:3] += bt[0:2]
+    want[0:2] += bt[1:3]
+    np.testing.assert_allclose(g.numpy(), want)
+    bc = lc.tensor(np.array([1.0, 2.0])).broadcast_as((3, 2))
+    g = lc.grad(lambda v: (v[0] * 2.0).sum())(bc)
+    np.testing.assert_allclose(g.numpy(), [[2, 2], [0, 0], [0, 0]])
+
+
+def test_backward_after_the_loss_was_realized():
+    x = lc.Var(np.array([3.0, 1.0, 4.0]))
+    y = (x * x + x * 5.0 + 4.0).sum()
+    assert y.numpy() == 78.0
+    np.testing.assert_allclose(y.backward()[x].numpy(), [11.0, 7.0, 13.0])
+
+
+def test_optimizer_steps_do_not_keep_earlier_graphs():
+    w = lc.Var(np.array([1.0, 2.0]))
+    opt = lc.optim.AdamW([w], lr=0.1)
+    for _ in range(3):
+        opt.backward_step((w * w).sum())
+    assert w._node.origin is None and all(t._node.origin is None for t in opt._m.values())
