@@ -8,6 +8,7 @@ Trainable tensors are `lc.Var(data)` or `t.requires_grad_()`; the functional API
 with respect to its arguments instead.  Nodes built inside `lc.no_grad()` are constants."""
 from __future__ import annotations
 
+import bisect
 import contextlib
 import weakref
 
@@ -19,7 +20,8 @@ from .tensor import Tensor, ones, tensor
 
 _TRAINABLE = weakref.WeakSet()              # nodes that gradients are taken with respect to
 _HANDLES = weakref.WeakValueDictionary()    # node id -> the user's Tensor handle (for iteration)
-_NO_GRAD_SPANS: list = []                   # [first, last) node ids built inside no_grad()
+_NO_GRAD_STARTS: list = []                  # no_grad() spans of node ids [start, end), in order
+_NO_GRAD_ENDS: list = []
 
 
 def _mark(t: Tensor, op: str) -> Tensor:
@@ -62,11 +64,17 @@ def no_grad():
     try:
         yield
     finally:
-        _NO_GRAD_SPANS.append((first, next(node_mod._ids)))
+        last = next(node_mod._ids)
+        while _NO_GRAD_STARTS and _NO_GRAD_STARTS[-1] >= first:    # spans nested inside this one
+            _NO_GRAD_STARTS.pop()
+            _NO_GRAD_ENDS.pop()
+        _NO_GRAD_STARTS.append(first)
+        _NO_GRAD_ENDS.append(last)
 
 
 def _is_constant(n) -> bool:
-    return any(a <= n.id < b for a, b in _NO_GRAD_SPANS)
+    i = bisect.bisect_right(_NO_GRAD_STARTS, n.id) - 1
+    return i >= 0 and n.id < _NO_GRAD_ENDS[i]
 
 
 def _keep_origin(n) -> bool:

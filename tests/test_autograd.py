@@ -254,6 +254,21 @@ def test_no_grad_blocks_the_gradient():
     np.testing.assert_allclose(g[x].numpy(), [3.0, 6.0])
 
 
+def test_nested_no_grad_spans_cover_the_outer_block():
+    x = lc.Var(np.array([1.0, 2.0]))
+    with lc.no_grad():
+        with lc.no_grad():
+            a = x * 2.0
+        b = x * 3.0
+    g = (a * x + b * x + x).sum().backward()
+    np.testing.assert_allclose(g[x].numpy(), [6.0, 11.0])      # a + b + 1 with a, b constants
+
+
+def test_upsample_rules():
+    check_grad(lambda x: x.upsample_nearest2d(5, 3), rnd(1, 1, 2, 3))
+    check_grad(lambda x: x.upsample_nearest1d(2), rnd(1, 2, 4))
+
+
 def test_nan_propagates_like_the_forward():
     x = lc.Var(np.array([-1.0, 4.0]))
     g = x.sqrt().sum().backward()[x].numpy()
