@@ -8,6 +8,8 @@ from .tensor import (Tensor, tensor, from_numpy, full, zeros, ones, zeros_like, 
 from .tensor_index import cat, stack
 from .functions import *  # noqa: F401,F403  (lc.exp(t) & co., where, matmul, eye, linspace, tril, triu)
 from . import nn
+from .autograd import Var, GradStore, grad, value_and_grad, no_grad
+from . import optim
 from .serialization import save_safetensors, load_safetensors, load_safetensors_metadata, save_npz, load_npz
 from .graph_api import compile, Program, jit, dump
 from .caches import clear_caches, cache_info

@@ -12,9 +12,22 @@ from .ops import OPS, VIEW
 
 _ids = itertools.count()
 
+# Set by the autograd layer: keep_origin(node) says whether a node being realized keeps how it
+# was computed (reverse mode walks realized nodes through it).  None: never.
+KEEP_ORIGIN = None
+
+
+class Origin:
+    """How a realized node was computed: its op, sources, arg and layout at realize time."""
+    __slots__ = ("op", "srcs", "arg", "layout", "base", "shape", "dtype", "id")
+
+    def __init__(self, n):
+        self.op, self.srcs, self.arg, self.layout = n.op, n.srcs, n.arg, n.layout
+        self.base, self.shape, self.dtype, self.id = n.base, n.shape, n.dtype, n.id
+
 
 class Node:
-    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "_base", "layout", "buffer", "label", "id", "__weakref__")
+    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "_base", "layout", "buffer", "label", "id", "origin", "__weakref__")
 
     def __init__(self, op, srcs, arg, shape, dtype, layout=None, buffer=None, label=None):
         self.op = OPS[op] if isinstance(op, str) else op
@@ -27,6 +40,7 @@ class Node:
         self.buffer = buffer
         self.label = label          # what the user called (for dumps): "transpose(0, 1)"
         self.id = next(_ids)
+        self.origin = None
         if self.op.category == VIEW:
             self._base = self.srcs[0].base
             self.layout = layout
@@ -43,7 +57,10 @@ class Node:
         return self.buffer is not None
 
     def set_buffer(self, buf) -> None:
-        """Become a realized buffer node (drops the sources so the graph behind can be freed)."""
+        """Become a realized buffer node (drops the sources so the graph behind can be freed,
+        unless KEEP_ORIGIN asks to keep them in `origin`)."""
+        if KEEP_ORIGIN is not None and self.srcs and KEEP_ORIGIN(self):
+            self.origin = Origin(self)
         self.op = OPS["buffer"]
         self.srcs = ()
         self.arg = None

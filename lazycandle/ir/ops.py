@@ -27,12 +27,20 @@ class OpKind:
     keyed_scalars: tuple = ()       # scalar operand values a rewrite (passes.py) tests
     doc: str = ""
     extra: dict = field(default_factory=dict)
+    vjp: Callable | None = None     # reverse-mode rule (node, grad, srcs, out) -> grad per src; set by set_vjp
 
     def __repr__(self):
         return f"Op({self.name})"
 
 
 OPS: dict = {}
+
+
+def set_vjp(name: str, rule: Callable) -> None:
+    """Attach the reverse-mode rule of op `name` to its table entry.  The rules build Tensors, so
+    they live above ir (lazycandle/autograd_rules.py) and are attached here by name; the entry
+    stays the one place an op's rules are reached through."""
+    object.__setattr__(OPS[name], "vjp", rule)
 
 
 def scalar_class(op: OpKind, value):

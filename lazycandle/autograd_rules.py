@@ -1,0 +1,292 @@
+"""Reverse-mode rules (VJPs), attached to the op table entries by name (ir.ops.set_vjp).
+
+A rule is `rule(node, g, xs, out) -> tuple` with one gradient (a lazy Tensor, or None for no
+gradient) per input in `xs`: the node's sources, except that a view's one input is its base
+buffer (views are folded into strides, so the gradient maps back through the view's layout).
+`g` is the adjoint of the node's output, `out` the node's output as a Tensor.  Ops without a
+rule (sign, ceil, floor, round, comparisons, argmax/argmin, argsort, nonzero) pass no gradient,
+like candle's backprop, which skips them.  Rules only
+build Tensors, so the adjoint graph is lazy and fuses like the forward."""
+from __future__ import annotations
+
+import math
+from math import prod
+
+import numpy as np
+
+from .ir.ops import set_vjp
+
+
+def _mask(cond, like):
+    """A u8 comparison result as 0/1 in `like`'s dtype."""
+    return cond.to_dtype(like.dtype)
+
+
+def _scalar(arg, i=0) -> float:
+    """Scalar operand i of a runtime-scalar op (one scalar may be stored bare)."""
+    return float(arg[i] if isinstance(arg, (tuple, list)) else arg)
+
+
+def _rule(*names):
+    def attach(fn):
+        for n in names:
+            set_vjp(n, fn)
+        return fn
+    return attach
+
+
+# ---- elementwise ------------------------------------------------------------------------
+_rule("add")(lambda n, g, xs, out: (g, g))
+_rule("sub")(lambda n, g, xs, out: (g, -g))
+_rule("mul")(lambda n, g, xs, out: (g * xs[1], g * xs[0]))
+_rule("div")(lambda n, g, xs, out: (g / xs[1], -(g * out) / xs[1]))
+_rule("neg")(lambda n, g, xs, out: (-g,))
+_rule("exp")(lambda n, g, xs, out: (g * out,))
+_rule("log")(lambda n, g, xs, out: (g / xs[0],))
+_rule("sin")(lambda n, g, xs, out: (g * xs[0].cos(),))
+_rule("cos")(lambda n, g, xs, out: (-(g * xs[0].sin()),))
+_rule("tanh")(lambda n, g, xs, out: (g * (1.0 - out.sqr()),))
+_rule("sqrt")(lambda n, g, xs, out: (g * 0.5 / out,))
+_rule("recip")(lambda n, g, xs, out: (-(g * out.sqr()),))
+_rule("sqr")(lambda n, g, xs, out: (g * xs[0] * 2.0,))
+_rule("abs")(lambda n, g, xs, out: (g * xs[0].sign(),))
+_rule("relu")(lambda n, g, xs, out: (g * _mask(xs[0] > 0, g),))
+_rule("sigmoid")(lambda n, g, xs, out: (g * out * (1.0 - out),))
+_rule("copy")(lambda n, g, xs, out: (g,))
+_rule("affine")(lambda n, g, xs, out: (g * _scalar(n.arg),))
+_rule("erf")(lambda n, g, xs, out: (g * (xs[0].sqr() * -1.0).exp() * (2.0 / math.sqrt(math.pi)),))
+
+
+@_rule("silu")
+def _silu(n, g, xs, out):
+    s = xs[0].sigmoid()
+    return (g * s * (1.0 + xs[0] * (1.0 - s)),)
+
+
+@_rule("gelu")
+def _gelu(n, g, xs, out):
+    """The tanh approximation: 0.5 x (1 + tanh(c (x + 0.044715 x^3)))."""
+    x = xs[0]
+    c = math.sqrt(2.0 / math.pi)
+    t = ((x + x * x.sqr() * 0.044715) * c).tanh()
+    d = (1.0 + t) * 0.5 + x * 0.5 * (1.0 - t.sqr()) * c * (1.0 + x.sqr() * (3 * 0.044715))
+    return (g * d,)
+
+
+@_rule("gelu_erf")
+def _gelu_erf(n, g, xs, out):
+    x = xs[0]
+    cdf = ((x * (1.0 / math.sqrt(2.0))).erf() + 1.0) * 0.5
+    pdf = (x.sqr() * -0.5).exp() * (1.0 / math.sqrt(2.0 * math.pi))
+    return (g * (cdf + x * pdf),)
+
+
+@_rule("powf")
+def _powf(n, g, xs, out):
+    e = _scalar(n.arg)
+    return (g * xs[0].powf(e - 1.0) * e,)
+
+
+@_rule("pow")
+def _pow(n, g, xs, out):
+    x, y = xs
+    return (g * y * x.pow(y - 1.0), g * out * x.log())
+
+
+@_rule("elu")
+def _elu(n, g, xs, out):
+    alpha = _scalar(n.arg)
+    pos = _mask(xs[0] > 0, g)
+    return (g * (pos + (1.0 - pos) * (out + alpha)),)
+
+
+@_rule("clamp")
+def _clamp(n, g, xs, out):
+    lo, hi = _scalar(n.arg, 0), _scalar(n.arg, 1)
+    return (g * _mask(xs[0] >= lo, g) * _mask(xs[0] <= hi, g),)
+
+
+@_rule("maximum", "minimum")
+def _max_min(n, g, xs, out):
+    """candle's rule: the gradient goes to the operand equal to the result, halved on ties."""
+    a, b = xs
+    ma, mb = _mask(out.eq(a), g), _mask(out.eq(b), g)
+    return (g * ma / (mb + 1.0), g * mb / (ma + 1.0))
+
+
+@_rule("where")
+def _where(n, g, xs, out):
+    keep = xs[0].ne(0)
+    return (None, keep.where_cond(g, 0.0), keep.where_cond(0.0, g))
+
+
+@_rule("cast")
+def _cast(n, g, xs, out):
+    src = xs[0].dtype
+    return (g.to_dtype(src) if src.is_float else None,)
+
+
+# ---- reductions (the node keeps reduced dims as size 1) ---------------------------------
+_rule("sum")(lambda n, g, xs, out: (g.broadcast_as(xs[0].shape),))
+
+
+@_rule("mean")
+def _mean(n, g, xs, out):
+    count = prod(xs[0].shape[d] for d in n.arg)
+    return ((g * (1.0 / count) if count else g).broadcast_as(xs[0].shape),)
+
+
+@_rule("prod")
+def _prod(n, g, xs, out):
+    return ((g * out).broadcast_as(xs[0].shape) / xs[0],)
+
+
+@_rule("max", "min")
+def _extreme(n, g, xs, out):
+    """Ties share the gradient equally (torch's rule)."""
+    x = xs[0]
+    hit = _mask(x.eq(out.broadcast_as(x.shape)), g)
+    count = hit.sum_keepdim(n.arg)
+    return ((g / count).broadcast_as(x.shape) * hit,)
+
+
+# ---- matmul -------------------------------------------------------------------------------
+@_rule("matmul")
+def _matmul(n, g, xs, out):
+    a, b = xs
+    return (g.matmul(b.transpose(-2, -1)), a.transpose(-2, -1).matmul(g))
+
+
+# ---- index ops ------------------------------------------------------------------------------
+def _zeros(t):
+    from .tensor import zeros
+    return zeros(t.shape, t.dtype)
+
+
+@_rule("index_select")
+def _index_select(n, g, xs, out):
+    return (_zeros(xs[0]).index_add(xs[1], g, n.arg), None)
+
+
+@_rule("gather")
+def _gather(n, g, xs, out):
+    return (_zeros(xs[0]).scatter_add(xs[1], g, n.arg), None)
+
+
+@_rule("scatter_add")
+def _scatter_add(n, g, xs, out):
+    return (g, None, g.gather(xs[1], n.arg))
+
+
+@_rule("index_add")
+def _index_add(n, g, xs, out):
+    return (g, None, g.index_select(xs[1], n.arg))
+
+
+@_rule("scatter")
+def _scatter(n, g, xs, out):
+    return (g.scatter(xs[1], _zeros(xs[2]), n.arg), None, g.gather(xs[1], n.arg))
+
+
+@_rule("cat")
+def _cat(n, g, xs, out):
+    grads, start = [], 0
+    for x in xs:
+        size = x.shape[n.arg]
+        grads.append(g.narrow(n.arg, start, size))
+        start += size
+    return tuple(grads)
+
+
+@_rule("cumsum")
+def _cumsum(n, g, xs, out):
+    return (g.flip(n.arg).cumsum(n.arg).flip(n.arg),)
+
+
+@_rule("sort_take")
+def _sort_take(n, g, xs, out):
+    return (_zeros(xs[0]).scatter_add(xs[1].to_dtype("i64"), g, xs[0].rank - 1), None)
+
+
+@_rule("im2col")
+def _im2col(n, g, xs, out):
+    """Add each patch element back at its input position; padding positions go to a spare slot."""
+    from .tensor import tensor, zeros
+    kh, kw, ph, pw, sh, sw, dh, dw = n.arg
+    b, c, h, w = xs[0].shape
+    oh, ow = n.shape[4], n.shape[5]
+    rows = (np.arange(kh) * dh)[:, None, None, None] + (np.arange(oh) * sh)[None, None, :, None] - ph
+    cols = (np.arange(kw) * dw)[None, :, None, None] + (np.arange(ow) * sw)[None, None, None, :] - pw
+    inside = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
+    plane = np.where(inside, rows * w + cols, -1)                       # (kh, kw, oh, ow)
+    starts = (np.arange(b * c, dtype=np.int64) * (h * w)).reshape(b, c, 1, 1, 1, 1)
+    numel = b * c * h * w
+    flat = np.where(plane >= 0, starts + plane, numel).reshape(-1)
+    acc = zeros((numel + 1,), g.dtype).index_add(tensor(flat, "i64"), g.flatten_all(), 0)
+    return (acc.narrow(0, 0, numel).reshape(xs[0].shape),)
+
+
+# ---- views ----------------------------------------------------------------------------------
+@_rule("view")
+def _view(n, g, xs, out):
+    """Scatter the view's gradient back into its base's (contiguous) shape."""
+    base = xs[0]
+    lay = n.layout
+    if g.elem_count == 0 or base.elem_count == 0:
+        return (_zeros(base),)
+    shape, strides, offset = list(lay.shape), list(lay.strides), lay.offset
+    bdims = tuple(i for i, (d, s) in enumerate(zip(shape, strides)) if s == 0 and d > 1)
+    if bdims:                                     # broadcast dims: sum back
+        g = g.sum_keepdim(bdims)
+        for i in bdims:
+            shape[i] = 1
+    flips = [i for i, s in enumerate(strides) if s < 0 and shape[i] > 1]
+    if flips:
+        g = g.flip(flips)
+        for i in flips:
+            offset += (shape[i] - 1) * strides[i]
+            strides[i] = -strides[i]
+    keep = [i for i, d in enumerate(shape) if d > 1]
+    shape, strides = [shape[i] for i in keep], [strides[i] for i in keep]
+    g = g.reshape(tuple(shape))
+    order = sorted(range(len(shape)), key=lambda i: -strides[i])
+    if order != list(range(len(shape))):
+        g = g.permute(*order)
+        shape, strides = [shape[i] for i in order], [strides[i] for i in order]
+    boxed = _as_box(g, shape, strides, offset, base.elem_count)
+    if boxed is not None:
+        return (boxed.reshape(base.shape),)
+    return (_scatter_flat(g, shape, strides, offset, base),)
+
+
+def _as_box(g, shape, strides, offset, numel):
+    """The view as a box inside the base reshaped to (numel / s0, s0 / s1, ..., 1): the gradient
+    is `g` padded with zeros to that box (narrow, strided slices, reshape, permute).  None when the
+    strides overlap or do not nest."""
+    if not strides or strides[-1] != 1:
+        g, shape, strides = g.unsqueeze(g.rank), shape + [1], strides + [1]
+    outer = [numel] + strides[:-1]
+    if any(o % s for o, s in zip(outer, strides)):
+        return None
+    sizes = [o // s for o, s in zip(outer, strides)]
+    starts, rest = [], offset
+    for s, c in zip(strides, sizes):
+        starts.append(rest // s)
+        rest -= starts[-1] * s
+    if rest or any(p + d > c for p, d, c in zip(starts, shape, sizes)):
+        return None
+    for dim, (p, d, c) in enumerate(zip(starts, shape, sizes)):
+        g = g.pad_with_zeros(dim, p, c - p - d)
+    return g
+
+
+def _scatter_flat(g, shape, strides, offset, base):
+    """The general case (overlapping windows): add every element at its flat base position."""
+    from .tensor import tensor, zeros
+    flat = np.full((), offset, np.int64)
+    for d, s in zip(shape, strides):
+        flat = flat[..., None] + np.arange(d, dtype=np.int64) * s
+    ids = tensor(flat.reshape(-1), "i64")
+    acc = zeros((base.elem_count,), g.dtype).index_add(ids, g.flatten_all(), 0)
+    return acc.reshape(base.shape)
+
