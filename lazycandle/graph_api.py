@@ -54,6 +54,19 @@ class _Instance:
         return res
 
 
+def check_feed_names(op: str, inputs, feeds) -> None:
+    """FeedError when `feeds` (by name) has a name no input has, or lacks one of `inputs`
+    ((name, shape, dtype) triples, as Program.inputs)."""
+    expected = {n: (s, d) for n, s, d in inputs}
+    unknown = set(feeds) - set(expected)
+    if unknown:
+        raise FeedError(f"{op}: unknown input(s) {sorted(unknown)}; expected {sorted(expected)}")
+    missing = set(expected) - set(feeds)
+    if missing:
+        raise FeedError(f"{op}: missing input(s) {sorted(missing)}: expected "
+                        + ", ".join(f"{n} {expected[n][0]} {expected[n][1].name}" for n in sorted(missing)))
+
+
 class Program:
     """A compiled graph with named placeholder inputs.  `run(**feeds)` (or calling it) returns
     one numpy array per output.  A program whose placeholders have named dims compiles once
@@ -81,14 +94,7 @@ class Program:
 
     def _check_feeds(self, feeds):
         """Flat arrays by input name, and the sizes of the named dims (FeedError on any mismatch)."""
-        expected = {n: (s, d) for n, s, d in self.inputs}
-        unknown = set(feeds) - set(expected)
-        if unknown:
-            raise FeedError(f"run: unknown input(s) {sorted(unknown)}; expected {sorted(expected)}")
-        missing = set(expected) - set(feeds)
-        if missing:
-            raise FeedError(f"run: missing input(s) {sorted(missing)}: expected "
-                            + ", ".join(f"{n} {expected[n][0]} {expected[n][1].name}" for n in sorted(missing)))
+        check_feed_names("run", self.inputs, feeds)
         arrays, sizes, where = {}, {}, {}
         for name, spec, dt in self.inputs:
             v = _feed_array(feeds[name], dt)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..dtype import DType
 from ..errors import Error, FeedError
+from ..graph_api import check_feed_names
 from .graph import Analysis, describe
 from .kernels import Dims
 from .stages import Planner
@@ -45,14 +46,8 @@ def run(prog, **feeds) -> list:
 
 def _check_feeds(prog, feeds) -> dict:
     """Dask arrays by feed name, checked against the program's placeholders like Program.run."""
+    check_feed_names("lc.dask.run", prog.inputs, feeds)
     expected = {n: (s, d) for n, s, d in prog.inputs}
-    unknown = set(feeds) - set(expected)
-    if unknown:
-        raise FeedError(f"lc.dask.run: unknown input(s) {sorted(unknown)}; expected {sorted(expected)}")
-    missing = set(expected) - set(feeds)
-    if missing:
-        raise FeedError(f"lc.dask.run: missing input(s) {sorted(missing)}: expected "
-                        + ", ".join(f"{n} {expected[n][0]} {expected[n][1].name}" for n in sorted(missing)))
     out = {}
     for name, v in feeds.items():
         shape, dt = expected[name]
