@@ -443,3 +443,22 @@ def make_input(kind, shape, dt, rng, domain="any"):
 def compiled_counter():
     from lazycandle.codegen import jit
     return lambda: jit.stats["compiled"]
+
+
+def run_in_threads(work, n: int) -> list:
+    """Run work(i) for i in range(n) on n Python threads at once; the exceptions they raised."""
+    import threading
+    errors = []
+
+    def guarded(i):
+        try:
+            work(i)
+        except Exception as e:      # noqa: BLE001 - returned to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors

@@ -3,7 +3,6 @@ import gc
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ import pytest
 import lazycandle as lc
 from lazycandle import caches
 from lazycandle.runtime import executor
+from conftest import run_in_threads
 
 
 def _data(n):
@@ -113,24 +113,16 @@ def test_clear_caches_disk_deletes_the_disk_cache(tmp_path, monkeypatch):
 
 def test_plan_cache_under_concurrent_realize_and_clear(monkeypatch):
     monkeypatch.setattr(executor._plans, "maxsize", 2)
-    errors = []
 
     def work(seed):
-        try:
-            for i in range(12):
-                n = 8 + (seed * 12 + i) % 5
-                got = _chain(n, 1).numpy()
-                np.testing.assert_allclose(got, _expected(n), rtol=1e-6)
-                if i % 4 == 3:
-                    lc.clear_caches()
-        except Exception as e:      # noqa: BLE001 - reported below
-            errors.append(e)
+        for i in range(12):
+            n = 8 + (seed * 12 + i) % 5
+            got = _chain(n, 1).numpy()
+            np.testing.assert_allclose(got, _expected(n), rtol=1e-6)
+            if i % 4 == 3:
+                lc.clear_caches()
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(work, 3)
     assert not errors, errors
     assert lc.cache_info()["plans"] <= 2
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import lazycandle as lc
+from conftest import run_in_threads
 
 
 def _rand(*shape, seed=0):
@@ -204,25 +205,16 @@ def test_dump_of_a_graph_with_named_dims_points_to_the_program():
 
 
 def test_one_named_dim_program_run_from_several_threads():
-    import threading
     x = lc.placeholder("x", ("n", 4), lc.f32)
     prog = lc.compile([(x * 2.0).sum(1)])
-    errors = []
 
     def work(seed):
-        try:
-            for i in range(6):
-                n = 1 + (seed + i) % 4
-                xs = _rand(n, 4, seed=seed * 10 + i)
-                np.testing.assert_allclose(prog(x=xs)[0], (xs * 2).sum(1), rtol=1e-5, atol=1e-6)
-        except Exception as e:      # noqa: BLE001 - reported below
-            errors.append(e)
+        for i in range(6):
+            n = 1 + (seed + i) % 4
+            xs = _rand(n, 4, seed=seed * 10 + i)
+            np.testing.assert_allclose(prog(x=xs)[0], (xs * 2).sum(1), rtol=1e-5, atol=1e-6)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(work, 3)
     assert not errors, errors
 
 
