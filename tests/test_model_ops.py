@@ -256,3 +256,23 @@ def test_sdpa_bool_and_float_masks_and_scale():
                                              scale=0.3), _sdpa_ref(q, k, v, fmask, 0.3))
     with pytest.raises(lc.ShapeMismatchBinaryOp, match="scaled_dot_product_attention"):
         lc.nn.scaled_dot_product_attention(lc.tensor(q), lc.tensor(k[..., :4]), lc.tensor(v))
+
+
+@pytest.mark.parametrize("dt", [lc.bf16, lc.f16, lc.u8, lc.i64, lc.f64])
+def test_repeat_and_slice_set_copy_every_dtype_exactly(dt):
+    x = lc.tensor(np.arange(12).reshape(3, 4)).to_dtype(dt)
+    ref = x.numpy()
+    np.testing.assert_array_equal(x.repeat(2, 1).numpy(), np.tile(ref, (2, 1)))
+    src = lc.tensor(np.full((3, 2), 7)).to_dtype(dt)
+    want = ref.copy()
+    want[:, 1:3] = src.numpy()
+    np.testing.assert_array_equal(x.slice_set(src, 1, 1).numpy(), want)
+
+
+def test_rope_bf16_is_the_f32_result_rounded():
+    import ml_dtypes
+    x = rnd(1, 2, 3, 4).astype(ml_dtypes.bfloat16)
+    cos, sin = (a.astype(ml_dtypes.bfloat16) for a in _cos_sin(3, 4))
+    got = lc.nn.rope(lc.tensor(x), lc.tensor(cos), lc.tensor(sin)).numpy().astype(np.float32)
+    want = _rope_ref(x.astype(np.float32), cos.astype(np.float32), sin.astype(np.float32))
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=2 ** -7)
