@@ -1,13 +1,13 @@
 """Function forms of the Tensor API for torch / NumPy users: `lc.exp(t)` & co. (generated from
 the op table: one per unary elementwise op), `lc.where`, `lc.matmul`, `lc.concatenate`,
-`lc.eye`, `lc.linspace`, `lc.tril` / `lc.triu`."""
+`lc.eye`, `lc.linspace`, `lc.meshgrid`, `lc.tril` / `lc.triu`."""
 from __future__ import annotations
 
 import numpy as np
 
 from . import dtype as D
 from .dtype import as_dtype
-from .errors import ShapeMismatchBinaryOp, UnsupportedDTypeForOp
+from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
 from .ir.ops import ELEMENTWISE, OPS
 from .layout import as_index
 from .tensor import Tensor, _from_array, arange, full, tensor
@@ -105,6 +105,38 @@ def linspace(start, end, steps, dtype=D.f32) -> Tensor:
     return _from_array(vals, dtype)
 
 
+def meshgrid(*ts, indexing="ij"):
+    """torch.meshgrid: 1-D (or 0-D) tensors of one dtype -> a tuple of broadcast views of shape
+    (n0, n1, ...) ("ij") or with the first two dims swapped ("xy").  candle's form
+    meshgrid([a, b], xy_indexing) is accepted too."""
+    if len(ts) == 2 and isinstance(ts[0], (list, tuple)) and isinstance(ts[1], bool):
+        ts, indexing = ts[0], ("xy" if ts[1] else "ij")
+    elif len(ts) == 1 and isinstance(ts[0], (list, tuple)):
+        ts = ts[0]
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    ts = [_as_tensor(t) for t in ts]
+    if not ts:
+        raise ValueError("meshgrid: needs at least one tensor")
+    for t in ts:
+        if t.rank > 1:
+            raise ShapeMismatchBinaryOp(f"meshgrid: tensors must be 0-D or 1-D, got shape {t.shape} "
+                                        f"({t.dtype.name})")
+        if t.dtype is not ts[0].dtype:
+            raise DTypeMismatchBinaryOp(f"meshgrid: dtype mismatch {ts[0].dtype.name} and {t.dtype.name} "
+                                        f"(shapes {ts[0].shape} and {t.shape})")
+    ts = [t.reshape((t.elem_count,)) for t in ts]
+    swap = indexing == "xy" and len(ts) >= 2
+    order = [1, 0] + list(range(2, len(ts))) if swap else list(range(len(ts)))
+    shape = tuple(ts[i].shape[0] for i in order)
+    out = []
+    for i, t in enumerate(ts):
+        at = order.index(i)
+        view = (1,) * at + t.shape + (1,) * (len(ts) - at - 1)
+        out.append(t.reshape(view).broadcast_as(shape))
+    return tuple(out)
+
+
 def tril(t, k=0) -> Tensor:
     """Zero above the k-th diagonal of the last two dims."""
     return _as_tensor(t).tril(k)
@@ -115,4 +147,4 @@ def triu(t, k=0) -> Tensor:
     return _as_tensor(t).triu(k)
 
 
-__all__ = sorted(UNARY_FUNCTIONS) + ["where", "matmul", "concatenate", "eye", "linspace", "tril", "triu"]
+__all__ = sorted(UNARY_FUNCTIONS) + ["where", "matmul", "concatenate", "eye", "linspace", "meshgrid", "tril", "triu"]

@@ -1,14 +1,34 @@
 """Neural-network helpers.  Every function is a graph of core ops, so the scheduler fuses it
-like any user expression (no hand-written kernels here)."""
+like any user expression (no hand-written kernels here).  Rotary embeddings and attention live
+in nn_attention.py and are re-exported here."""
 from __future__ import annotations
 
-from .errors import UnsupportedDTypeForOp
+from .errors import (DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp)
 from .tensor_views import norm_dim
+
+ID_DTYPES = ("u8", "u32", "i64")
 
 
 def _float(op, t):
     if not t.dtype.is_float or t.dtype.storage_only:
-        raise UnsupportedDTypeForOp(f"{op}: needs a float dtype, got {t.dtype.name}")
+        raise UnsupportedDTypeForOp(f"{op}: needs a float dtype, got {t.dtype.name} (shape {t.shape})")
+
+
+def _ids(op, ids):
+    """`ids` as a u8 / u32 / i64 Tensor (lists and arrays are converted)."""
+    from .tensor import Tensor, tensor
+    if not isinstance(ids, Tensor):
+        ids = tensor(ids)
+    if ids.dtype.name not in ID_DTYPES:
+        raise UnsupportedDTypeForOp(f"{op}: ids must be u8, u32 or i64, got {ids.dtype.name} (shape {ids.shape})")
+    return ids
+
+
+def _same_dtype(op, *ts):
+    for t in ts[1:]:
+        if t is not None and t.dtype is not ts[0].dtype:
+            raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch {ts[0].dtype.name} and {t.dtype.name} "
+                                        f"(shapes {ts[0].shape} and {t.shape})")
 
 
 def _empty_along(t, dim, op) -> bool:
@@ -17,6 +37,7 @@ def _empty_along(t, dim, op) -> bool:
     return bool(t.shape) and t.shape[norm_dim(dim, t.shape, op)] == 0
 
 
+# ---- activations ------------------------------------------------------------------------
 def softmax(t, dim):
     """exp(t - max) / sum(exp(t - max)) along `dim` (numerically stable)."""
     _float("softmax", t)
@@ -38,21 +59,6 @@ def log_softmax(t, dim):
     return x.broadcast_sub(x.exp().sum_keepdim(dim).log())
 
 
-def rms_norm(x, alpha, eps):
-    """x / sqrt(mean(x^2, -1) + eps) * alpha (alpha over the last dim)."""
-    _float("rms_norm", x)
-    r = (x.sqr().mean_keepdim(-1) + eps).sqrt()
-    return x.broadcast_div(r).broadcast_mul(alpha)
-
-
-def layer_norm(x, gamma, beta, eps):
-    """(x - mean) / sqrt(var + eps) * gamma + beta over the last dim."""
-    _float("layer_norm", x)
-    xc = x.broadcast_sub(x.mean_keepdim(-1))
-    r = (xc.sqr().mean_keepdim(-1) + eps).sqrt()
-    return xc.broadcast_div(r).broadcast_mul(gamma).broadcast_add(beta)
-
-
 def sigmoid(t):
     return t.sigmoid()
 
@@ -61,7 +67,152 @@ def silu(t):
     return t.silu()
 
 
+def relu(t):
+    return t.relu()
+
+
+def gelu(t, approximate="none"):
+    """torch.nn.functional.gelu: the exact erf form by default, the tanh form with
+    approximate="tanh" (Tensor.gelu is the tanh form, as in candle)."""
+    if approximate == "none":
+        return t.gelu_erf()
+    if approximate == "tanh":
+        return t.gelu()
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def dropout(x, p, train=False, seed=None):
+    """Identity unless `train`; when training, each element is kept with probability 1 - p
+    (a Bernoulli mask drawn like lc.rand, seeded by `seed`) and scaled by 1 / (1 - p)."""
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p} (shape {x.shape}, {x.dtype.name})")
+    _float("dropout", x)
+    if not train or p == 0.0:
+        return x
+    if p == 1.0:
+        return x._scalar_like(0)
+    from .tensor import rand
+    keep = rand(0.0, 1.0, x.shape, seed=seed) >= p
+    return keep.where_cond(x * (1.0 / (1.0 - p)), x._scalar_like(0))
+
+
+# ---- normalisation ----------------------------------------------------------------------
+def rms_norm(x, alpha, eps=1e-5):
+    """x / sqrt(mean(x^2, -1) + eps) * alpha (alpha over the last dim)."""
+    _float("rms_norm", x)
+    r = (x.sqr().mean_keepdim(-1) + eps).sqrt()
+    y = x.broadcast_div(r)
+    return y if alpha is None else y.broadcast_mul(alpha)
+
+
+def layer_norm(x, gamma, beta, eps=1e-5):
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the last dim (gamma / beta may be None)."""
+    _float("layer_norm", x)
+    xc = x.broadcast_sub(x.mean_keepdim(-1))
+    r = (xc.sqr().mean_keepdim(-1) + eps).sqrt()
+    y = xc.broadcast_div(r)
+    y = y if gamma is None else y.broadcast_mul(gamma)
+    return y if beta is None else y.broadcast_add(beta)
+
+
+def _channel_affine(op, y, weight, bias):
+    """y * weight + bias with weight / bias of shape (C,) along dim 1 of y."""
+    c = y.shape[1]
+    per_channel = (1, c) + (1,) * (y.rank - 2)
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and p.shape != (c,):
+            raise ShapeMismatchBinaryOp(f"{op}: {name} must have shape ({c},), got {p.shape} (input {y.shape})")
+    _same_dtype(op, y, weight, bias)
+    if weight is not None:
+        y = y.broadcast_mul(weight.reshape(per_channel))
+    return y if bias is None else y.broadcast_add(bias.reshape(per_channel))
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.group_norm: x (N, C, *) normalised over each group of C / num_groups
+    channels (biased variance), then the per-channel affine."""
+    op = "group_norm"
+    _float(op, x)
+    if x.rank < 2:
+        raise ShapeMismatchBinaryOp(f"{op}: input must be (N, C, *), got shape {x.shape} ({x.dtype.name})")
+    n, c = x.shape[0], x.shape[1]
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups <= 0 or c % num_groups:
+        raise ShapeMismatchBinaryOp(f"{op}: {c} channels are not divisible into {num_groups} groups "
+                                    f"(shape {x.shape}, {x.dtype.name})")
+    g = x.reshape((n, num_groups, -1))
+    gc = g.broadcast_sub(g.mean_keepdim(-1))
+    y = gc.broadcast_div((gc.sqr().mean_keepdim(-1) + eps).sqrt()).reshape(x.shape)
+    return _channel_affine(op, y, weight, bias)
+
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.batch_norm in inference: (x - mean) / sqrt(var + eps) * weight + bias
+    with the running statistics, per channel along dim 1."""
+    op = "batch_norm"
+    _float(op, x)
+    if x.rank < 2:
+        raise ShapeMismatchBinaryOp(f"{op}: input must be (N, C, *), got shape {x.shape} ({x.dtype.name})")
+    c = x.shape[1]
+    for name, s in (("running_mean", running_mean), ("running_var", running_var)):
+        if s.shape != (c,):
+            raise ShapeMismatchBinaryOp(f"{op}: {name} must have shape ({c},), got {s.shape} (input {x.shape})")
+    _same_dtype(op, x, running_mean, running_var)
+    per_channel = (1, c) + (1,) * (x.rank - 2)
+    y = x.broadcast_sub(running_mean.reshape(per_channel)).broadcast_div(
+        (running_var.reshape(per_channel) + eps).sqrt())
+    return _channel_affine(op, y, weight, bias)
+
+
+# ---- lookups and losses -----------------------------------------------------------------
+def embedding(ids, table):
+    """Rows of the (vocab, hidden) table at `ids` (any shape) -> ids.shape + (hidden,).
+    An id out of range raises IndexOutOfBounds (when realized at the latest)."""
+    op = "embedding"
+    ids = _ids(op, ids)
+    if table.rank != 2:
+        raise ShapeMismatchBinaryOp(f"{op}: table must be 2-D (vocab, hidden), got {table.shape} "
+                                    f"({table.dtype.name}); ids {ids.shape}")
+    rows = table.index_select(ids.flatten_all() if ids.rank != 1 else ids, 0)
+    return rows.reshape(ids.shape + (table.shape[1],))
+
+
+def _class_ids(op, scores, targets):
+    targets = _ids(op, targets)
+    if scores.rank != 2 or targets.shape != scores.shape[:1]:
+        raise ShapeMismatchBinaryOp(f"{op}: needs (N, C) scores and (N,) class ids, got {scores.shape} "
+                                    f"({scores.dtype.name}) and {targets.shape} ({targets.dtype.name})")
+    return targets
+
+
+def nll(log_probs, targets):
+    """Negative log likelihood averaged over the batch: -mean(log_probs[i, targets[i]])
+    (candle's nll, torch's nll_loss with reduction="mean")."""
+    op = "nll"
+    _float(op, log_probs)
+    targets = _class_ids(op, log_probs, targets)
+    picked = log_probs.gather(targets.unsqueeze(1), 1)
+    return -picked.mean_all()
+
+
+def cross_entropy(logits, targets):
+    """torch.nn.functional.cross_entropy with class-id targets: nll of log_softmax over dim 1."""
+    op = "cross_entropy"
+    _float(op, logits)
+    targets = _class_ids(op, logits, targets)
+    return nll(log_softmax(logits, 1), targets)
+
+
+def mse_loss(a, b):
+    """mean((a - b)^2) over every element (same shapes, torch's reduction="mean")."""
+    _float("mse_loss", a)
+    return a.sub(b).sqr().mean_all()
+
+
 def linear(x, w, b=None):
     """x @ w.T (+ b): w has candle's (out_features, in_features) layout."""
     y = x.broadcast_matmul(w.t())
     return y if b is None else y.broadcast_add(b)
+
+
+from .nn_attention import rope, rope_i, rope_thd, scaled_dot_product_attention  # noqa: E402,F401

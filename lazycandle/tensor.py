@@ -20,6 +20,7 @@ from .tensor_matmul import MatmulMixin
 from .tensor_index import IndexMixin
 from .tensor_interop import InteropMixin, from_dlpack
 from .tensor_model import ModelMixin
+from .tensor_model_ops import ModelOpsMixin
 from .tensor_extras import ExtrasMixin
 
 
@@ -38,7 +39,8 @@ def _as_shape(shape, op) -> tuple:
     return as_shape(shape, op, ShapeMismatch)
 
 
-class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, InteropMixin, ModelMixin, ExtrasMixin):
+class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, InteropMixin, ModelMixin, ModelOpsMixin,
+             ExtrasMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")

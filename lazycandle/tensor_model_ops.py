@@ -1,0 +1,115 @@
+"""Tensor methods of the model ops built from views and cat: repeat (torch's tile),
+slice_set (candle's KV-cache update) and slice_assign.
+
+slice_set / slice_assign are ONE cat node along the written dim (the kept pieces of the old
+value read through narrow views, src between them): one fused copy kernel.  The buffer is not
+updated in place (the stretch goal of issue 12 is left: it needs the scheduler to prove the old
+value dead).  Bad arguments raise at the call: NarrowInvalidArgs for ranges out of bounds,
+ShapeMismatchBinaryOp / DTypeMismatchBinaryOp for a src that does not fit."""
+from __future__ import annotations
+
+import operator
+
+from .errors import DTypeMismatchBinaryOp, NarrowInvalidArgs, ShapeMismatchBinaryOp
+from .tensor_views import norm_dim
+
+
+def _int(op, name, v):
+    if isinstance(v, bool):
+        raise TypeError(f"{op}: {name} must be an int, got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{op}: {name} must be an int, got {type(v).__name__}") from None
+
+
+class ModelOpsMixin:
+    __slots__ = ()
+
+    def repeat(self, *reps):
+        """torch.Tensor.repeat / candle's repeat: tile the tensor reps[i] times along dim i; a
+        longer reps prepends dims of size 1 (one broadcast view, copied lazily by reshape)."""
+        op = "repeat"
+        if len(reps) == 1 and isinstance(reps[0], (tuple, list)):
+            reps = reps[0]
+        reps = tuple(_int(op, "reps", r) for r in reps)
+        if len(reps) < self.rank or any(r < 0 for r in reps):
+            raise ShapeMismatchBinaryOp(f"{op}: reps {reps} must be >= 0 and have at least one entry per dim "
+                                        f"of shape {self.shape} ({self.dtype.name})")
+        shape = (1,) * (len(reps) - self.rank) + self.shape
+        interleaved = tuple(d for s in shape for d in (1, s))
+        tiled = tuple(d for r, s in zip(reps, shape) for d in (r, s))
+        out = self.reshape(shape).reshape(interleaved).broadcast_as(tiled)
+        return out.reshape(tuple(r * s for r, s in zip(reps, shape)))
+
+    def slice_set(self, src, dim, start):
+        """This tensor with `src` written along `dim` from `start` (candle's slice_set; src has
+        this shape except along dim).  Returns the updated value."""
+        op = "slice_set"
+        dim = norm_dim(dim, self.shape, op)
+        start = _int(op, "start", start)
+        if src.dtype is not self.dtype:
+            raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch {self.dtype.name} and src {src.dtype.name} "
+                                        f"(shapes {self.shape} and {src.shape})")
+        if src.rank != self.rank or any(a != b for i, (a, b) in enumerate(zip(self.shape, src.shape)) if i != dim):
+            raise ShapeMismatchBinaryOp(f"{op}: src shape {src.shape} must equal {self.shape} except along dim "
+                                        f"{dim} ({self.dtype.name})")
+        size, n = self.shape[dim], src.shape[dim]
+        if start < 0 or start + n > size:
+            raise NarrowInvalidArgs(f"{op}: start {start} + src length {n} out of range for dim {dim} of size "
+                                    f"{size} (shape {self.shape}, src {src.shape}, {self.dtype.name})")
+        return self._spliced(src, dim, start)
+
+    def _spliced(self, src, dim, start):
+        from .tensor_index import cat
+        size, n = self.shape[dim], src.shape[dim]
+        if n == size:
+            return src.contiguous()
+        pieces = [self.narrow(dim, 0, start), src, self.narrow(dim, start + n, size - start - n)]
+        return cat([p for p in pieces if p.shape[dim]], dim)
+
+    def slice_assign(self, ranges, src):
+        """This tensor with `src` written at `ranges`: one slice(start, end) or (start, end)
+        per leading dim (missing trailing dims are whole); src has the ranges' shape."""
+        op = "slice_assign"
+        ranges = list(ranges)
+        if len(ranges) > self.rank:
+            raise NarrowInvalidArgs(f"{op}: {len(ranges)} ranges for shape {self.shape}")
+        bounds = []
+        for d, r in enumerate(ranges):
+            if isinstance(r, slice):
+                if r.step not in (None, 1):
+                    raise NarrowInvalidArgs(f"{op}: range {r} for dim {d} must have step 1 (shape {self.shape})")
+                lo, hi = r.start, r.stop
+            else:
+                lo, hi = r
+            lo = 0 if lo is None else _int(op, "range start", lo)
+            hi = self.shape[d] if hi is None else _int(op, "range end", hi)
+            if not 0 <= lo <= hi <= self.shape[d]:
+                raise NarrowInvalidArgs(f"{op}: range [{lo}, {hi}) out of bounds for dim {d} of size "
+                                        f"{self.shape[d]} (shape {self.shape}, {self.dtype.name})")
+            bounds.append((lo, hi))
+        bounds += [(0, s) for s in self.shape[len(bounds):]]
+        want = tuple(hi - lo for lo, hi in bounds)
+        if src.dtype is not self.dtype:
+            raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch {self.dtype.name} and src {src.dtype.name} "
+                                        f"(shapes {self.shape} and {src.shape})")
+        if src.shape != want:
+            raise ShapeMismatchBinaryOp(f"{op}: src shape {src.shape} must be the ranges' shape {want} "
+                                        f"(tensor {self.shape}, {self.dtype.name})")
+        return self._assign(bounds, src)
+
+    def _assign(self, bounds, src):
+        """Write src at bounds: one cat along the outermost partial dim, its middle piece the
+        (recursively) assigned slab."""
+        partial = [d for d, (lo, hi) in enumerate(bounds) if (lo, hi) != (0, self.shape[d])]
+        if not partial:
+            return src.contiguous()
+        d = partial[0]
+        lo, hi = bounds[d]
+        slab = self.narrow(d, lo, hi - lo)
+        if len(partial) > 1:
+            slab = slab._assign([(0, hi - lo) if i == d else b for i, b in enumerate(bounds)], src)
+        else:
+            slab = src
+        return self._spliced(slab, d, lo)
