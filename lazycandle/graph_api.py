@@ -12,7 +12,7 @@ from .dtype import DType
 from .errors import FeedError
 from .ir.graph import capture, views_graph
 from .ir.printer import render
-from .runtime import executor
+from . import compiler
 
 
 def _targets(nodes):
@@ -42,7 +42,7 @@ class _Instance:
         self.out_offsets = [off for _, off in targets]
         cap = capture(self.targets)
         self.inputs, self.offsets, self.scalars = cap.inputs, cap.offsets, cap.scalars
-        self.plan = executor.get_plan(cap, self.targets)
+        self.plan = compiler.get_plan(cap, self.targets)
 
     def run(self, arrays: dict) -> list:
         """arrays: flat contiguous array per placeholder name."""
@@ -181,7 +181,7 @@ def dump(*ts, stage="graph", fmt="text") -> str:
     if named_dims.has_named_dims(cap.nodes + cap.inputs):
         raise ValueError("dump: the graph has named dims, so it compiles per binding: use "
                          "lc.compile(...).dump() after running the program")
-    plan = executor.get_plan(cap, targets)
+    plan = compiler.get_plan(cap, targets)
     return render(stage, fmt, plan, views_graph([t._node for t in ts]), targets)
 
 

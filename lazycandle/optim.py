@@ -5,7 +5,7 @@ variable then points at its updated value."""
 from __future__ import annotations
 
 from .autograd import _replace_var, gradients
-from .runtime.executor import realize_nodes
+from .compiler import realize_nodes
 
 
 class _Optimizer:

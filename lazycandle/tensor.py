@@ -90,7 +90,7 @@ class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, Interop
 
     # ---- realizing --------------------------------------------------------------------
     def realize(self) -> "Tensor":
-        from .runtime.executor import realize_nodes
+        from .compiler import realize_nodes
         realize_nodes([self._node])
         return self
 
@@ -244,7 +244,7 @@ def placeholder(name: str, shape, dtype=D.f32) -> Tensor:
 
 def realize(*ts) -> tuple:
     """Realize several tensors in ONE compiled graph (shared work is computed once)."""
-    from .runtime.executor import realize_nodes
+    from .compiler import realize_nodes
     if len(ts) == 1 and isinstance(ts[0], (list, tuple)):
         ts = tuple(ts[0])
     realize_nodes([t._node for t in ts])

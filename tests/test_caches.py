@@ -9,7 +9,7 @@ import pytest
 
 import lazycandle as lc
 from lazycandle import caches
-from lazycandle.runtime import executor
+from lazycandle import compiler
 from conftest import run_in_threads
 
 
@@ -47,7 +47,7 @@ def test_clear_caches_empties_plans_and_kernels():
 
 
 def test_plan_cache_is_bounded_to_its_size(monkeypatch):
-    monkeypatch.setattr(executor._plans, "maxsize", 3)
+    monkeypatch.setattr(compiler._plans, "maxsize", 3)
     lc.clear_caches()
     for n in range(10, 20):
         np.testing.assert_allclose(_chain(n, 3).numpy(), _expected(n, 3),
@@ -67,9 +67,9 @@ def test_plan_cache_evicts_least_recently_used():
 
 def test_plan_cache_size_comes_from_env():
     code = ("import lazycandle as lc, numpy as np\n"
-            "from lazycandle.runtime import executor\n"
+            "from lazycandle import compiler\n"
             "for n in range(1, 11): (lc.tensor(np.ones(n, np.float32)) + 1.0).numpy()\n"
-            "print(executor._plans.maxsize, lc.cache_info()['plans'])\n")
+            "print(compiler._plans.maxsize, lc.cache_info()['plans'])\n")
     env = dict(os.environ, LAZYCANDLE_PLAN_CACHE="3")
     env.pop("LAZYCANDLE_CACHE_DIR", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -112,7 +112,7 @@ def test_clear_caches_disk_deletes_the_disk_cache(tmp_path, monkeypatch):
 
 
 def test_plan_cache_under_concurrent_realize_and_clear(monkeypatch):
-    monkeypatch.setattr(executor._plans, "maxsize", 2)
+    monkeypatch.setattr(compiler._plans, "maxsize", 2)
 
     def work(seed):
         for i in range(12):
