@@ -4,14 +4,10 @@ in nn_attention.py and are re-exported here."""
 from __future__ import annotations
 
 from .errors import (DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp)
+from .tensor_extras import _float_only as _float
 from .tensor_views import norm_dim
 
 ID_DTYPES = ("u8", "u32", "i64")
-
-
-def _float(op, t):
-    if not t.dtype.is_float or t.dtype.storage_only:
-        raise UnsupportedDTypeForOp(f"{op}: needs a float dtype, got {t.dtype.name} (shape {t.shape})")
 
 
 def _ids(op, ids):
