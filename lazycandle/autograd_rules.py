@@ -210,20 +210,11 @@ def _sort_take(n, g, xs, out):
 
 @_rule("im2col")
 def _im2col(n, g, xs, out):
-    """Add each patch element back at its input position; padding positions go to a spare slot."""
-    from .tensor import tensor, zeros
+    """Each patch element added back at its input position: col2im with the same geometry."""
+    from .tensor_conv_transpose import col2im
     kh, kw, ph, pw, sh, sw, dh, dw = n.arg
-    b, c, h, w = xs[0].shape
-    oh, ow = n.shape[4], n.shape[5]
-    rows = (np.arange(kh) * dh)[:, None, None, None] + (np.arange(oh) * sh)[None, None, :, None] - ph
-    cols = (np.arange(kw) * dw)[None, :, None, None] + (np.arange(ow) * sw)[None, None, None, :] - pw
-    inside = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
-    plane = np.where(inside, rows * w + cols, -1)                       # (kh, kw, oh, ow)
-    starts = (np.arange(b * c, dtype=np.int64) * (h * w)).reshape(b, c, 1, 1, 1, 1)
-    numel = b * c * h * w
-    flat = np.where(plane >= 0, starts + plane, numel).reshape(-1)
-    acc = zeros((numel + 1,), g.dtype).index_add(tensor(flat, "i64"), g.flatten_all(), 0)
-    return (acc.narrow(0, 0, numel).reshape(xs[0].shape),)
+    h, w = xs[0].shape[2], xs[0].shape[3]
+    return (col2im(g, h, w, ph, pw, sh, sw, dh, dw),)
 
 
 # ---- views ----------------------------------------------------------------------------------
@@ -290,3 +281,17 @@ def _scatter_flat(g, shape, strides, offset, base):
     acc = zeros((base.elem_count,), g.dtype).index_add(ids, g.flatten_all(), 0)
     return acc.reshape(base.shape)
 
+
+# ---- col2im (conv_transpose) --------------------------------------------------------------
+@_rule("col2im")
+def _col2im(n, g, xs, out):
+    """The adjoint of col2im is im2col with the same geometry, cut to the columns' extent."""
+    from .tensor_conv_transpose import im2col
+    oh, ow, kh, kw, ph, pw, sh, sw, dh, dw = n.arg
+    ih, iw = xs[0].shape[4], xs[0].shape[5]
+    cols = im2col(g, kh, kw, ph, pw, sh, sw, dh, dw)
+    if cols.shape[4] != ih:
+        cols = cols.narrow(4, 0, ih)
+    if cols.shape[5] != iw:
+        cols = cols.narrow(5, 0, iw)
+    return (cols,)

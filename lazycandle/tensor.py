@@ -18,6 +18,7 @@ from .tensor_views import ViewMixin
 from .tensor_reduce import ReduceMixin
 from .tensor_matmul import MatmulMixin
 from .tensor_index import IndexMixin
+from .tensor_conv_transpose import ConvTransposeMixin
 from .tensor_interop import InteropMixin, from_dlpack
 from .tensor_model import ModelMixin
 from .tensor_model_ops import ModelOpsMixin
@@ -39,8 +40,8 @@ def _as_shape(shape, op) -> tuple:
     return as_shape(shape, op, ShapeMismatch)
 
 
-class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, InteropMixin, ModelMixin, ModelOpsMixin,
-             ExtrasMixin):
+class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, ConvTransposeMixin, InteropMixin, ModelMixin,
+             ModelOpsMixin, ExtrasMixin):
     """A lazy n-d array.  Metadata never computes; `numpy()`, `item()`, `to_list()` and
     `realize()` do."""
     __slots__ = ("_node", "__weakref__")

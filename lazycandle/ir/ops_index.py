@@ -36,3 +36,5 @@ _op("im2col", INDEX, arity=1, doc="convolution patches (b, c, kh, kw, oh, ow) wi
 _op("argsort", INDEX, arity=1, out_dtype="u32", doc="stable per-row argsort along the last dim (NaN largest)")
 _op("sort_take", INDEX, arity=2, doc="the sorted values: each last-dim row read at its argsort ids")
 _op("cumsum", INDEX, arity=1, doc="inclusive scan along dim (ints wrap; f16/bf16/f8 in f32; f32 in f64)")
+
+from . import ops_model  # noqa: E402,F401  (col2im, flash attention: the model ops' own kernels)

@@ -1,0 +1,144 @@
+"""Transposed convolution and bilinear upsampling of the Tensor API.
+
+  conv_transpose1d / 2d  the GEMM `kernel^T @ input` per group (broadcast_matmul: BLAS or the
+                         tiled kernel) gives the columns (b, c_out, kh, kw, ih, iw); the col2im
+                         kernel (codegen/conv_transpose.py) sums them into the image.  Kernel
+                         layout (c_in, c_out/groups, k...) like candle / torch.
+  upsample_bilinear2d    per spatial dim, two index_selects (the neighbours) blended by weights
+                         computed from torch's source-index rule; f16 / bf16 / f8 blend in f32 and
+                         round once.
+Their gradients come from the same pieces: col2im's VJP is im2col (autograd_rules.py), so the
+input gradient of a transposed convolution is a convolution; index_select's is index_add.
+Shape, dtype and argument errors are raised here, at the call.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import dtype as D
+from .errors import ShapeMismatch, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
+from .ir import ops_index  # noqa: F401  (registers col2im)
+from .ir.node import Node
+from .tensor_index import _int_arg, _pair
+
+
+def im2col(x, kh, kw, ph, pw, sh, sw, dh, dw):
+    """x (b, c, h, w) -> its convolution patches (b, c, kh, kw, oh, ow) (zeros in the padding)."""
+    b, c, h, w = x.shape
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    x = x.materializable()
+    return type(x)(Node("im2col", (x._node,), (kh, kw, ph, pw, sh, sw, dh, dw), (b, c, kh, kw, oh, ow), x.dtype,
+                        label=f"im2col k=({kh}, {kw}) p=({ph}, {pw}) s=({sh}, {sw}) d=({dh}, {dw})"))
+
+
+def col2im(cols, oh, ow, ph, pw, sh, sw, dh, dw):
+    """cols (b, c, kh, kw, ih, iw) -> the image (b, c, oh, ow) with each column element added at
+    row iy*sh + ki*dh - ph, column ix*sw + kj*dw - pw (the adjoint of im2col)."""
+    b, c, kh, kw, _, _ = cols.shape
+    cols = cols.materializable()
+    return type(cols)(Node("col2im", (cols._node,), (oh, ow, kh, kw, ph, pw, sh, sw, dh, dw), (b, c, oh, ow),
+                           cols.dtype, label=f"col2im -> ({oh}, {ow}) k=({kh}, {kw}) p=({ph}, {pw}) "
+                                             f"s=({sh}, {sw}) d=({dh}, {dw})"))
+
+
+def _conv_transpose(op, x, kernel, padding, out_padding, stride, dilation, groups, shapes):
+    """conv_transpose2d on (b, c_in, h, w) x (c_in, c_out/groups, kh, kw) with pairs for the parameters."""
+    groups = _int_arg(op, "groups", groups, 1)
+    b, ci, ih, iw = x.shape
+    kci, cog, kh, kw = kernel.shape
+    xs, ks = shapes
+    if kci != ci or ci % groups or kh < 1 or kw < 1:
+        raise ShapeMismatchBinaryOp(f"{op}: input {xs} and kernel {ks} do not match with groups={groups} "
+                                    f"(need kernel.shape[0] = c_in, divisible by groups) ({x.dtype.name})")
+    (ph, pw), (oph, opw), (sh, sw), (dh, dw) = padding, out_padding, stride, dilation
+    if oph >= max(sh, dh) or opw >= max(sw, dw):
+        raise ShapeMismatchBinaryOp(f"{op}: output_padding {out_padding} must be smaller than the stride "
+                                    f"{stride} or the dilation {dilation} (input {xs}, kernel {ks})")
+    oh = (ih - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    ow = (iw - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    if ih < 1 or iw < 1 or oh < 1 or ow < 1:
+        raise ShapeMismatchBinaryOp(f"{op}: input {xs} with kernel {ks}, padding {padding}, dilation {dilation} "
+                                    f"gives an empty output ({oh}, {ow}) ({x.dtype.name})")
+    G, cig, co = groups, ci // groups, cog * groups
+    w = kernel.reshape((G, cig, cog * kh * kw)).transpose(-2, -1)          # (G, cog*kh*kw, cig)
+    cols = w.broadcast_matmul(x.reshape((b, G, cig, ih * iw)))           # (b, G, cog*kh*kw, ih*iw)
+    if kh == kw == 1 and sh == sw == 1 and ph == pw == 0 and oph == opw == 0:
+        return cols.reshape((b, co, ih, iw))
+    return col2im(cols.reshape((b, co, kh, kw, ih, iw)), oh, ow, ph, pw, sh, sw, dh, dw)
+
+
+def _bilinear_taps(src, dst, align_corners):
+    """torch's rule: the two source indices and weights of every destination index."""
+    i = np.arange(dst, dtype=np.float64)
+    if align_corners:
+        pos = i * ((src - 1) / (dst - 1)) if dst > 1 else np.zeros(dst)
+    else:
+        pos = np.maximum((i + 0.5) * (src / dst) - 0.5, 0.0)
+    i0 = np.minimum(np.floor(pos).astype(np.int64), src - 1)
+    i1 = np.minimum(i0 + 1, src - 1)
+    frac = pos - i0
+    return i0, i1, 1.0 - frac, frac
+
+
+class ConvTransposeMixin:
+    __slots__ = ()
+
+    def conv_transpose1d(self, kernel, padding=0, output_padding=0, stride=1, dilation=1, groups=1):
+        """Transposed 1-D convolution: input (b, c_in, l), kernel (c_in, c_out/groups, k) ->
+        (b, c_out, (l - 1) stride - 2 padding + dilation (k - 1) + output_padding + 1)."""
+        op = "conv_transpose1d"
+        kernel = self._conv_check(op, kernel, 3)
+        p = _int_arg(op, "padding", padding, 0)
+        q = _int_arg(op, "output_padding", output_padding, 0)
+        s = _int_arg(op, "stride", stride, 1)
+        d = _int_arg(op, "dilation", dilation, 1)
+        y = _conv_transpose(op, self.unsqueeze(2), kernel.unsqueeze(2), (0, p), (0, q), (1, s), (1, d), groups,
+                            (self.shape, kernel.shape))
+        return y.squeeze(2)
+
+    def conv_transpose2d(self, kernel, padding=0, output_padding=0, stride=1, dilation=1, groups=1):
+        """Transposed 2-D convolution: input (b, c_in, h, w), kernel (c_in, c_out/groups, kh, kw)
+        -> (b, c_out, oh, ow), oh = (h - 1) stride - 2 padding + dilation (kh - 1) + output_padding
+        + 1.  padding, output_padding, stride and dilation are ints or (h, w) pairs."""
+        op = "conv_transpose2d"
+        kernel = self._conv_check(op, kernel, 4)
+        return _conv_transpose(op, self, kernel, _pair(op, "padding", padding, 0),
+                               _pair(op, "output_padding", output_padding, 0), _pair(op, "stride", stride, 1),
+                               _pair(op, "dilation", dilation, 1), groups, (self.shape, kernel.shape))
+
+    def upsample_bilinear2d(self, h, w, align_corners=False):
+        """(b, c, h0, w0) -> (b, c, h, w) by bilinear interpolation with torch's values
+        (F.interpolate(mode="bilinear", size=(h, w), align_corners=...)); float dtypes."""
+        op = "upsample_bilinear2d"
+        if self.rank != 4:
+            raise ShapeMismatch(f"{op}: expected a (b, c, h, w) tensor, got shape {self.shape} ({self.dtype.name})")
+        if not self.dtype.is_float or self.dtype.storage_only:
+            raise UnsupportedDTypeForOp(f"{op}: needs a float dtype with arithmetic, got {self.dtype.name} "
+                                        f"(shape {self.shape})")
+        size = (_int_arg(op, "h", h, 0), _int_arg(op, "w", w, 0))
+        x = self.to_dtype(D.f32) if self.dtype.codec else self
+        for dim, dst in zip((2, 3), size):
+            x = _bilinear_dim(op, x, dim, dst, bool(align_corners))
+        return x.to_dtype(self.dtype) if self.dtype.codec else x
+
+
+def _bilinear_dim(op, x, dim, dst, align_corners):
+    from .tensor import tensor
+    src = x.shape[dim]
+    if dst == src:
+        return x
+    if src == 0 or dst == 0:
+        if src == 0:
+            raise ShapeMismatch(f"{op}: cannot upsample an empty dim {dim} (shape {x.shape}) to {dst}")
+        return x.narrow(dim, 0, 0)
+    i0, i1, w0, w1 = _bilinear_taps(src, dst, align_corners)
+    at = (1,) * dim + (dst,) + (1,) * (x.rank - dim - 1)
+    w0 = tensor(w0.reshape(at), dtype=x.dtype)
+    w1 = tensor(w1.reshape(at), dtype=x.dtype)
+    a = x.index_select(tensor(i0, dtype=D.i64), dim)
+    b = x.index_select(tensor(i1, dtype=D.i64), dim)
+    return a.broadcast_mul(w0) + b.broadcast_mul(w1)
+
+
+__all__ = ["ConvTransposeMixin", "im2col", "col2im"]
