@@ -1,7 +1,7 @@
 """conv_transpose1d / conv_transpose2d (GEMM + the col2im kernel) and upsample_bilinear2d against
 float64 NumPy references written here (direct loops), candle's conv_tests.rs values (forward and
-gradients), every matmul dtype, strided inputs, both matmul backends, zero-size tensors, the
-call-time errors, and the gradients against central differences."""
+gradients), torch's documented Upsample values, every matmul dtype, strided inputs, both matmul
+backends, zero-size tensors, the call-time errors, and the gradients against central differences."""
 from __future__ import annotations
 
 import numpy as np
@@ -303,3 +303,76 @@ def test_conv_transpose1d_and_conv_gradients_through_col2im():
                       [rng.standard_normal((1, 4, 7)), rng.standard_normal((4, 3, 4))])
     directional_check(lambda x, k: x.conv2d(k, padding=1, stride=2, dilation=(1, 2)),   # im2col's VJP is col2im
                       [rng.standard_normal((1, 2, 7, 8)), rng.standard_normal((3, 2, 3, 2))])
+
+
+# ---- upsample_bilinear2d -----------------------------------------------------------------------
+def ref_bilinear(x, h, w, align_corners):
+    """torch's upsample_bilinear2d, one output pixel at a time, in float64."""
+    x = np.asarray(x).astype(np.float64)
+    b, c, h0, w0 = x.shape
+    out = np.zeros((b, c, h, w))
+
+    def source(i, src, dst):
+        if align_corners:
+            pos = i * (src - 1) / (dst - 1) if dst > 1 else 0.0
+        else:
+            pos = max((i + 0.5) * src / dst - 0.5, 0.0)
+        i0 = min(int(np.floor(pos)), src - 1)
+        return i0, min(i0 + 1, src - 1), pos - i0
+
+    for y in range(h):
+        y0, y1, fy = source(y, h0, h)
+        for xx in range(w):
+            x0, x1, fx = source(xx, w0, w)
+            out[:, :, y, xx] = ((1 - fy) * ((1 - fx) * x[:, :, y0, x0] + fx * x[:, :, y0, x1])
+                                + fy * ((1 - fx) * x[:, :, y1, x0] + fx * x[:, :, y1, x1]))
+    return out
+
+
+def test_bilinear_torch_documented_values():
+    """torch.nn.Upsample's documentation: [[1, 2], [3, 4]] to 4 x 4."""
+    t = lc.tensor(np.array([[[[1.0, 2.0], [3.0, 4.0]]]], np.float32))
+    np.testing.assert_allclose(t.upsample_bilinear2d(4, 4, False).numpy()[0, 0], [
+        [1.0, 1.25, 1.75, 2.0], [1.5, 1.75, 2.25, 2.5], [2.5, 2.75, 3.25, 3.5], [3.0, 3.25, 3.75, 4.0]], atol=1e-6)
+    np.testing.assert_allclose(t.upsample_bilinear2d(4, 4, align_corners=True).numpy()[0, 0], [
+        [1.0, 1.3333, 1.6667, 2.0], [1.6667, 2.0, 2.3333, 2.6667], [2.3333, 2.6667, 3.0, 3.3333],
+        [3.0, 3.3333, 3.6667, 4.0]], atol=1e-4)
+
+
+BILINEAR_SIZES = [(2, 2, 4, 4), (5, 7, 3, 11), (4, 4, 4, 9), (1, 3, 4, 1), (6, 5, 13, 2), (3, 3, 3, 3)]
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("sizes", BILINEAR_SIZES, ids=[str(s) for s in BILINEAR_SIZES])
+def test_bilinear_vs_reference(sizes, align_corners):
+    h0, w0, h, w = sizes
+    rng = rng_for("bilinear", sizes, align_corners)
+    x = data(lc.f64, (2, 3, h0, w0), rng)
+    got = lc.tensor(x).upsample_bilinear2d(h, w, align_corners).numpy()
+    np.testing.assert_allclose(got, ref_bilinear(x, h, w, align_corners), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dt", [lc.f32, lc.f16, lc.bf16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "narrowed"])
+def test_bilinear_dtypes_and_layouts(dt, layout):
+    rng = rng_for("bilinear-dt", dt.name, layout)
+    t, x = make_input(layout, (1, 2, 5, 6), dt, rng)
+    got = t.upsample_bilinear2d(9, 4, False).numpy()
+    check(got, ref_bilinear(x, 9, 4, False), dt, f"bilinear {dt.name} {layout}")
+
+
+def test_bilinear_zero_size_errors_and_gradient():
+    z = lc.zeros((0, 2, 3, 3)).upsample_bilinear2d(5, 5).numpy()
+    assert z.shape == (0, 2, 5, 5)
+    assert lc.ones((1, 1, 3, 3)).upsample_bilinear2d(0, 4).numpy().shape == (1, 1, 0, 4)
+    with pytest.raises(lc.ShapeMismatch):
+        lc.zeros((1, 1, 0, 3)).upsample_bilinear2d(2, 2)
+    with pytest.raises(lc.ShapeMismatch):
+        lc.ones((1, 3, 3)).upsample_bilinear2d(2, 2)
+    with pytest.raises(lc.UnsupportedDTypeForOp):
+        lc.ones((1, 1, 2, 2), dtype=lc.i32).upsample_bilinear2d(4, 4)
+    with pytest.raises(lc.ShapeMismatch):
+        lc.ones((1, 1, 2, 2)).upsample_bilinear2d(-1, 4)
+    rng = rng_for("bilinear-grad")
+    for ac in (False, True):
+        directional_check(lambda x: x.upsample_bilinear2d(5, 3, ac), [rng.standard_normal((1, 2, 3, 4))])
