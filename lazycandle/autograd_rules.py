@@ -295,3 +295,20 @@ def _col2im(n, g, xs, out):
     if cols.shape[5] != iw:
         cols = cols.narrow(5, 0, iw)
     return (cols,)
+
+
+# ---- flash_attention ------------------------------------------------------------------------
+@_rule("flash_attention")
+def _flash_attention(n, g, xs, out):
+    """The graph version's gradient, taken from leaf copies of the operands so the inner walk
+    stops at them (the outer walk carries the gradients on)."""
+    from .autograd import gradients, no_grad
+    from .nn_attention import _graph_sdpa
+    causal, kind, scale = n.arg
+    with no_grad():
+        leaves = [x.copy() for x in xs]
+    q, k, v = leaves[:3]
+    mask = leaves[3] if kind is not None else None
+    y = _graph_sdpa(q, k, v, mask, causal, scale)
+    store = gradients(y, [t for t in leaves if t.dtype.is_float], grad=g, keep_all=False)
+    return tuple(store.get(t) if t.dtype.is_float else None for t in leaves)

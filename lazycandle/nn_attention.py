@@ -67,14 +67,8 @@ def rope_i(x, cos, sin):
     return out.reshape(x.shape)
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None):
-    """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v.
-    q (..., L, E), k (..., S, E), v (..., S, Ev), batch dims broadcast.  A u8 / u32 / i64 mask
-    (a bool array too) means attend where nonzero; a float mask is added to the scores;
-    is_causal is the top-left lower triangle of (L, S); scale defaults to 1 / sqrt(E)."""
+def _check_sdpa(op, q, k, v, mask, is_causal):
     from . import nn
-    from .tensor import Tensor, tensor
-    op = "scaled_dot_product_attention"
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.rank < 2:
             raise ShapeMismatchBinaryOp(f"{op}: {name} must have rank >= 2, got {t.shape}")
@@ -87,20 +81,91 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None
                                     f"(q and k share E, k and v share S) ({q.dtype.name})")
     if mask is not None and is_causal:
         raise ValueError(f"{op}: pass either mask or is_causal, not both (q {q.shape}, k {k.shape})")
-    L, S = q.shape[-2], k.shape[-2]
+    if mask is not None and mask.dtype.is_float and mask.dtype is not q.dtype:
+        raise DTypeMismatchBinaryOp(f"{op}: float mask dtype {mask.dtype.name} differs from q's "
+                                    f"{q.dtype.name} (mask {mask.shape}, q {q.shape})")
+
+
+def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None):
+    """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v.
+    q (..., L, E), k (..., S, E), v (..., S, Ev), batch dims broadcast.  A u8 / u32 / i64 mask
+    (a bool array too) means attend where nonzero; a float mask is added to the scores;
+    is_causal is the top-left lower triangle of (L, S); scale defaults to 1 / sqrt(E).
+
+    f32 / f64 with at most two batch dims, head dims <= 256 and S >= 1 run as ONE fused
+    flash-attention kernel (codegen/attention.py: online softmax, the scores are never
+    written); anything else is the graph of core ops below, which fuses with its neighbours."""
+    from .tensor import Tensor, tensor
+    op = "scaled_dot_product_attention"
+    if mask is not None and not isinstance(mask, Tensor):
+        mask = tensor(mask)
+    _check_sdpa(op, q, k, v, mask, is_causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    fused = _flash_attention(q, k, v, mask, bool(is_causal), scale)
+    if fused is not None:
+        return fused
+    return _graph_sdpa(q, k, v, mask, is_causal, scale)
+
+
+def _graph_sdpa(q, k, v, mask, is_causal, scale):
+    """The graph version: matmul, mask, softmax, matmul."""
+    from . import nn
+    L, S = q.shape[-2], k.shape[-2]
     scores = q.broadcast_matmul(k.transpose(-2, -1)) * scale
     if is_causal:
         from .tensor_extras import triangle_mask
         scores = scores.masked_fill(triangle_mask(L, S, 0, True) == 0, float("-inf"))
     elif mask is not None:
-        if not isinstance(mask, Tensor):
-            mask = tensor(mask)
         if mask.dtype.is_float:
-            if mask.dtype is not scores.dtype:
-                raise DTypeMismatchBinaryOp(f"{op}: float mask dtype {mask.dtype.name} differs from q's "
-                                            f"{q.dtype.name} (mask {mask.shape}, scores {scores.shape})")
             scores = scores + mask
         else:
             scores = scores.masked_fill(mask == 0, float("-inf"))
     return nn.softmax(scores, -1).broadcast_matmul(v)
+
+
+def _broadcast_batch(shapes):
+    """The broadcast of the batch shapes (None when they do not broadcast)."""
+    import numpy as np
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
+
+
+def _as_4d(t, batch, tail):
+    """t viewed as (b, h) + tail with missing and size-1 dims broadcast (views only)."""
+    while t.rank < len(batch) + len(tail):
+        t = t.unsqueeze(0)
+    return t.broadcast_as(batch + tuple(tail))
+
+
+def _flash_attention(q, k, v, mask, is_causal, scale):
+    """The fused kernel's node, or None when the shapes / dtypes call for the graph."""
+    from .codegen.attention import FLOAT_DTYPES, MAX_HEAD_DIM
+    from .ir import ops_index  # noqa: F401  (registers flash_attention)
+    from .ir.node import Node
+    from .named_dims import SYMBOLIC
+    L, E, S, EV = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    if q.dtype.name not in FLOAT_DTYPES or not (1 <= E <= MAX_HEAD_DIM and 1 <= EV <= MAX_HEAD_DIM) or S < 1:
+        return None
+    batch = _broadcast_batch([q.shape[:-2], k.shape[:-2], v.shape[:-2]])
+    if batch is None or len(batch) > 2 or max(q.shape + k.shape + v.shape, default=0) >= SYMBOLIC:
+        return None
+    b4 = (1,) * (2 - len(batch)) + batch
+    if mask is not None and (mask.rank > 4 or _broadcast_batch([mask.shape, b4 + (L, S)]) != b4 + (L, S)):
+        return None                 # the graph broadcasts a bigger batch, or raises the shape error
+    q4, k4 = _as_4d(q, b4, (L, E)), _as_4d(k, b4, (S, E))
+    v4 = _as_4d(v, b4, (S, EV))
+    if v4._node.layout.strides[-1] != 1 and EV > 1:
+        v4 = v4.contiguous()
+    srcs = [q4.materializable(), k4.materializable(), v4.materializable()]
+    kind = None
+    if mask is not None:
+        if mask.dtype.storage_only:
+            return None
+        kind = "add" if mask.dtype.is_float else mask.dtype.name
+        srcs.append(_as_4d(mask, b4, (L, S)).materializable())
+    out = type(q)(Node("flash_attention", tuple(t._node for t in srcs), (is_causal, kind, scale), b4 + (L, EV),
+                       q.dtype, label=f"flash_attention{' causal' if is_causal else ''}"
+                                      f"{f' mask {kind}' if kind else ''} scale={scale:.6g}"))
+    return out.reshape(batch + (L, EV))

@@ -60,7 +60,7 @@ def _compiled_step(k, codegen, size, extent, vector_units):
 def _node_step(op_name, kind):
     """The NodeStep class running op `op_name`.  The index, conv, sort and scan steps register
     on the first plan that needs one (their kernel modules are not part of `import lazycandle`)."""
-    from . import conv_steps, index_steps, sort_steps  # noqa: F401  (register the steps)
+    from . import attention_steps, conv_steps, index_steps, sort_steps  # noqa: F401  (register the steps)
     if op_name not in STEPS:
         raise NotImplementedError(f"kernel kind {kind} ({op_name})")
     return STEPS[op_name]

@@ -1,0 +1,276 @@
+"""The fused flash-attention kernel of lc.nn.scaled_dot_product_attention (f32 / f64):
+out = softmax(q k^T * scale + mask) v, one unit per (batch, head, block of BQ query rows), with
+an online softmax over blocks of BK keys, so the (L, S) score matrix is never written.
+
+Per unit, on the stack:
+  QT  (E, BQ)   the block's query rows, scaled and transposed once (rows past L are zeros);
+  PT  (BK, BQ)  one key block's scores, then its probabilities;
+  ACC (BQ, Ev)  the running numerators; M, LS (BQ): the running row max and denominator.
+For each key block: scores PT = k_blk . QT by a register tile of (RV row vectors x CB keys)
+fused multiply-adds (a key element is one broadcast load); the mask (causal: key j <= row i,
+torch's top-left triangle; additive float; or integer "attend where nonzero") is applied,
+then per row vector (the softmax statistics are vectors over query rows, so no horizontal
+reductions): m' = max(m, max_j s), alpha = e^(m - m'), p = e^(s - m'), l = l alpha + sum p;
+finally ACC = ACC alpha + p v_blk by a tile of (4 rows x 4 vectors over Ev).  The output row
+is ACC / l (a fully masked row is 0 / 0 = NaN, like the graph of softmax).  Causal units stop
+at their last row's diagonal.
+
+Compile-time: dtype, E, Ev, the mask kind and the blocking (from the host's vector width).
+Run time (the `sizes` array, SIZES order): H, L, S, the number of query blocks and every
+operand's strides (the last dim of v is contiguous; q, k and the mask are read through any
+strides, stride 0 for broadcast batch dims); `scalars[0]` is the scale (f64 bits).  So a new
+sequence length, e.g. each decode step's longer KV cache, compiles nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llvmlite.ir as ir
+
+from .. import dtype as D
+from . import jit, vmath
+from .llvmutil import F64, I32, I64, call_intrinsic, const, ltype, splat
+from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_module, unit_range
+
+SIZES = ("H", "L", "S", "nqb", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h", "k_s", "k_e", "v_b", "v_h", "v_s",
+         "m_b", "m_h", "m_l", "m_s")
+MAX_HEAD_DIM = 256
+FLOAT_DTYPES = ("f32", "f64")
+RB, EVV = 4, 4          # P @ V tile: rows x vectors over Ev
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    dtype: str          # f32 | f64 (q, k, v and the output)
+    e: int              # head dim of q and k
+    ev: int             # head dim of v
+    causal: bool
+    mask: str | None    # None | "add" (a float mask of dtype) | an integer dtype name (attend where != 0)
+    width: int          # lanes of the score vectors (over query rows)
+    wv: int             # lanes of the P @ V vectors (over Ev; divides ev)
+    bq: int             # query rows per unit
+    bk: int             # keys per block
+    cb: int             # keys per score tile
+
+
+def attention_spec(dt: D.DType, e: int, ev: int, causal: bool, mask: str | None) -> AttentionSpec:
+    """The spec for the host's vector width."""
+    bits = jit.vector_bits()
+    width = bits // (8 * dt.size_in_bytes)
+    wv = 1
+    while wv * 2 <= width and ev % (wv * 2) == 0:
+        wv *= 2
+    return AttentionSpec(dt.name, e, ev, causal, mask, width, wv, 2 * width, 64, 8 if bits >= 512 else 4)
+
+
+def _at(b, p, off):
+    return b.gep(p, [off], inbounds=True)
+
+
+def _vload(b, p, off, vt, al):
+    return b.load(b.bitcast(_at(b, p, off), vt.as_pointer()), align=al)
+
+
+def _vstore(b, val, p, off, al):
+    b.store(val, b.bitcast(_at(b, p, off), val.type.as_pointer()), align=al)
+
+
+def _min(b, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def _stack(b, t, n):
+    a = b.alloca(ir.ArrayType(t, n))
+    a.align = 64
+    return b.bitcast(a, t.as_pointer())
+
+
+def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
+    dt = D.DType.from_name(spec.dtype)
+    ct = ltype(dt.compute)
+    al = dt.size_in_bytes
+    W, WV, BQ, BK, CB, E, EV = spec.width, spec.wv, spec.bq, spec.bk, spec.cb, spec.e, spec.ev
+    RV = BQ // W
+    VT, VV = ir.VectorType(ct, W), ir.VectorType(ct, WV) if WV > 1 else ct
+    ninf = const(ct, float("-inf"))
+    m = new_module(name)
+    fn, b = kernel_function(m, name)
+    bufs, sizes, scalars = fn.args[0], fn.args[1], fn.args[2]
+    out = arg_pointer(b, bufs, 0, ct, "out")
+    q = arg_pointer(b, bufs, 1, ct, "q")
+    k = arg_pointer(b, bufs, 2, ct, "k")
+    v = arg_pointer(b, bufs, 3, ct, "v")
+    int_mask = spec.mask not in (None, "add")
+    mt = ir.IntType(8 * D.DType.from_name(spec.mask).size_in_bytes) if int_mask else ct
+    mask = arg_pointer(b, bufs, 4, mt, "mask") if spec.mask else None
+    sz = {n: b.load(_at(b, sizes, I64(i)), align=8, name=n) for i, n in enumerate(SIZES)}
+    scale = b.load(b.bitcast(scalars, F64.as_pointer()), align=8)
+    if ct != F64:
+        scale = b.fptrunc(scale, ct)
+    QT, PT, ACC = _stack(b, ct, E * BQ), _stack(b, ct, BK * BQ), _stack(b, ct, BQ * EV)
+    M, LS, AL = _stack(b, ct, BQ), _stack(b, ct, BQ), _stack(b, ct, BQ)
+    sacc = _stack(b, VT, RV * CB)          # register tiles (promoted to registers by LLVM)
+    oacc = _stack(b, VV, RB * EVV)
+    red = _stack(b, VT, 2)                 # running block max / denominator of one row vector
+    zero_t, zero_v = const(VT, 0.0), const(VV, 0.0)
+    lo, hi = unit_range(fn)
+    L, S, H = sz["L"], sz["S"], sz["H"]
+    with counted_loop(b, lo, hi, 1, "u") as u:
+        qb, bh = b.urem(u, sz["nqb"]), b.udiv(u, sz["nqb"])
+        hh, bb = b.urem(bh, H), b.udiv(bh, H)
+        r0 = b.mul(qb, I64(BQ))
+        nr = _min(b, I64(BQ), b.sub(L, r0))
+
+        def base(p):
+            return b.add(b.mul(bb, sz[f"{p}_b"]), b.mul(hh, sz[f"{p}_h"]))
+        q_base = b.add(base("q"), b.mul(r0, sz["q_l"]))
+        k_base, v_base = base("k"), base("v")
+        m_base = base("m") if mask is not None else None
+        # QT = (scale q_blk)^T, zero rows past L; ACC = 0, M = -inf, LS = 0
+        with counted_loop(b, I64(0), I64(BQ), 1, "r") as r:
+            ok = b.icmp_signed("<", r, nr)
+            row = b.add(q_base, b.mul(_min(b, r, b.sub(nr, I64(1))), sz["q_l"]))
+            with counted_loop(b, I64(0), I64(E), 1, "e") as e:
+                x = b.fmul(b.load(_at(b, q, b.add(row, b.mul(e, sz["q_e"]))), align=al), scale)
+                b.store(b.select(ok, x, const(ct, 0.0)), _at(b, QT, b.add(b.mul(e, I64(BQ)), r)), align=al)
+            b.store(ninf, _at(b, M, r), align=al)
+            b.store(const(ct, 0.0), _at(b, LS, r), align=al)
+            with counted_loop(b, I64(0), I64(EV), 1, "z") as z:
+                b.store(const(ct, 0.0), _at(b, ACC, b.add(b.mul(r, I64(EV)), z)), align=al)
+        kv_end = _min(b, S, b.add(r0, nr)) if spec.causal else S
+        nblk = b.udiv(b.add(kv_end, I64(BK - 1)), I64(BK))
+        with counted_loop(b, I64(0), nblk, 1, "blk") as jb:
+            j0 = b.mul(jb, I64(BK))
+            nk = _min(b, I64(BK), b.sub(kv_end, j0))
+            _scores(b, spec, ct, VT, RV, k, k_base, sz, S, j0, nk, QT, PT, sacc, zero_t, al)
+            for rv in range(RV):
+                _softmax_step(b, spec, ct, VT, rv, r0, j0, nk, L, PT, M, LS, AL, red, mask, m_base, sz, ninf, al)
+            _accumulate(b, spec, ct, VV, v, v_base, sz, j0, nk, nr, PT, ACC, AL, oacc, al)
+        o_base = b.mul(b.add(b.mul(bh, L), r0), I64(EV))
+        with counted_loop(b, I64(0), nr, 1, "o") as r:
+            den = splat(b, b.load(_at(b, LS, r), align=al), WV)
+            with counted_loop(b, I64(0), I64(EV), WV, "oe") as e:
+                off = b.add(b.mul(r, I64(EV)), e)
+                _vstore(b, b.fdiv(_vload(b, ACC, off, VV, al), den), out, b.add(o_base, off), al)
+    b.ret_void()
+    return str(m)
+
+
+def _scores(b, spec, ct, VT, RV, k, k_base, sz, S, j0, nk, QT, PT, sacc, zero_t, al):
+    """PT[c, :] = sum_e k[j0 + c, e] QT[e, :] for c < nk, in tiles of CB keys (a tile's keys past
+    S read key S - 1: valid memory, results never used)."""
+    BQ, CB, W = spec.bq, spec.cb, spec.width
+    with counted_loop(b, I64(0), nk, CB, "c0") as c0:
+        rows = []
+        for cc in range(CB):
+            j = _min(b, b.add(j0, b.add(c0, I64(cc))), b.sub(S, I64(1)))
+            rows.append(b.add(k_base, b.mul(j, sz["k_s"])))
+        for t in range(RV * CB):
+            b.store(zero_t, _at(b, sacc, I64(t)), align=64)
+        with counted_loop(b, I64(0), I64(spec.e), 1, "se") as e:
+            qv = [_vload(b, QT, b.add(b.mul(e, I64(BQ)), I64(rv * W)), VT, al) for rv in range(RV)]
+            ke = b.mul(e, sz["k_e"])
+            for cc in range(CB):
+                kx = splat(b, b.load(_at(b, k, b.add(rows[cc], ke)), align=al), W)
+                for rv in range(RV):
+                    slot = _at(b, sacc, I64(rv * CB + cc))
+                    b.store(call_intrinsic(b, "fma", [qv[rv], kx, b.load(slot, align=64)]), slot, align=64)
+        for cc in range(CB):
+            for rv in range(RV):
+                off = b.add(b.mul(b.add(c0, I64(cc)), I64(BQ)), I64(rv * W))
+                _vstore(b, b.load(_at(b, sacc, I64(rv * CB + cc)), align=64), PT, off, al)
+
+
+def _mask_vector(b, spec, ct, VT, mask, m_base, sz, L, row0, j):
+    """The mask at rows row0 .. row0 + W - 1 (clamped to L - 1) and key j, as a vector."""
+    col = b.add(m_base, b.mul(j, sz["m_s"]))
+    vec = ir.Constant(ir.VectorType(mask.type.pointee, spec.width), ir.Undefined)
+    for lane in range(spec.width):
+        i = _min(b, b.add(row0, I64(lane)), b.sub(L, I64(1)))
+        x = b.load(_at(b, mask, b.add(col, b.mul(i, sz["m_l"]))))
+        vec = b.insert_element(vec, x, I32(lane))
+    return vec
+
+
+def _softmax_step(b, spec, ct, VT, rv, r0, j0, nk, L, PT, M, LS, AL, red, mask, m_base, sz, ninf, al):
+    """Mask one row vector's scores of the block, then the online softmax update of its rows."""
+    W, BQ = spec.width, spec.bq
+    row0 = b.add(r0, I64(rv * W))
+    rows = b.add(splat(b, row0, W), ir.Constant(ir.VectorType(I64, W), list(range(W))))
+    vninf = const(VT, float("-inf"))
+    mx, den = _at(b, red, I64(0)), _at(b, red, I64(1))
+    b.store(vninf, mx, align=64)
+    with counted_loop(b, I64(0), nk, 1, "sm") as c:
+        off = b.add(b.mul(c, I64(BQ)), I64(rv * W))
+        s = _vload(b, PT, off, VT, al)
+        j = b.add(j0, c)
+        if spec.mask == "add":
+            s = b.fadd(s, _mask_vector(b, spec, ct, VT, mask, m_base, sz, L, row0, j))
+        elif spec.mask is not None:
+            mv = _mask_vector(b, spec, ct, VT, mask, m_base, sz, L, row0, j)
+            s = b.select(b.icmp_unsigned("!=", mv, const(mv.type, 0)), s, vninf)
+        if spec.causal:
+            s = b.select(b.icmp_signed("<=", splat(b, j, W), rows), s, vninf)
+        _vstore(b, s, PT, off, al)
+        b.store(call_intrinsic(b, "maxnum", [b.load(mx, align=64), s]), mx, align=64)
+    m_old = _vload(b, M, I64(rv * W), VT, al)
+    m_new = call_intrinsic(b, "maxnum", [m_old, b.load(mx, align=64)])
+    m_use = b.select(b.fcmp_ordered("==", m_new, vninf), const(VT, 0.0), m_new)
+    alpha = vmath.emit(b, "exp", b.fsub(m_old, m_use))
+    b.store(b.fmul(_vload(b, LS, I64(rv * W), VT, al), alpha), den, align=64)
+    with counted_loop(b, I64(0), nk, 1, "ex") as c:
+        off = b.add(b.mul(c, I64(BQ)), I64(rv * W))
+        p = vmath.emit(b, "exp", b.fsub(_vload(b, PT, off, VT, al), m_use))
+        _vstore(b, p, PT, off, al)
+        b.store(b.fadd(b.load(den, align=64), p), den, align=64)
+    _vstore(b, m_new, M, I64(rv * W), al)
+    _vstore(b, b.load(den, align=64), LS, I64(rv * W), al)
+    _vstore(b, alpha, AL, I64(rv * W), al)
+
+
+def _accumulate(b, spec, ct, VV, v, v_base, sz, j0, nk, nr, PT, ACC, AL, oacc, al):
+    """ACC[r, :] = ACC[r, :] alpha[r] + sum_c PT[c, r] v[j0 + c, :] for the rows below nr (in
+    groups of RB; BQ is a multiple of RB), over Ev in groups of EVV vectors."""
+    BQ, EV, WV = spec.bq, spec.ev, spec.wv
+    group = EVV * WV
+    full, tail = EV // group, (EV % group) // WV
+
+    def tile(r, ev0, nvec):
+        alphas = [splat(b, b.load(_at(b, AL, b.add(r, I64(rr))), align=al), WV) for rr in range(RB)]
+        for rr in range(RB):
+            for vv in range(nvec):
+                off = b.add(b.mul(b.add(r, I64(rr)), I64(EV)), b.add(ev0, I64(vv * WV)))
+                b.store(b.fmul(_vload(b, ACC, off, VV, al), alphas[rr]), _at(b, oacc, I64(rr * EVV + vv)), align=64)
+        with counted_loop(b, I64(0), nk, 1, "pv") as c:
+            vrow = b.add(b.add(v_base, b.mul(b.add(j0, c), sz["v_s"])), ev0)
+            vals = [_vload(b, v, b.add(vrow, I64(vv * WV)), VV, al) for vv in range(nvec)]
+            prow = b.add(b.mul(c, I64(BQ)), r)
+            for rr in range(RB):
+                p = splat(b, b.load(_at(b, PT, b.add(prow, I64(rr))), align=al), WV)
+                for vv in range(nvec):
+                    slot = _at(b, oacc, I64(rr * EVV + vv))
+                    b.store(call_intrinsic(b, "fma", [p, vals[vv], b.load(slot, align=64)]), slot, align=64)
+        for rr in range(RB):
+            for vv in range(nvec):
+                off = b.add(b.mul(b.add(r, I64(rr)), I64(EV)), b.add(ev0, I64(vv * WV)))
+                _vstore(b, b.load(_at(b, oacc, I64(rr * EVV + vv)), align=64), ACC, off, al)
+
+    with counted_loop(b, I64(0), nr, RB, "pr") as r:
+        if full:
+            with counted_loop(b, I64(0), I64(full * group), group, "pe") as ev0:
+                tile(r, ev0, EVV)
+        if tail:
+            tile(r, I64(full * group), tail)
+
+
+def _build(spec):
+    return build_attention(spec), "attention"
+
+
+_kernels = jit.KernelCache(_build, KERNEL_FN)
+
+
+def get_kernel(spec: AttentionSpec):
+    """(CompiledModule, ctypes function) for a spec, compiled once per structure."""
+    fn = _kernels(spec)
+    return fn._module, fn
