@@ -156,8 +156,10 @@ def _flash_attention(q, k, v, mask, is_causal, scale):
         return None                 # the graph broadcasts a bigger batch, or raises the shape error
     q4, k4 = _as_4d(q, b4, (L, E)), _as_4d(k, b4, (S, E))
     v4 = _as_4d(v, b4, (S, EV))
-    if v4._node.layout.strides[-1] != 1 and EV > 1:
+    if v4._node.layout.strides[-1] != 1 and EV > 1:     # the kernel loads vectors along v's and k's last dim
         v4 = v4.contiguous()
+    if k4._node.layout.strides[-1] != 1 and E > 1:
+        k4 = k4.contiguous()
     srcs = [q4.materializable(), k4.materializable(), v4.materializable()]
     kind = None
     if mask is not None:

@@ -80,14 +80,15 @@ def test_fused_sdpa_is_one_kernel():
     assert len(kernels) == 1
 
 
+@pytest.mark.parametrize("L", [1, 3, 9], ids=["decode", "few-rows", "rows"])
 @pytest.mark.parametrize("dt", [np.float32, np.float64], ids=["f32", "f64"])
-def test_fused_sdpa_masks_and_scale(dt):
-    rng = rng_for("sdpa-mask", dt.__name__)
-    B, H, L, S, E = 2, 3, 9, 13, 8
+def test_fused_sdpa_masks_and_scale(dt, L):
+    rng = rng_for("sdpa-mask", dt.__name__, L)
+    B, H, S, E = 2, 3, 13, 8
     q, k, v = rand(rng, (B, H, L, E), dt), rand(rng, (B, H, S, E), dt), rand(rng, (B, H, S, E), dt)
     tq, tk, tv = lc.tensor(q), lc.tensor(k), lc.tensor(v)
     keep = rng.random((L, S)) > 0.4
-    keep[:, 0] = True
+    keep[:, 3] = True
     for m in (keep, keep.astype(np.uint8), keep.astype(np.int64), keep.astype(np.uint32)):
         out = sdpa(tq, tk, tv, mask=lc.tensor(m) if m.dtype != bool else m)
         assert len(flash_nodes(out)) == 1
@@ -124,6 +125,9 @@ def test_fused_sdpa_strided_and_broadcast_operands():
     vt = rand(rng, (B, H, E, S), np.float32)                       # v with a strided last dim: copied
     v_t, v = lc.tensor(vt).transpose(-1, -2), np.swapaxes(vt, -1, -2)
     close(sdpa(q_t, k_t, v_t, is_causal=True).numpy(), ref_sdpa(q, k, v, causal=True), np.float32)
+    kt = rand(rng, (B, H, E, S), np.float32)                       # one decoding row, k with a strided last dim
+    close(sdpa(q_t.narrow(2, 9, 1), lc.tensor(kt).transpose(-1, -2), v_t).numpy(),
+          ref_sdpa(q[:, :, 9:10], np.swapaxes(kt, -1, -2), v), np.float32)
     k1, v1 = rand(rng, (1, H, S, E), np.float32), rand(rng, (B, 1, S, E), np.float32)   # broadcast batch dims
     out = sdpa(q_t, lc.tensor(k1), lc.tensor(v1))
     assert len(flash_nodes(out)) == 1
@@ -145,9 +149,10 @@ def test_new_lengths_compile_no_new_attention_kernel():
         close(sdpa(lc.tensor(q), lc.tensor(k), lc.tensor(v), is_causal=True).numpy(),
               ref_sdpa(q, k, v, causal=True), np.float32)
 
-    run(3, 5)
+    for L in (1, 3, 70):              # one kernel per mode: decoding, a few rows, vectors over rows
+        run(L, 5)
     before = len(A._kernels)
-    for L, S in ((1, 6), (1, 7), (9, 40), (70, 70)):       # a decode loop's growing cache, then a prefill
+    for L, S in ((1, 6), (1, 7), (1, 65), (2, 9), (40, 9), (70, 70)):    # a decode loop's growing cache ...
         run(L, S)
     assert len(A._kernels) == before
 

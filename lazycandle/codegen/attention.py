@@ -15,7 +15,12 @@ finally ACC = ACC alpha + p v_blk by a tile of (4 rows x 4 vectors over Ev).  Th
 is ACC / l (a fully masked row is 0 / 0 = NaN, like the graph of softmax).  Causal units stop
 at their last row's diagonal.
 
-Compile-time: dtype, E, Ev, the mask kind and the blocking (from the host's vector width).
+With few query rows (L <= W / 2, e.g. one decoding step) the unit is 4 rows (1 when L = 1) and the vectors run
+over keys instead ("keys" mode): a score is a vector dot product over E (q rows kept as
+QR (BQ, E), k's last dim contiguous), the softmax statistics are scalars per row and a block's
+probabilities are vectors over its keys, P (BQ, BK).
+
+Compile-time: dtype, E, Ev, the mask kind, the mode and the blocking (from the host's vector width).
 Run time (the `sizes` array, SIZES order): H, L, S, the number of query blocks and every
 operand's strides (the last dim of v is contiguous; q, k and the mask are read through any
 strides, stride 0 for broadcast batch dims); `scalars[0]` is the scale (f64 bits).  So a new
@@ -29,14 +34,14 @@ import llvmlite.ir as ir
 
 from .. import dtype as D
 from . import jit, vmath
-from .llvmutil import F64, I32, I64, call_intrinsic, const, ltype, splat
+from .llvmutil import F64, I32, I64, call_intrinsic, const, intrinsic, ltype, splat, type_suffix
 from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_module, unit_range
 
 SIZES = ("H", "L", "S", "nqb", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h", "k_s", "k_e", "v_b", "v_h", "v_s",
          "m_b", "m_h", "m_l", "m_s")
 MAX_HEAD_DIM = 256
 FLOAT_DTYPES = ("f32", "f64")
-RB, EVV = 4, 4          # P @ V tile: rows x vectors over Ev
+RB_MAX, EVV = 4, 4      # P @ V tile: rows x vectors over Ev
 
 
 @dataclass(frozen=True)
@@ -50,16 +55,28 @@ class AttentionSpec:
     wv: int             # lanes of the P @ V vectors (over Ev; divides ev)
     bq: int             # query rows per unit
     bk: int             # keys per block
-    cb: int             # keys per score tile
+    cb: int             # keys per score tile ("rows")
+    mode: str = "rows"  # "rows": score vectors over query rows; "keys": over keys (few query rows)
+    we: int = 1         # lanes of the q . k dot products over E ("keys"; divides e)
 
 
-def attention_spec(dt: D.DType, e: int, ev: int, causal: bool, mask: str | None) -> AttentionSpec:
-    """The spec for the host's vector width."""
+def _lanes(n: int, width: int) -> int:
+    """The widest power-of-two vector (<= width lanes) that divides n."""
+    w = 1
+    while w * 2 <= width and n % (w * 2) == 0:
+        w *= 2
+    return w
+
+
+def attention_spec(dt: D.DType, e: int, ev: int, causal: bool, mask: str | None, L: int) -> AttentionSpec:
+    """The spec for the host's vector width.  A unit's score vectors run over 2 W query rows, so
+    for a few rows (decoding: L = 1) the kernel vectorises over keys instead."""
     bits = jit.vector_bits()
     width = bits // (8 * dt.size_in_bytes)
-    wv = 1
-    while wv * 2 <= width and ev % (wv * 2) == 0:
-        wv *= 2
+    wv = _lanes(ev, width)
+    if L <= width // 2:     # one row per unit when decoding, else RB
+        return AttentionSpec(dt.name, e, ev, causal, mask, width, wv, 1 if L == 1 else RB_MAX, 4 * width, 1, "keys",
+                             _lanes(e, width))
     return AttentionSpec(dt.name, e, ev, causal, mask, width, wv, 2 * width, 64, 8 if bits >= 512 else 4)
 
 
@@ -90,7 +107,8 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
     ct = ltype(dt.compute)
     al = dt.size_in_bytes
     W, WV, BQ, BK, CB, E, EV = spec.width, spec.wv, spec.bq, spec.bk, spec.cb, spec.e, spec.ev
-    RV = BQ // W
+    keys = spec.mode == "keys"
+    RV = 0 if keys else BQ // W
     VT, VV = ir.VectorType(ct, W), ir.VectorType(ct, WV) if WV > 1 else ct
     ninf = const(ct, float("-inf"))
     m = new_module(name)
@@ -109,8 +127,9 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
         scale = b.fptrunc(scale, ct)
     QT, PT, ACC = _stack(b, ct, E * BQ), _stack(b, ct, BK * BQ), _stack(b, ct, BQ * EV)
     M, LS, AL = _stack(b, ct, BQ), _stack(b, ct, BQ), _stack(b, ct, BQ)
-    sacc = _stack(b, VT, RV * CB)          # register tiles (promoted to registers by LLVM)
-    oacc = _stack(b, VV, RB * EVV)
+    VE = ir.VectorType(ct, spec.we) if spec.we > 1 else ct
+    sacc = _stack(b, VE, BQ) if keys else _stack(b, VT, RV * CB)   # register tiles (promoted by LLVM)
+    oacc = _stack(b, VV, RB_MAX * EVV)
     red = _stack(b, VT, 2)                 # running block max / denominator of one row vector
     zero_t, zero_v = const(VT, 0.0), const(VV, 0.0)
     lo, hi = unit_range(fn)
@@ -132,7 +151,8 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
             row = b.add(q_base, b.mul(_min(b, r, b.sub(nr, I64(1))), sz["q_l"]))
             with counted_loop(b, I64(0), I64(E), 1, "e") as e:
                 x = b.fmul(b.load(_at(b, q, b.add(row, b.mul(e, sz["q_e"]))), align=al), scale)
-                b.store(b.select(ok, x, const(ct, 0.0)), _at(b, QT, b.add(b.mul(e, I64(BQ)), r)), align=al)
+                at = b.add(b.mul(r, I64(E)), e) if keys else b.add(b.mul(e, I64(BQ)), r)
+                b.store(b.select(ok, x, const(ct, 0.0)), _at(b, QT, at), align=al)
             b.store(ninf, _at(b, M, r), align=al)
             b.store(const(ct, 0.0), _at(b, LS, r), align=al)
             with counted_loop(b, I64(0), I64(EV), 1, "z") as z:
@@ -142,9 +162,14 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
         with counted_loop(b, I64(0), nblk, 1, "blk") as jb:
             j0 = b.mul(jb, I64(BK))
             nk = _min(b, I64(BK), b.sub(kv_end, j0))
-            _scores(b, spec, ct, VT, RV, k, k_base, sz, S, j0, nk, QT, PT, sacc, zero_t, al)
-            for rv in range(RV):
-                _softmax_step(b, spec, ct, VT, rv, r0, j0, nk, L, PT, M, LS, AL, red, mask, m_base, sz, ninf, al)
+            if keys:
+                _key_scores(b, spec, ct, k, k_base, sz, j0, nk, QT, PT, sacc, al)
+                for r in range(BQ):
+                    _key_softmax_step(b, spec, ct, VT, r, r0, j0, nk, L, S, PT, M, LS, AL, mask, m_base, sz, al)
+            else:
+                _scores(b, spec, ct, VT, RV, k, k_base, sz, S, j0, nk, QT, PT, sacc, zero_t, al)
+                for rv in range(RV):
+                    _softmax_step(b, spec, ct, VT, rv, r0, j0, nk, L, PT, M, LS, AL, red, mask, m_base, sz, ninf, al)
             _accumulate(b, spec, ct, VV, v, v_base, sz, j0, nk, nr, PT, ACC, AL, oacc, al)
         o_base = b.mul(b.add(b.mul(bh, L), r0), I64(EV))
         with counted_loop(b, I64(0), nr, 1, "o") as r:
@@ -230,8 +255,9 @@ def _softmax_step(b, spec, ct, VT, rv, r0, j0, nk, L, PT, M, LS, AL, red, mask, 
 
 def _accumulate(b, spec, ct, VV, v, v_base, sz, j0, nk, nr, PT, ACC, AL, oacc, al):
     """ACC[r, :] = ACC[r, :] alpha[r] + sum_c PT[c, r] v[j0 + c, :] for the rows below nr (in
-    groups of RB; BQ is a multiple of RB), over Ev in groups of EVV vectors."""
+    groups of RB, or the unit's one row; BQ is a multiple of RB), over Ev in groups of EVV vectors."""
     BQ, EV, WV = spec.bq, spec.ev, spec.wv
+    RB = min(BQ, RB_MAX)
     group = EVV * WV
     full, tail = EV // group, (EV % group) // WV
 
@@ -244,9 +270,12 @@ def _accumulate(b, spec, ct, VV, v, v_base, sz, j0, nk, nr, PT, ACC, AL, oacc, a
         with counted_loop(b, I64(0), nk, 1, "pv") as c:
             vrow = b.add(b.add(v_base, b.mul(b.add(j0, c), sz["v_s"])), ev0)
             vals = [_vload(b, v, b.add(vrow, I64(vv * WV)), VV, al) for vv in range(nvec)]
-            prow = b.add(b.mul(c, I64(BQ)), r)
             for rr in range(RB):
-                p = splat(b, b.load(_at(b, PT, b.add(prow, I64(rr))), align=al), WV)
+                if spec.mode == "keys":
+                    at = b.add(b.mul(b.add(r, I64(rr)), I64(spec.bk)), c)
+                else:
+                    at = b.add(b.add(b.mul(c, I64(BQ)), r), I64(rr))
+                p = splat(b, b.load(_at(b, PT, at), align=al), WV)
                 for vv in range(nvec):
                     slot = _at(b, oacc, I64(rr * EVV + vv))
                     b.store(call_intrinsic(b, "fma", [p, vals[vv], b.load(slot, align=64)]), slot, align=64)
@@ -261,6 +290,79 @@ def _accumulate(b, spec, ct, VV, v, v_base, sz, j0, nk, nr, PT, ACC, AL, oacc, a
                 tile(r, ev0, EVV)
         if tail:
             tile(r, I64(full * group), tail)
+
+
+def _reduce(b, name, vec, start=None):
+    """llvm.vector.reduce.<name> of a vector (reassociated: a tree, not a serial chain)."""
+    vt = vec.type
+    args = ([start] if start is not None else []) + [vec]
+    f = intrinsic(b.module, f"llvm.vector.reduce.{name}.{type_suffix(vt)}", vt.element, [a.type for a in args])
+    return b.call(f, args, fastmath=("reassoc",) if name == "fadd" else ())
+
+
+def _key_scores(b, spec, ct, k, k_base, sz, j0, nk, QR, P, sacc, al):
+    """P[r, c] = QR[r, :] . k[j0 + c, :] for c < nk and the unit's RB rows, the dot products as
+    vectors of `we` lanes over E (k's last dim is contiguous) summed at the end."""
+    BQ, BK, E, WE = spec.bq, spec.bk, spec.e, spec.we
+    VE = ir.VectorType(ct, WE) if WE > 1 else ct
+    with counted_loop(b, I64(0), nk, 1, "kc") as c:
+        krow = b.add(k_base, b.mul(b.add(j0, c), sz["k_s"]))
+        for r in range(BQ):
+            b.store(const(VE, 0.0), _at(b, sacc, I64(r)), align=64)
+        with counted_loop(b, I64(0), I64(E), WE, "ke") as e:
+            kv = _vload(b, k, b.add(krow, e), VE, al)
+            for r in range(BQ):
+                slot = _at(b, sacc, I64(r))
+                qv = _vload(b, QR, b.add(I64(r * E), e), VE, al)
+                b.store(call_intrinsic(b, "fma", [qv, kv, b.load(slot, align=64)]), slot, align=64)
+        for r in range(BQ):
+            acc = b.load(_at(b, sacc, I64(r)), align=64)
+            s = _reduce(b, "fadd", acc, const(ct, -0.0)) if WE > 1 else acc
+            b.store(s, _at(b, P, b.add(I64(r * BK), c)), align=al)
+
+
+def _key_softmax_step(b, spec, ct, VT, r, r0, j0, nk, L, S, P, M, LS, AL, mask, m_base, sz, al):
+    """Mask row r's scores of the block (keys past nk too), then its online softmax update, the
+    block's keys as BK / W vectors."""
+    W, BK = spec.width, spec.bk
+    row = b.add(r0, I64(r))
+    vninf = const(VT, float("-inf"))
+    iota = ir.Constant(ir.VectorType(I64, W), list(range(W)))
+    scores, mx = [], vninf
+    for cv in range(BK // W):
+        off = I64(r * BK + cv * W)
+        s = _vload(b, P, off, VT, al)
+        lane = b.add(splat(b, I64(cv * W), W), iota)
+        ok = b.icmp_signed("<", lane, splat(b, nk, W))
+        j = b.add(splat(b, j0, W), lane)
+        if spec.causal:
+            ok = b.and_(ok, b.icmp_signed("<=", j, splat(b, row, W)))
+        if spec.mask is not None:
+            mrow = b.add(m_base, b.mul(_min(b, row, b.sub(L, I64(1))), sz["m_l"]))
+            mv = ir.Constant(ir.VectorType(mask.type.pointee, W), ir.Undefined)
+            for ln in range(W):
+                jj = _min(b, b.add(j0, I64(cv * W + ln)), b.sub(S, I64(1)))
+                mv = b.insert_element(mv, b.load(_at(b, mask, b.add(mrow, b.mul(jj, sz["m_s"])))), I32(ln))
+            if spec.mask == "add":
+                s = b.fadd(s, mv)
+            else:
+                ok = b.and_(ok, b.icmp_unsigned("!=", mv, const(mv.type, 0)))
+        s = b.select(ok, s, vninf)
+        scores.append(s)
+        mx = call_intrinsic(b, "maxnum", [mx, s])
+    m_old = b.load(_at(b, M, I64(r)), align=al)
+    m_new = call_intrinsic(b, "maxnum", [m_old, _reduce(b, "fmax", mx)])
+    m_use = b.select(b.fcmp_ordered("==", m_new, const(ct, float("-inf"))), const(ct, 0.0), m_new)
+    alpha = vmath.emit(b, "exp", b.fsub(m_old, m_use))
+    tot = const(VT, 0.0)
+    for cv, s in enumerate(scores):
+        p = vmath.emit(b, "exp", b.fsub(s, splat(b, m_use, W)))
+        _vstore(b, p, P, I64(r * BK + cv * W), al)
+        tot = b.fadd(tot, p)
+    den = b.fadd(b.fmul(b.load(_at(b, LS, I64(r)), align=al), alpha), _reduce(b, "fadd", tot, const(ct, -0.0)))
+    b.store(m_new, _at(b, M, I64(r)), align=al)
+    b.store(den, _at(b, LS, I64(r)), align=al)
+    b.store(alpha, _at(b, AL, I64(r)), align=al)
 
 
 def _build(spec):

@@ -22,12 +22,13 @@ class FlashAttentionStep(NodeStep):
         (_, _, _, lq, dt), (_, _, _, lk, _), (_, _, _, lv, _) = self.operands[:3]
         B, H, L, E = lq.shape
         S, EV = lk.shape[2], lv.shape[3]
-        self.spec = A.attention_spec(dt, E, EV, causal, mask_kind)
+        self.spec = A.attention_spec(dt, E, EV, causal, mask_kind, L)
         nqb = -(-L // self.spec.bq)
         lm = self.operands[3][3] if mask_kind is not None else None
         mstr = tuple(lm.strides) if lm is not None else (0, 0, 0, 0)
-        if lv.strides[3] != 1 and EV > 1:
-            raise ValueError(f"flash_attention: v must have a contiguous last dim, got strides {lv.strides}")
+        if (lv.strides[3] != 1 and EV > 1) or (lk.strides[3] != 1 and E > 1):
+            raise ValueError(f"flash_attention: k and v need a contiguous last dim, got strides {lk.strides} "
+                             f"and {lv.strides}")
         vals = {"H": H, "L": L, "S": S, "nqb": nqb}
         for p, st in (("q", lq.strides), ("k", lk.strides), ("v", lv.strides)):
             vals[f"{p}_b"], vals[f"{p}_h"] = st[0], st[1]
@@ -42,10 +43,11 @@ class FlashAttentionStep(NodeStep):
         if prod(self.shape) > 0:
             self.module, self.fn = A.get_kernel(self.spec)
         s = self.spec
+        tiles = (f"score vectors of {s.width} keys, dot products over E in {s.we} lanes" if s.mode == "keys" else
+                 f"score tiles {s.bq // s.width}x{s.width} rows x {s.cb} keys")
         self.detail = (f"flash attention {dt.name} (b, h)=({B}, {H}) L={L} S={S} E={E} Ev={EV}"
                        f"{' causal' if causal else ''}{f' mask {mask_kind}' if mask_kind else ''}: {self.units} units "
-                       f"of {s.bq} query rows, key blocks of {s.bk}, score tiles {s.bq // s.width}x{s.width} rows "
-                       f"x {s.cb} keys")
+                       f"of {s.bq} query rows, key blocks of {s.bk}, {tiles}")
 
     def run_node(self, in_bufs, offsets, bufs):
         if self.fn is None:
