@@ -130,8 +130,8 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
     VE = ir.VectorType(ct, spec.we) if spec.we > 1 else ct
     sacc = _stack(b, VE, BQ) if keys else _stack(b, VT, RV * CB)   # register tiles (promoted by LLVM)
     oacc = _stack(b, VV, RB_MAX * EVV)
-    red = _stack(b, VT, 2)                 # running block max / denominator of one row vector
-    zero_t, zero_v = const(VT, 0.0), const(VV, 0.0)
+    red = _stack(b, VT, 2)                 # running block max / denominator of one row vector ("rows")
+    zero_t = const(VT, 0.0)
     lo, hi = unit_range(fn)
     L, S, H = sz["L"], sz["S"], sz["H"]
     with counted_loop(b, lo, hi, 1, "u") as u:
