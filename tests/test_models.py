@@ -263,3 +263,31 @@ def test_slice_set_bad_tensor_start_is_a_type_error():
         lc.zeros((4, 3)).slice_set(lc.ones((1, 3)), 0, lc.tensor([1.0]))
     with pytest.raises(lc.NarrowInvalidArgs):
         lc.zeros((2, 3)).slice_set(lc.ones((3, 3)), 0, lc.tensor([0]))
+
+
+# ---- bad input and the command line --------------------------------------------------------------
+def test_token_ids_out_of_range_raise_index_out_of_bounds_in_prefill_and_compiled_decode():
+    model = gpt2.GPT2.random(gpt2.CONFIGS["tiny"], seed=5)
+    vocab = model.config.vocab
+    with pytest.raises(lc.IndexOutOfBounds):
+        Session(model, 16).prefill([1, vocab])
+    session = Session(model, 16)
+    session.prefill([1, 2])
+    with pytest.raises(lc.IndexOutOfBounds):
+        session.decode(vocab + 3)
+
+
+def test_generation_past_the_cache_raises_value_error():
+    model = gpt2.GPT2.random(gpt2.CONFIGS["tiny"], seed=5)
+    session = Session(model, 3)
+    session.prefill([1, 2, 3])
+    with pytest.raises(ValueError, match="max_len"):
+        session.decode(4)
+
+
+@pytest.mark.parametrize("module", [gpt2, llama], ids=["gpt2", "llama"])
+def test_command_line_prints_tokens_and_ms_per_token(module, capsys):
+    module.main(["--random-weights", "--config", "tiny", "--tokens", "5", "--prompt", "hi"])
+    out = capsys.readouterr().out
+    assert "prompt tokens: [104, 105]" in out and "new tokens:" in out
+    assert "ms/token" in out and "prefill:" in out and "decode:" in out
