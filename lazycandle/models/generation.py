@@ -23,9 +23,11 @@ from ..tensor_extras import triangle_mask
 
 
 class KVCache:
-    """Preallocated keys and values per layer, (batch, kv_heads, max_len, head_dim) each.
-    `update` writes new positions with slice_set (the engine writes into the cache's buffer
-    when the old value is dead) and returns the filled part, narrowed, for attention to read."""
+    """Preallocated keys and values per layer, (batch, kv_heads, max_len, head_dim) each:
+    lc tensors, placeholders (inside a compiled decode step) or the arrays such a step
+    returned.  `update` writes new positions with slice_set (a fused copy of the cache: the
+    engine does not yet write in place) and returns the filled part, narrowed, for
+    attention to read."""
 
     def __init__(self, k: list, v: list):
         self.k, self.v = list(k), list(v)
