@@ -282,6 +282,25 @@ def _widen(path, name, code, stored: np.ndarray, to: D.DType) -> np.ndarray:
     return stored.astype(to.numpy)
 
 
+# ---- checkpoints ----------------------------------------------------------------------------
+def take_tensors(tensors: dict, expected: dict, source, prefixes=("",)) -> dict:
+    """The tensors a model needs from a loaded checkpoint: `expected` maps each name to its
+    shape; a name may carry any of `prefixes` in the file ("transformer.h.0..." for "h.0...").
+    A missing tensor or a wrong shape raises SerializationError naming it (and the file);
+    tensors the model does not use are ignored."""
+    out = {}
+    for name, shape in expected.items():
+        found = next((p + name for p in prefixes if p + name in tensors), None)
+        if found is None:
+            raise _fail(source, f"missing (the model needs shape {tuple(shape)}; tried prefixes "
+                                f"{', '.join(repr(p) for p in prefixes)})", name)
+        t = tensors[found]
+        if tuple(t.shape) != tuple(shape):
+            raise _fail(source, f"shape {tuple(t.shape)} but the model needs {tuple(shape)}", found)
+        out[name] = t
+    return out
+
+
 # ---- npz ------------------------------------------------------------------------------------
 _NPZ_DTYPES = "__lazycandle_dtypes__"     # JSON {name: lc dtype name} for dtypes .npy cannot name
 # .npy keeps these numpy dtypes; the rest (ml_dtypes' types) are stored as raw unsigned ints.

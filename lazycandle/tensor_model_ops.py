@@ -2,7 +2,9 @@
 slice_set (candle's KV-cache update) and slice_assign.
 
 slice_set / slice_assign are ONE cat node along the written dim (the kept pieces of the old
-value read through narrow views, src between them): one fused copy kernel.  The buffer is not
+value read through narrow views, src between them): one fused copy kernel.  Writing one
+position (n == 1, the decode step) is an elementwise select instead, so a new position never
+compiles a kernel (a cat's copy kernel is specialised to its piece sizes).  The buffer is not
 updated in place (the stretch goal of issue 12 is left: it needs the scheduler to prove the old
 value dead).  Bad arguments raise at the call: NarrowInvalidArgs for ranges out of bounds,
 ShapeMismatchBinaryOp / DTypeMismatchBinaryOp for a src that does not fit."""
@@ -21,6 +23,15 @@ def _int(op, name, v):
         return operator.index(v)
     except TypeError:
         raise TypeError(f"{op}: {name} must be an int, got {type(v).__name__}") from None
+
+
+def _position(op, start):
+    """A runtime start: a one-element integer tensor, as i64."""
+    from .dtype import i64
+    if not start.dtype.is_int or start.elem_count != 1:
+        raise TypeError(f"{op}: a tensor start must be one integer element, got shape {start.shape} "
+                        f"({start.dtype.name})")
+    return start if start.dtype is i64 else start.astype(i64)
 
 
 class ModelOpsMixin:
@@ -44,10 +55,16 @@ class ModelOpsMixin:
 
     def slice_set(self, src, dim, start):
         """This tensor with `src` written along `dim` from `start` (candle's slice_set; src has
-        this shape except along dim).  Returns the updated value."""
+        this shape except along dim).  Returns the updated value.  `start` may also be a
+        one-element integer tensor, read when the graph runs (a compiled decode step feeds
+        its position): positions of src that fall outside the tensor are not written."""
         op = "slice_set"
         dim = norm_dim(dim, self.shape, op)
-        start = _int(op, "start", start)
+        runtime_start = hasattr(start, "_node")
+        if runtime_start:
+            start = _position(op, start)
+        else:
+            start = _int(op, "start", start)
         if src.dtype is not self.dtype:
             raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch {self.dtype.name} and src {src.dtype.name} "
                                         f"(shapes {self.shape} and {src.shape})")
@@ -55,6 +72,11 @@ class ModelOpsMixin:
             raise ShapeMismatchBinaryOp(f"{op}: src shape {src.shape} must equal {self.shape} except along dim "
                                         f"{dim} ({self.dtype.name})")
         size, n = self.shape[dim], src.shape[dim]
+        if n > size:
+            raise NarrowInvalidArgs(f"{op}: src length {n} exceeds dim {dim} of size {size} (shape {self.shape}, "
+                                    f"src {src.shape}, {self.dtype.name})")
+        if runtime_start:
+            return self._set_at(src, dim, start)
         if start < 0 or start + n > size:
             raise NarrowInvalidArgs(f"{op}: start {start} + src length {n} out of range for dim {dim} of size "
                                     f"{size} (shape {self.shape}, src {src.shape}, {self.dtype.name})")
@@ -65,8 +87,32 @@ class ModelOpsMixin:
         size, n = self.shape[dim], src.shape[dim]
         if n == size:
             return src.contiguous()
+        if n == 1:
+            return self._row_set(src, dim, start)
         pieces = [self.narrow(dim, 0, start), src, self.narrow(dim, start + n, size - start - n)]
         return cat([p for p in pieces if p.shape[dim]], dim)
+
+    def _set_at(self, src, dim, start):
+        """slice_set at a runtime start (a tensor): positions i with 0 <= i - start < n take
+        src[i - start], the others keep their value, in one select over this tensor's shape."""
+        from .tensor import arange
+        size, n = self.shape[dim], src.shape[dim]
+        along = [1] * self.rank
+        along[dim] = size
+        offset = arange(0, size) - start.reshape((1,)).broadcast_as((size,))
+        inside = (offset >= 0) * (offset < n)
+        spread = src.broadcast_as(self.shape) if n == 1 else src.index_select(offset.clip(0, n - 1), dim)
+        return inside.reshape(tuple(along)).broadcast_as(self.shape).where_cond(spread, self)
+
+    def _row_set(self, src, dim, start):
+        """One position written (the decode step's KV-cache update) as an elementwise select
+        against an iota compared with `start`: start is a runtime scalar and no size is baked
+        into the kernel, so each new position reuses the same compiled kernel."""
+        from .tensor import arange
+        along = [1] * self.rank
+        along[dim] = self.shape[dim]
+        picked = arange(0, self.shape[dim]).reshape(tuple(along)) == start
+        return picked.broadcast_as(self.shape).where_cond(src.broadcast_as(self.shape), self)
 
     def slice_assign(self, ranges, src):
         """This tensor with `src` written at `ranges`: one slice(start, end) or (start, end)
