@@ -141,7 +141,6 @@ def _kernels(t):
     return kernels
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 item 1: row kernels not built yet (softmax is 3 kernels)")
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_row_op_is_one_kernel(op):
     x, g, b = (lc.tensor(a) for a in _inputs(lc.f32, 64, 128, 5))
