@@ -16,14 +16,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import llvmlite.ir as ir
+
 from .. import dtype as D
 from ..ir.kernels import RowSpec
-from ..ir.ops import reduction
+from ..ir.ops import OPS, reduction
 from . import codecs, jit
 from .elementwise import _Kernel, _cast, _emit_instrs, _bits, lanes as ew_lanes
-from .llvmutil import I64, F64, ltype, vec, splat, width_of
+from .llvmutil import I32, I64, F64, ltype, vec, splat, width_of
 from .loops import KERNEL_FN, counted_loop, unit_range
 from .reduce import UNROLL, _RedKernel
+
+
+STASH_COST = 4     # op cost of a per-element value worth writing once rather than computing twice
 
 
 @dataclass(frozen=True)
@@ -89,29 +94,38 @@ class _RowKernel(_Kernel):
         got = self.scalar_splats.get((k, w)) if k < self.n_scalars else None
         return got if got is not None else splat(self.b, v, w)
 
-    def sub(self, cone, outputs, extra=()):
+    def sub(self, cone, outputs, extra=(), leaves=None):
         """_Sub of instrs `cone` (indices, in order), then `extra` instrs (refs in kernel terms),
-        with `outputs` [(position in the sub, dtype)]; refs to row values become scalar refs."""
-        at = {j: i for i, j in enumerate(cone)}
+        with `outputs` [(position in the sub, dtype)]; refs to row values become scalar refs and
+        refs to `leaves` {instr: input index} read that input."""
+        at, leaves = {j: i for i, j in enumerate(cone)}, leaves or {}
 
         def ref(r):
             if r[0] != "v":
                 return r
+            if r[1] in leaves:
+                return ("i", leaves[r[1]])
             return ("v", at[r[1]]) if r[1] in at else ("s", self.n_scalars + r[1], self.row.instrs[r[1]][3])
         instrs = [(op, arg, dt, odt, tuple(ref(r) for r in refs)) for op, arg, dt, odt, refs in
                   [self.row.instrs[j] for j in cone] + list(extra)]
-        return _Sub(self.row.inputs, tuple(instrs), tuple(outputs))
+        inputs = self.row.inputs + tuple((self.row.instrs[j][3], ()) for j in sorted(leaves, key=leaves.get))
+        return _Sub(inputs, tuple(instrs), tuple(outputs))
 
-    def cone(self, refs):
-        """The per-element instrs the values `refs` are computed from, in order."""
+    def cone(self, refs, leaves=()):
+        """The per-element instrs the values `refs` are computed from, in order (stopping at
+        `leaves`)."""
         spec, out, stack = self.row, set(), [r[1] for r in refs if r[0] == "v"]
         while stack:
             j = stack.pop()
             if j in out or spec.levels[j] != "e":
                 continue
             out.add(j)
-            stack += [r[1] for r in spec.instrs[j][4] if r[0] == "v"]
+            if j not in leaves:
+                stack += [r[1] for r in spec.instrs[j][4] if r[0] == "v"]
         return sorted(out)
+
+    def cost(self, cone) -> int:
+        return sum(OPS[self.row.instrs[j][0]].cost for j in cone)
 
     def eval_row_instrs(self, in_base, ready):
         """Per-row elementwise instrs whose reductions are done, once per row (scalars)."""
@@ -125,33 +139,45 @@ class _RowKernel(_Kernel):
                             decode_outputs=True)
         self.row_vals.update(zip(todo, vals))
 
-    def reduce_pass(self, reds, in_base, row_str, n):
-        """One pass over the row computing the reductions `reds` (instr indices)."""
+    def reduce_pass(self, reds, in_base, row_str, n, stash=None, out_base=None):
+        """One pass over the row computing the reductions `reds` (instr indices); `stash` (instr,
+        output k) also writes that per-element value to full output k, for the last pass."""
         b, spec = self.b, self.row
         accs = [_Acc(b, spec.instrs[j][0], D.DType.from_name(spec.instrs[j][2]), D.DType.from_name(spec.instrs[j][3]))
                 for j in reds]
         operands = [spec.instrs[j][4][0] for j in reds]
         cone = self.cone(operands)
         copies = [("copy", None, spec.instrs[j][2], spec.instrs[j][2], (r,)) for j, r in zip(reds, operands)]
-        sub = self.sub(cone, [(len(cone) + i, spec.instrs[j][2]) for i, j in enumerate(reds)], copies)
+        outs = [(len(cone) + i, spec.instrs[j][2]) for i, j in enumerate(reds)]
+        if stash:
+            outs.append((cone.index(stash[0]), spec.instrs[stash[0]][3]))   # (pass instr, output instr, k)
+        sub = self.sub(cone, outs, copies)
         W, U = pass_lanes(spec, accs), UNROLL
+        E = min(max(W, ew_lanes(sub)), U * W)   # evaluate E lanes at once, accumulate W-wide halves
         slots = [[self.slot(vec(a.acc_t, W)) for _ in range(U)] + [self.slot(a.acc_t)] for a in accs]
         for a, sl in zip(accs, slots):
             for k, s in enumerate(sl):
                 b.store(a.init(W if k < U else 1), s)
 
         def step(j, w, k):
+            """Lanes [j, j + w) into accumulators k, k+1, ... (W lanes each; w = 1: the tail's)."""
             offs = [self.sadd(x, j, s) for x, s in zip(in_base, row_str)]
             vals = _emit_instrs(b, sub, lambda q: self.load(q, offs[q], row_str[q], w), w, self.scalar,
                                 decode_outputs=True)
             for a, sl, v in zip(accs, slots, vals):
-                b.store(a.combine(b.load(sl[k]), a.widen(v)), sl[k])
+                v = a.widen(v)
+                for p in range(max(1, w // W)):
+                    part = v if w <= W else b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W),
+                                                                               [p * W + x for x in range(W)]))
+                    b.store(a.combine(b.load(sl[k + p]), part), sl[k + p])
+            if stash:
+                self.store_full(stash[2], b.add(out_base, j), vals[-1], w)
 
         nvec = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
         n1 = b.mul(b.udiv(n, I64(W)), I64(W))
         with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
-            for k in range(U):
-                step(b.add(i, I64(k * W)), W, k)
+            for c in range(U * W // E):
+                step(b.add(i, I64(c * E)), E, c * E // W)
         with counted_loop(b, nvec, n1, W, "r1") as j:
             step(j, W, 0)
         with counted_loop(b, n1, n, 1, "rt") as j:
@@ -160,21 +186,51 @@ class _RowKernel(_Kernel):
             s, _ = a.hreduce([b.load(x) for x in sl[:U]])
             self.row_vals[j] = a.result(a.combine(s, b.load(sl[U])), n)
 
+    def store_full(self, k, off, v, w):
+        """Store compute value(s) v (w lanes) to full output k at element offset `off`."""
+        b, dt = self.b, self.out_dt[k]
+        v = codecs.encode(b, dt.codec, v) if dt.codec else v
+        p = b.gep(self.out_ptr[k], [off], inbounds=True)
+        b.store(v, p if w == 1 else b.bitcast(p, v.type.as_pointer()), align=dt.size_in_bytes)
+
+    def pick_stash(self, stages, full):
+        """(instr of the last reduction pass, the same value's instr in the output pass, output
+        k): the costliest per-element value both passes compute (the recompute pass gives each
+        reduction its own copy, so they are matched by what they compute), when an output of
+        its dtype can hold it between the two passes (softmax: exp(x - max) is written by the
+        sum's pass, then divided in place)."""
+        spec = self.row
+        if not stages or not full:
+            return None
+        keys: list = []
+        for op, arg, dt, odt, refs in spec.instrs:
+            keys.append((op, arg, dt, odt, tuple(keys[r[1]] if r[0] == "v" else r for r in refs)))
+        last = {keys[j]: j for j in self.cone([spec.instrs[j][4][0] for j in stages[-1]])}
+        shared = [j for j in self.cone([("v", j) for _, j, _ in full]) if keys[j] in last]
+        best = max(shared, key=lambda j: (self.cost(self.cone([("v", j)])), j), default=None)
+        if best is None or self.cost(self.cone([("v", best)])) < STASH_COST:
+            return None
+        for k, j, dtn in full:
+            if dtn == spec.instrs[best][3]:
+                return last[keys[best]], best, k
+        return None
+
     def build(self):
         spec, b = self.row, self.b
         lo, hi = unit_range(self.fn)
         n = self.dims[-1]
         row_str = [s[-1] for s in self.strides]
-        need, stages = spec.needs(), spec.stages()
+        need, stages = spec.needs(), [s for s in spec.stages() if s]
         full = [(k, j, dt) for k, (j, dt) in enumerate(spec.outputs) if spec.levels[j] == "e"]
         per_row = [(k, j, dt) for k, (j, dt) in enumerate(spec.outputs) if spec.levels[j] == "r"]
+        stash = self.pick_stash(stages, full)
         with counted_loop(b, lo, hi, 1, "row") as r:
             in_base, _ = self.offsets(self.unravel(r, list(range(spec.rank - 1))))
+            out_base = b.mul(r, n)
             self.row_vals = {}
             for p, reds in enumerate(stages):
                 self.eval_row_instrs(in_base, lambda j: need[j] < p)
-                if reds:
-                    self.reduce_pass(reds, in_base, row_str, n)
+                self.reduce_pass(reds, in_base, row_str, n, stash if p == len(stages) - 1 else None, out_base)
             self.eval_row_instrs(in_base, lambda j: True)
             for k, j, dtn in per_row:
                 dt = D.DType.from_name(dtn)
@@ -182,20 +238,30 @@ class _RowKernel(_Kernel):
                 v = codecs.encode(b, dt.codec, v) if dt.codec else v
                 b.store(v, b.gep(self.out_ptr[k], [r], inbounds=True), align=dt.size_in_bytes)
             if full:
-                self.write_rows(full, in_base, b.mul(r, n), row_str, n)
+                self.write_rows(full, in_base, out_base, row_str, n, stash)
         b.ret_void()
 
-    def write_rows(self, full, in_base, out_base, row_str, n):
-        """The last pass: the full-row outputs, through the elementwise inner loop."""
-        cone = self.cone([("v", j) for _, j, _ in full])
+    def write_rows(self, full, in_base, out_base, row_str, n, stash):
+        """The last pass: the full-row outputs, through the elementwise inner loop; a stashed
+        value is read back from the output that holds it."""
+        if stash:
+            full = [o for o in full if o[1] != stash[1]]
+            if not full:
+                return
+        leaves = {stash[1]: len(self.in_ptr)} if stash else {}
+        cone = [j for j in self.cone([("v", j) for _, j, _ in full], leaves) if j not in leaves]
         at = {j: i for i, j in enumerate(cone)}
-        sub = self.sub(cone, [(at[j], dt) for _, j, dt in full])
-        saved = self.spec, self.out_ptr, self.out_dt
+        sub = self.sub(cone, [(at[j], dt) for _, j, dt in full], leaves=leaves)
+        saved = self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt
+        if stash:
+            self.in_ptr = self.in_ptr + [self.out_ptr[stash[2]]]
+            self.in_dt = self.in_dt + [self.out_dt[stash[2]]]
+            in_base, row_str = list(in_base) + [out_base], list(row_str) + [1]
         self.spec = sub
         self.out_ptr = [saved[1][k] for k, _, _ in full]
         self.out_dt = [saved[2][k] for k, _, _ in full]
         self.inner_loop(I64(0), n, in_base, out_base, row_str)
-        self.spec, self.out_ptr, self.out_dt = saved
+        self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt = saved
 
 
 def build(spec: RowSpec, name: str = "row") -> str:
