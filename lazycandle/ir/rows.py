@@ -18,15 +18,13 @@ no cycle through a kernel outside the cluster.  Each refusal is noted for the sc
 """
 from __future__ import annotations
 
-from math import prod
-
 from ..errors import SchedulerError
 from ..layout import contiguous_strides, merge_dims
 from .kernels import RowSpec, runtime_sizes, stride_class
 from .ops import ELEMENTWISE, REDUCE, reduction
+from .passes import RECOMPUTE_BUDGET    # op cost a reduction pass may recompute of another group
 
 REACH_BUDGET = 512      # groups a cycle search may visit before the merge is refused
-RECOMPUTE_BUDGET = 48   # op cost a reduction pass may recompute of another group's producers
 
 
 def _row_reduce(cap, j):
@@ -255,8 +253,3 @@ def row_kernel(cap, group, mat):
                    tuple(cap.scalars[k][1].name for k in scalars))
     return Kernel("row", list(group), outputs, inputs, spec, scalars=scalars, loop_shape=mshape,
                   loop_strides=tuple(mstrides), sizes=runtime_sizes(mshape, mstrides))
-
-
-def rows_of(loop_shape) -> int:
-    """The units (rows) of a row kernel over merged `loop_shape`."""
-    return prod(loop_shape[:-1])
