@@ -320,3 +320,20 @@ def test_row_kernel_compiles_once_for_every_row_length(compiled_counter):
         if n == 100:
             after_first = compiled_counter()
     assert compiled_counter() == after_first
+
+
+def test_row_kernel_with_several_full_outputs_writes_each_one():
+    """A costly per-element value both passes compute (kept in an output buffer between them)
+    that is also an output of its own, next to other outputs (found by the mixed-graph fuzz)."""
+    rng = rng_for("stash_outputs")
+    x0, x1 = rng.normal(size=(3, 20)).astype(np.float32), rng.normal(size=(3, 20)).astype(np.float32)
+    a = lc.tensor(x0).abs()
+    h = (a - lc.tensor(x1).exp()) * 0.5
+    c = (h - h.mean_keepdim(1).broadcast_as(h.shape)) * 0.5
+    kernels, _, _ = schedule_capture(capture([c._node, a._node, h._node]))
+    assert [k.kind for k in kernels] == ["row"]
+    lc.realize(c, a, h)
+    h64 = (np.abs(x0.astype(np.float64)) - np.exp(x1.astype(np.float64))) * 0.5
+    np.testing.assert_allclose(a.numpy(), np.abs(x0))
+    np.testing.assert_allclose(h.numpy(), h64, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(c.numpy(), (h64 - h64.mean(1, keepdims=True)) * 0.5, rtol=1e-6, atol=1e-6)

@@ -210,10 +210,8 @@ class _RowKernel(_Kernel):
         best = max(shared, key=lambda j: (self.cost(self.cone([("v", j)])), j), default=None)
         if best is None or self.cost(self.cone([("v", best)])) < STASH_COST:
             return None
-        for k, j, dtn in full:
-            if dtn == spec.instrs[best][3]:
-                return last[keys[best]], best, k
-        return None
+        holders = [k for k, j, dtn in full if j == best] + [k for k, j, dtn in full if dtn == spec.instrs[best][3]]
+        return (last[keys[best]], best, holders[0]) if holders else None
 
     def build(self):
         spec, b = self.row, self.b
@@ -244,8 +242,8 @@ class _RowKernel(_Kernel):
     def write_rows(self, full, in_base, out_base, row_str, n, stash):
         """The last pass: the full-row outputs, through the elementwise inner loop; a stashed
         value is read back from the output that holds it."""
-        if stash:
-            full = [o for o in full if o[1] != stash[1]]
+        if stash:           # an output holding its own value is already written
+            full = [o for o in full if o[1] != stash[1] or o[0] != stash[2]]
             if not full:
                 return
         leaves = {stash[1]: len(self.in_ptr)} if stash else {}
