@@ -141,8 +141,199 @@ def _kernels(t):
     return kernels
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 item 1: row kernels not built yet (softmax is 3 kernels)")
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_row_op_is_one_kernel(op):
     x, g, b = (lc.tensor(a) for a in _inputs(lc.f32, 64, 128, 5))
     assert len(_kernels(OPS[op][0](x, g, b))) == 1
+
+
+# ---- the row kernel (issue 10 item 1) ------------------------------------------------------
+# 1, W-1, W, W+1 and 4W+1 (the 4-accumulator loop) for every vector width W of 4, 8 or 16 lanes,
+# an empty row and a long one with a tail
+ODD_LENGTHS = [0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33, 65, 1031]
+ALL = [lc.f32, lc.f64, lc.f16, lc.bf16]
+TOL = {"f32": 2e-5, "f64": 1e-12, "f16": 1e-2, "bf16": 6e-2}
+
+
+def _expect(op, x, g, b):
+    """NumPy's answer in f64; an empty row: empty outputs, logsumexp -inf."""
+    x64, g64, b64 = (a.astype(np.float64) for a in (x, g, b))
+    if x.shape[-1] == 0:
+        return np.full(x.shape[:-1] + (1,), -np.inf) if op == "logsumexp" else np.zeros(x.shape)
+    return OPS[op][1](x64, g64, b64)
+
+
+@pytest.mark.parametrize("n", ODD_LENGTHS)
+@pytest.mark.parametrize("dt", ALL, ids=ids(ALL))
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_row_kernel_matches_numpy_across_dtypes_and_row_lengths(op, dt, n):
+    x, g, b = _inputs(dt, 3, n, 7)
+    got = OPS[op][0](lc.tensor(x), lc.tensor(g), lc.tensor(b)).numpy()
+    want = _expect(op, x, g, b)
+    assert got.shape == want.shape
+    tol = TOL[dt.name]
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "outer_permuted", "row_strided"])
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_row_kernel_on_rank3_inputs(op, layout):
+    rng = rng_for("rank3", op, layout)
+    n = 37
+    g, b = data(lc.f32, (n,), rng, "pos"), data(lc.f32, (n,), rng)
+    if layout == "contiguous":
+        ref = data(lc.f32, (3, 4, n), rng)
+        t = lc.tensor(ref)
+    elif layout == "outer_permuted":               # outer dims do not merge
+        base = data(lc.f32, (4, 3, n), rng)
+        t, ref = lc.tensor(base).transpose(0, 1), base.transpose(1, 0, 2)
+    else:                                          # the row is strided: (n, 3, 4) -> (3, 4, n)
+        base = data(lc.f32, (n, 3, 4), rng)
+        t, ref = lc.tensor(base).permute(1, 2, 0), base.transpose(1, 2, 0)
+    got = OPS[op][0](t, lc.tensor(g), lc.tensor(b)).numpy()
+    want = OPS[op][1](ref.astype(np.float64), g.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
+    assert len(_kernels(OPS[op][0](t, lc.tensor(g), lc.tensor(b)))) == 1
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_logsumexp_keepdim_shapes_of_a_rank3_input(keepdim):
+    x = rng_for("lse_keep", keepdim).normal(size=(2, 5, 19)).astype(np.float32)
+    got = lc.tensor(x).logsumexp(-1, keepdim=keepdim).numpy()
+    want = _lse(x.astype(np.float64))
+    want = want if keepdim else want[..., 0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _specials_rows(n=21):
+    """Rows: one +inf, one NaN, some -inf, all -inf, a -inf next to +inf, plain."""
+    x = np.random.default_rng(11).normal(size=(6, n)).astype(np.float32)
+    x[0, 3] = np.inf
+    x[1, 7] = np.nan
+    x[2, ::3] = -np.inf
+    x[3] = -np.inf
+    x[4, 1], x[4, 2] = -np.inf, np.inf
+    return x
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm", "rms_norm"])
+def test_row_kernel_propagates_inf_and_nan_like_numpy(op):
+    x = _specials_rows()
+    g, b = np.full(x.shape[1], 1.5, np.float32), np.full(x.shape[1], 0.25, np.float32)
+    got = OPS[op][0](lc.tensor(x), lc.tensor(g), lc.tensor(b)).numpy()
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        want = OPS[op][1](x.astype(np.float64), g.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+    if op == "softmax":
+        assert (got[2, ::3] == 0).all()            # masked next to finite values: exactly 0
+
+
+def test_logsumexp_row_kernel_keeps_its_inf_and_nan_rules():
+    """+inf gives inf, NaN gives NaN, an all -inf row gives -inf, -inf entries are skipped."""
+    x = _specials_rows()
+    got = lc.tensor(x).logsumexp(-1).numpy()
+    assert got[0] == np.inf and np.isnan(got[1]) and got[3] == -np.inf and got[4] == np.inf
+    finite = x[2][np.isfinite(x[2])].astype(np.float64)
+    np.testing.assert_allclose(got[2], np.log(np.exp(finite).sum()), rtol=1e-6)
+    np.testing.assert_allclose(got[5], _lse(x[5:].astype(np.float64))[0, 0], rtol=1e-6)
+
+
+def _attention_scores(t, d, seed):
+    rng = rng_for("attn", t, d, seed)
+    q, k = rng.normal(size=(t, d)).astype(np.float32), rng.normal(size=(t, d)).astype(np.float32)
+    return q, k, (q.astype(np.float64) @ k.T.astype(np.float64)) / np.sqrt(d)
+
+
+@pytest.mark.parametrize("mask_by", ["where", "add"])
+def test_attention_scale_mask_softmax_is_one_row_kernel(mask_by):
+    t, d = 45, 16
+    q, k, s64 = _attention_scores(t, d, 0)
+    causal = np.triu(np.ones((t, t), bool), 1)
+    s = lc.tensor(q).matmul(lc.tensor(k).t()) * (1 / np.sqrt(d))
+    if mask_by == "where":
+        s = s.masked_fill(lc.tensor(causal.astype(np.uint8)), float("-inf"))
+    else:
+        s = s + lc.tensor(np.where(causal, -np.inf, 0).astype(np.float32))
+    p = lc.nn.softmax(s, -1)
+    assert [k.kind for k in _kernels(p)] == ["matmul", "row"]
+    got = p.numpy()
+    assert (got[causal] == 0).all()
+    s64[causal] = -np.inf
+    np.testing.assert_allclose(got, _softmax(s64), rtol=1e-5, atol=1e-7)
+
+
+def test_causal_sdpa_runs_its_softmax_as_one_row_kernel():
+    t, d = 33, 8
+    rng = rng_for("sdpa_rows")
+    q, k, v = (rng.normal(size=(2, t, d)).astype(np.float32) for _ in range(3))
+    out = lc.nn.scaled_dot_product_attention(lc.tensor(q), lc.tensor(k), lc.tensor(v), is_causal=True)
+    kinds = [k.kind for k in _kernels(out)]
+    assert kinds.count("row") == 1 and "reduce" not in kinds
+    s = np.einsum("bld,bsd->bls", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(d)
+    s[:, np.triu(np.ones((t, t), bool), 1)] = -np.inf
+    np.testing.assert_allclose(out.numpy(), _softmax(s) @ v.astype(np.float64), rtol=1e-5, atol=1e-6)
+
+
+def test_row_kernel_writes_full_rows_and_per_row_values_together():
+    x = rng_for("two_outputs").normal(size=(6, 40)).astype(np.float32)
+    t = lc.tensor(x)
+    m, p = t.max_keepdim(-1), lc.nn.softmax(t, -1)
+    kernels, _, _ = schedule_capture(capture([m._node, p._node]))
+    assert len(kernels) == 1 and len(kernels[0].outputs) == 2
+    lc.realize(m, p)
+    np.testing.assert_array_equal(m.numpy(), x.max(-1, keepdims=True))
+    np.testing.assert_allclose(p.numpy(), _softmax(x.astype(np.float64)), rtol=1e-6, atol=1e-8)
+
+
+def test_row_fusion_refuses_a_merge_that_would_close_a_cycle():
+    """x / s + s @ w: the matmul reads the row sum and feeds the consumer, so the consumer
+    cannot join the sum's kernel; the schedule says why and the value is right."""
+    rng = rng_for("row_cycle")
+    x, w = rng.normal(size=(8, 24)).astype(np.float32), rng.normal(size=(1, 24)).astype(np.float32)
+    s = lc.tensor(x).sum_keepdim(-1)
+    out = lc.tensor(x).broadcast_div(s) + s.matmul(lc.tensor(w))
+    kernels, _, notes = schedule_capture(capture([out._node]))
+    assert "row" not in [k.kind for k in kernels]
+    assert any("not fused into the row kernel" in n and "feeds it" in n for n in notes)
+    s64 = x.astype(np.float64).sum(-1, keepdims=True)
+    np.testing.assert_allclose(out.numpy(), x / s64 + s64 @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_schedule_dump_shows_the_row_kernel_and_its_passes():
+    from lazycandle.compiler import get_plan
+    from lazycandle.ir.printer import render
+    x = lc.tensor(rng_for("dump_rows").normal(size=(16, 64)).astype(np.float32))
+    text = render("schedule", "text", get_plan(capture([lc.nn.softmax(x, -1)._node])))
+    assert "kernel 0: row" in text and "pass 1: max; pass 2: sum; write the row" in text
+    assert "kernel 1" not in text
+
+
+def test_row_kernel_compiles_once_for_every_row_length(compiled_counter):
+    rng = rng_for("row_sizes")
+    for n in (100, 200, 300, 1000):
+        x = rng.normal(size=(8, n)).astype(np.float32)
+        np.testing.assert_allclose(lc.nn.layer_norm(lc.tensor(x), None, None).numpy(),
+                                   _layer_norm(x.astype(np.float64), 1.0, 0.0), rtol=1e-5, atol=1e-5)
+        if n == 100:
+            after_first = compiled_counter()
+    assert compiled_counter() == after_first
+
+
+def test_row_kernel_with_several_full_outputs_writes_each_one():
+    """A costly per-element value both passes compute (kept in an output buffer between them)
+    that is also an output of its own, next to other outputs (found by the mixed-graph fuzz)."""
+    rng = rng_for("stash_outputs")
+    x0, x1 = rng.normal(size=(3, 20)).astype(np.float32), rng.normal(size=(3, 20)).astype(np.float32)
+    a = lc.tensor(x0).abs()
+    h = (a - lc.tensor(x1).exp()) * 0.5
+    c = (h - h.mean_keepdim(1).broadcast_as(h.shape)) * 0.5
+    kernels, _, _ = schedule_capture(capture([c._node, a._node, h._node]))
+    assert [k.kind for k in kernels] == ["row"]
+    lc.realize(c, a, h)
+    h64 = (np.abs(x0.astype(np.float64)) - np.exp(x1.astype(np.float64))) * 0.5
+    np.testing.assert_allclose(a.numpy(), np.abs(x0))
+    np.testing.assert_allclose(h.numpy(), h64, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(c.numpy(), (h64 - h64.mean(1, keepdims=True)) * 0.5, rtol=1e-6, atol=1e-6)

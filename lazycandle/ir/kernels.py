@@ -75,3 +75,46 @@ class RedSpec:
         if self.inner_reduce:
             return max(1, prod(out))
         return max(1, prod(out[:-1]))
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """A row kernel: reductions over the last (row) dim fused with their producers and with the
+    consumers that read their results broadcast along the row, one unit per row.  `instrs` is
+    one DAG in node order, like EwSpec's; an instr whose op is a reduction of ir/ops.py
+    REDUCTIONS reduces its one operand (a per-element value) over the row.  Each instr has a
+    level: "e" (a value per element of the row) or "r" (one value per row: a reduction's result,
+    or an elementwise op on such values); an "e" instr reading an "r" value reads it broadcast.
+    The stages (passes over the row) follow from the DAG: see `stages`."""
+    rank: int               # merged rank; the last dim is the row, the others are walked per unit
+    inputs: tuple           # ((dtype_name, stride classes), ...)  see EwSpec; a per-row input has row stride 0
+    instrs: tuple           # see EwSpec; op may be a reduction kind (its result is a row value)
+    levels: tuple           # per instr: "e" | "r"
+    outputs: tuple          # ((instr index, dtype_name), ...): full rows for "e", one per row for "r"
+    scalars: tuple          # dtype name of each runtime scalar slot
+
+    def is_reduction(self, j) -> bool:
+        from .ops import REDUCTIONS
+        return self.instrs[j][0] in REDUCTIONS
+
+    def needs(self) -> tuple:
+        """Per instr: the last stage whose reductions it depends on (-1: none)."""
+        need, stage = [], {}
+        for j, ins in enumerate(self.instrs):
+            d = max((stage[r[1]] if r[1] in stage else need[r[1]] for r in ins[4] if r[0] == "v"), default=-1)
+            need.append(d)
+            if self.is_reduction(j):
+                stage[j] = d + 1
+        return tuple(need)
+
+    def stages(self) -> tuple:
+        """The reductions of each pass over the row: a reduction runs in the pass after the
+        last one it depends on; then one more pass writes the full-row outputs."""
+        need = self.needs()
+        out: list = []
+        for j in range(len(self.instrs)):
+            if self.is_reduction(j):
+                while len(out) <= need[j] + 1:
+                    out.append([])
+                out[need[j] + 1].append(j)
+        return tuple(tuple(s) for s in out)

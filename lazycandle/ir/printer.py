@@ -143,11 +143,23 @@ def kernel_text(i, k, desc, names, step=None) -> list:
             lines.append(f"    loop {shape} reducing dims {[d for d, r in enumerate(spec.red) if r]} "
                          f"({'inner-reduce' if spec.inner_reduce else 'inner-output'}), {spec.kind}, vector width "
                          f"{W}; parallel over {step.extent} units")
+        elif k.kind == "row":
+            lines.append(f"    {row_nest(spec, shape)}, vector width {W}; parallel over {step.extent} rows")
         lines.append(f"    compiled for shape class: rank {spec.rank}, strides "
                      f"{[c for _, c in spec.inputs]} (sizes {k.sizes} at run time)")
     if getattr(step, "detail", None):
         lines.append(f"    {step.detail}")
     return lines
+
+
+def row_nest(spec, shape) -> str:
+    """What a row kernel does per row: its passes over the row and what each computes."""
+    passes = [" + ".join(spec.instrs[j][0] for j in reds) for reds in spec.stages() if reds]
+    per_row = [spec.instrs[j][0] for j, lv in enumerate(spec.levels) if lv == "r" and not spec.is_reduction(j)]
+    full = any(spec.levels[j] == "e" for j, _ in spec.outputs)
+    steps = [f"pass {i + 1}: {p}" for i, p in enumerate(passes)] + (["write the row"] if full else [])
+    extra = f"; per-row ops {', '.join(per_row)}" if per_row else ""
+    return f"row kernel over {shape} (rows of {shape[-1]}): {'; '.join(steps)}{extra}"
 
 
 def schedule_text(plan, names) -> str:

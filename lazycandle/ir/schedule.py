@@ -24,6 +24,7 @@ from math import prod
 
 from ..errors import SchedulerError
 from ..layout import contiguous_strides, merge_dims
+from . import rows
 from .graph import Capture
 from .kernels import EwSpec, RedSpec, runtime_sizes, stride_class, tile_dim
 from .ops import ELEMENTWISE, REDUCE
@@ -145,6 +146,9 @@ def group_nodes(cap: Capture):
             _fuse_elementwise(gr, nodes, j, ops, notes)
     groups = {g: sorted(m) for g, m in gr.members.items()}
     order = _order_groups(cap, groups, gr.of)
+    row_groups = rows.fuse_rows(cap, groups, order, gr.of, notes)
+    if row_groups:
+        order = _order_groups(cap, groups, gr.of, row_groups)
     return [groups[g] for g in order], gr.of, notes
 
 
@@ -192,7 +196,7 @@ def _fuse_elementwise(gr, nodes, j, ops, notes):
         gr.merge([j] + accepted, sum(len(direct[g]) for g in accepted))
 
 
-def _order_groups(cap: Capture, groups, group_of):
+def _order_groups(cap: Capture, groups, group_of, row_groups=()):
     """Group ids in execution order (each group as soon as its producers ran, oldest newest-node
     first), after checking that the kernels form a DAG and that every value read inside a kernel
     is a register value of that kernel.  A violation is a scheduler bug: SchedulerError."""
@@ -205,6 +209,8 @@ def _order_groups(cap: Capture, groups, group_of):
             if o.kind != "node":
                 continue
             h = group_of[o.index]
+            if h == g and g in row_groups:      # rows.py admits only register reads
+                continue
             if h == g:
                 cat = nodes[j].op.category
                 fusable = cat == ELEMENTWISE or (cat == REDUCE and j == groups[g][-1])
@@ -273,7 +279,9 @@ def bind_kernels(cap: Capture, groups, mat) -> list:
     kernels = []
     for g in groups:
         kind = cap.nodes[g[-1]].op.category
-        if kind in (ELEMENTWISE, REDUCE):
+        if kind in (ELEMENTWISE, REDUCE) and rows.is_row_group(cap, g):
+            kernels.append(rows.row_kernel(cap, g, mat))
+        elif kind in (ELEMENTWISE, REDUCE):
             kernels.append(_fused_kernel(cap, g, mat))
         else:
             reads = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)

@@ -47,7 +47,7 @@ class Step:
 
 
 def _compiled_step(k, codegen, size, extent, vector_units):
-    """Compile kernel k's spec with `codegen` (elementwise or reduce); None when it has no work.
+    """Compile kernel k's spec with `codegen` (elementwise, reduce or row); None when it has no work.
     `vector_units`: its units are single elements, so chunks split on vector boundaries."""
     if size == 0:
         return None
@@ -81,7 +81,7 @@ class Plan:
     the passes and the scheduler."""
 
     def __init__(self, src_cap, cap, kernels, materialized, notes, template=None):
-        from ..codegen import elementwise as ew, reduce as red
+        from ..codegen import elementwise as ew, reduce as red, row
         src_desc = describe(src_cap)
         self.kernels, self.materialized, self.notes, self.template = kernels, materialized, notes, template
         # descriptions for the dump tool; the plan is cached, so it must not pin Nodes/buffers
@@ -98,6 +98,9 @@ class Plan:
                 spec = k.spec
                 self.steps.append(_compiled_step(k, red, prod(spec.out_shape(k.loop_shape)),
                                                  spec.parallel_extent(k.loop_shape), False))
+            elif k.kind == "row":     # one unit per row; the row length is a runtime size
+                rows = prod(k.loop_shape[:-1])
+                self.steps.append(_compiled_step(k, row, rows, rows, False))
             else:
                 self.steps.append(_node_step(cap.nodes[k.nodes[0]].op.name, k.kind)(k, cap))
         self._plan_memory()

@@ -1,0 +1,271 @@
+"""Row kernels (ir/kernels.py RowSpec): softmax, log_softmax, layer_norm, rms_norm, logsumexp and
+the like as ONE kernel, parallel over rows.
+
+Per row [lo, hi): for each stage of RowSpec.stages(), one pass over the row evaluates the
+per-element producers of that stage's reductions and reduces them (U vector accumulators of W
+lanes, then W lanes, then a scalar tail, combined as codegen/reduce.py combines them, so a sum
+is accumulated in the same order and precision as the reduce kernel's); between passes the
+per-row instrs whose reductions are done run once, on scalars; a last pass evaluates the
+full-row outputs (W-wide body + one masked step) and the per-row outputs are stored.  A pass
+re-reads the row, which is still in L1/L2 from the pass before, and recomputes the cheap
+per-element producers instead of storing them.  Per-row values reach the per-element DAG as
+extra scalar slots (slot = runtime scalars + instr index), so elementwise._emit_instrs
+evaluates every DAG unchanged (each op rounded in its dtype, like op at a time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llvmlite.ir as ir
+
+from .. import dtype as D
+from ..ir.kernels import RowSpec
+from ..ir.ops import OPS, reduction
+from . import codecs, jit
+from .elementwise import _Kernel, _cast, _emit_instrs, _bits, lanes as ew_lanes
+from .llvmutil import I32, I64, F64, ltype, vec, splat, width_of
+from .loops import KERNEL_FN, counted_loop, unit_range
+from .reduce import UNROLL, _RedKernel
+
+
+STASH_COST = 4     # op cost of a per-element value worth writing once rather than computing twice
+
+
+@dataclass(frozen=True)
+class _Sub:
+    """A part of a row kernel's DAG in the shape _emit_instrs evaluates."""
+    inputs: tuple
+    instrs: tuple
+    outputs: tuple
+
+
+class _Acc:
+    """One reduction's accumulator rules, borrowed from the reduce kernel generator."""
+    init, better, combine, hreduce = _RedKernel.init, _RedKernel.better, _RedKernel.combine, _RedKernel.hreduce
+    is_arg = False
+
+    def __init__(self, b, kind, val_dt, out_dt):
+        self.b, self.red, self.val_dt, self.out_dt = b, reduction(kind), val_dt, out_dt
+        self.is_float = val_dt.is_float
+        self.acc_t = F64 if self.red.acc == "f64" and self.is_float else ltype(val_dt.compute)
+
+    def widen(self, v):
+        t = vec(self.acc_t, width_of(v.type))
+        return self.b.fpext(v, t) if v.type != t and self.is_float else v
+
+    def result(self, acc, n):
+        """The row value: finished like the reduce kernel's output, in the output's compute type."""
+        b = self.b
+        if self.red.finish == "divide_count":
+            acc = b.fdiv(acc, b.sitofp(n, self.acc_t))
+        if self.acc_t == F64 and self.is_float:
+            return _cast(b, acc, D.f64, self.out_dt)
+        return acc
+
+
+def pass_lanes(spec: RowSpec, accs) -> int:
+    """W of a reduction pass: reduce.lanes' rule (f64 accumulators count as 64-bit)."""
+    bits = max([_bits(D.DType.from_name(dt)) for dt, _ in spec.inputs] +
+               [_bits(D.DType.from_name(i[3])) for i in spec.instrs] + [32])
+    if any(a.acc_t == F64 for a in accs):
+        bits = 64
+    return max(2, jit.vector_bits() // bits)
+
+
+def lanes(spec: RowSpec) -> int:
+    """W of the final (output) pass."""
+    return ew_lanes(spec)
+
+
+class _RowKernel(_Kernel):
+    slot = _RedKernel.slot
+
+    def __init__(self, spec: RowSpec, name: str):
+        super().__init__(spec, name, lanes(spec))
+        self.row = spec
+        self.n_scalars = len(spec.scalars)
+        self.row_vals = {}
+
+    def scalar(self, k, w):
+        """Runtime scalar k, or (k >= the runtime scalars) the row value of instr k - n_scalars."""
+        v = self.scalar_vals[k] if k < self.n_scalars else self.row_vals[k - self.n_scalars]
+        if w == 1:
+            return v
+        got = self.scalar_splats.get((k, w)) if k < self.n_scalars else None
+        return got if got is not None else splat(self.b, v, w)
+
+    def sub(self, cone, outputs, extra=(), leaves=None):
+        """_Sub of instrs `cone` (indices, in order), then `extra` instrs (refs in kernel terms),
+        with `outputs` [(position in the sub, dtype)]; refs to row values become scalar refs and
+        refs to `leaves` {instr: input index} read that input."""
+        at, leaves = {j: i for i, j in enumerate(cone)}, leaves or {}
+
+        def ref(r):
+            if r[0] != "v":
+                return r
+            if r[1] in leaves:
+                return ("i", leaves[r[1]])
+            return ("v", at[r[1]]) if r[1] in at else ("s", self.n_scalars + r[1], self.row.instrs[r[1]][3])
+        instrs = [(op, arg, dt, odt, tuple(ref(r) for r in refs)) for op, arg, dt, odt, refs in
+                  [self.row.instrs[j] for j in cone] + list(extra)]
+        inputs = self.row.inputs + tuple((self.row.instrs[j][3], ()) for j in sorted(leaves, key=leaves.get))
+        return _Sub(inputs, tuple(instrs), tuple(outputs))
+
+    def cone(self, refs, leaves=()):
+        """The per-element instrs the values `refs` are computed from, in order (stopping at
+        `leaves`)."""
+        spec, out, stack = self.row, set(), [r[1] for r in refs if r[0] == "v"]
+        while stack:
+            j = stack.pop()
+            if j in out or spec.levels[j] != "e":
+                continue
+            out.add(j)
+            if j not in leaves:
+                stack += [r[1] for r in spec.instrs[j][4] if r[0] == "v"]
+        return sorted(out)
+
+    def cost(self, cone) -> int:
+        return sum(OPS[self.row.instrs[j][0]].cost for j in cone)
+
+    def eval_row_instrs(self, in_base, ready):
+        """Per-row elementwise instrs whose reductions are done, once per row (scalars)."""
+        spec = self.row
+        todo = [j for j in range(len(spec.instrs)) if spec.levels[j] == "r" and not spec.is_reduction(j)
+                and j not in self.row_vals and ready(j)]
+        if not todo:
+            return
+        sub = self.sub(todo, [(i, spec.instrs[j][3]) for i, j in enumerate(todo)])
+        vals = _emit_instrs(self.b, sub, lambda k: self.load(k, in_base[k], 0, 1), 1, self.scalar,
+                            decode_outputs=True)
+        self.row_vals.update(zip(todo, vals))
+
+    def reduce_pass(self, reds, in_base, row_str, n, stash=None, out_base=None):
+        """One pass over the row computing the reductions `reds` (instr indices); `stash` (instr,
+        output k) also writes that per-element value to full output k, for the last pass."""
+        b, spec = self.b, self.row
+        accs = [_Acc(b, spec.instrs[j][0], D.DType.from_name(spec.instrs[j][2]), D.DType.from_name(spec.instrs[j][3]))
+                for j in reds]
+        operands = [spec.instrs[j][4][0] for j in reds]
+        cone = self.cone(operands)
+        copies = [("copy", None, spec.instrs[j][2], spec.instrs[j][2], (r,)) for j, r in zip(reds, operands)]
+        outs = [(len(cone) + i, spec.instrs[j][2]) for i, j in enumerate(reds)]
+        if stash:
+            outs.append((cone.index(stash[0]), spec.instrs[stash[0]][3]))   # (pass instr, output instr, k)
+        sub = self.sub(cone, outs, copies)
+        W, U = pass_lanes(spec, accs), UNROLL
+        E = min(max(W, ew_lanes(sub)), U * W)   # evaluate E lanes at once, accumulate W-wide halves
+        slots = [[self.slot(vec(a.acc_t, W)) for _ in range(U)] + [self.slot(a.acc_t)] for a in accs]
+        for a, sl in zip(accs, slots):
+            for k, s in enumerate(sl):
+                b.store(a.init(W if k < U else 1), s)
+
+        def step(j, w, k):
+            """Lanes [j, j + w) into accumulators k, k+1, ... (W lanes each; w = 1: the tail's)."""
+            offs = [self.sadd(x, j, s) for x, s in zip(in_base, row_str)]
+            vals = _emit_instrs(b, sub, lambda q: self.load(q, offs[q], row_str[q], w), w, self.scalar,
+                                decode_outputs=True)
+            for a, sl, v in zip(accs, slots, vals):
+                v = a.widen(v)
+                for p in range(max(1, w // W)):
+                    part = v if w <= W else b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W),
+                                                                               [p * W + x for x in range(W)]))
+                    b.store(a.combine(b.load(sl[k + p]), part), sl[k + p])
+            if stash:
+                self.store_full(stash[2], b.add(out_base, j), vals[-1], w)
+
+        nvec = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
+        n1 = b.mul(b.udiv(n, I64(W)), I64(W))
+        with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
+            for c in range(U * W // E):
+                step(b.add(i, I64(c * E)), E, c * E // W)
+        with counted_loop(b, nvec, n1, W, "r1") as j:
+            step(j, W, 0)
+        with counted_loop(b, n1, n, 1, "rt") as j:
+            step(j, 1, U)
+        for j, a, sl in zip(reds, accs, slots):
+            s, _ = a.hreduce([b.load(x) for x in sl[:U]])
+            self.row_vals[j] = a.result(a.combine(s, b.load(sl[U])), n)
+
+    def store_full(self, k, off, v, w):
+        """Store compute value(s) v (w lanes) to full output k at element offset `off`."""
+        b, dt = self.b, self.out_dt[k]
+        v = codecs.encode(b, dt.codec, v) if dt.codec else v
+        p = b.gep(self.out_ptr[k], [off], inbounds=True)
+        b.store(v, p if w == 1 else b.bitcast(p, v.type.as_pointer()), align=dt.size_in_bytes)
+
+    def pick_stash(self, stages, full):
+        """(instr of the last reduction pass, the same value's instr in the output pass, output
+        k): the costliest per-element value both passes compute (the recompute pass gives each
+        reduction its own copy, so they are matched by what they compute), when an output of
+        its dtype can hold it between the two passes (softmax: exp(x - max) is written by the
+        sum's pass, then divided in place)."""
+        spec = self.row
+        if not stages or not full:
+            return None
+        keys: list = []
+        for op, arg, dt, odt, refs in spec.instrs:
+            keys.append((op, arg, dt, odt, tuple(keys[r[1]] if r[0] == "v" else r for r in refs)))
+        last = {keys[j]: j for j in self.cone([spec.instrs[j][4][0] for j in stages[-1]])}
+        shared = [j for j in self.cone([("v", j) for _, j, _ in full]) if keys[j] in last]
+        best = max(shared, key=lambda j: (self.cost(self.cone([("v", j)])), j), default=None)
+        if best is None or self.cost(self.cone([("v", best)])) < STASH_COST:
+            return None
+        holders = [k for k, j, dtn in full if j == best] + [k for k, j, dtn in full if dtn == spec.instrs[best][3]]
+        return (last[keys[best]], best, holders[0]) if holders else None
+
+    def build(self):
+        spec, b = self.row, self.b
+        lo, hi = unit_range(self.fn)
+        n = self.dims[-1]
+        row_str = [s[-1] for s in self.strides]
+        need, stages = spec.needs(), [s for s in spec.stages() if s]
+        full = [(k, j, dt) for k, (j, dt) in enumerate(spec.outputs) if spec.levels[j] == "e"]
+        per_row = [(k, j, dt) for k, (j, dt) in enumerate(spec.outputs) if spec.levels[j] == "r"]
+        stash = self.pick_stash(stages, full)
+        with counted_loop(b, lo, hi, 1, "row") as r:
+            in_base, _ = self.offsets(self.unravel(r, list(range(spec.rank - 1))))
+            out_base = b.mul(r, n)
+            self.row_vals = {}
+            for p, reds in enumerate(stages):
+                self.eval_row_instrs(in_base, lambda j: need[j] < p)
+                self.reduce_pass(reds, in_base, row_str, n, stash if p == len(stages) - 1 else None, out_base)
+            self.eval_row_instrs(in_base, lambda j: True)
+            for k, j, dtn in per_row:
+                dt = D.DType.from_name(dtn)
+                v = self.row_vals[j]
+                v = codecs.encode(b, dt.codec, v) if dt.codec else v
+                b.store(v, b.gep(self.out_ptr[k], [r], inbounds=True), align=dt.size_in_bytes)
+            if full:
+                self.write_rows(full, in_base, out_base, row_str, n, stash)
+        b.ret_void()
+
+    def write_rows(self, full, in_base, out_base, row_str, n, stash):
+        """The last pass: the full-row outputs, through the elementwise inner loop; a stashed
+        value is read back from the output that holds it."""
+        if stash:           # an output holding its own value is already written
+            full = [o for o in full if o[1] != stash[1] or o[0] != stash[2]]
+            if not full:
+                return
+        leaves = {stash[1]: len(self.in_ptr)} if stash else {}
+        cone = [j for j in self.cone([("v", j) for _, j, _ in full], leaves) if j not in leaves]
+        at = {j: i for i, j in enumerate(cone)}
+        sub = self.sub(cone, [(at[j], dt) for _, j, dt in full], leaves=leaves)
+        saved = self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt
+        if stash:
+            self.in_ptr = self.in_ptr + [self.out_ptr[stash[2]]]
+            self.in_dt = self.in_dt + [self.out_dt[stash[2]]]
+            in_base, row_str = list(in_base) + [out_base], list(row_str) + [1]
+        self.spec = sub
+        self.out_ptr = [saved[1][k] for k, _, _ in full]
+        self.out_dt = [saved[2][k] for k, _, _ in full]
+        self.inner_loop(I64(0), n, in_base, out_base, row_str)
+        self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt = saved
+
+
+def build(spec: RowSpec, name: str = "row") -> str:
+    k = _RowKernel(spec, name)
+    k.build()
+    return str(k.m)
+
+
+get_kernel = jit.KernelCache(lambda spec: (build(spec, "row"), "row"), KERNEL_FN)
