@@ -151,8 +151,10 @@ class RedSpec(KernelSpec):
         return max(1, prod(out[:-1]))
 
     def extent(self, sizes) -> int:
-        shape = sizes[:self.rank]
-        return self.parallel_extent(shape) if prod(self.out_shape(shape)) else 0
+        out = prod(d for d, r in zip(sizes, self.red) if not r)
+        if not out:
+            return 0
+        return out if self.red[-1] else max(1, out // sizes[self.rank - 1])
 
     def cost(self, sizes) -> float:
         return float(len(self.instrs) * prod(sizes[:self.rank]))

@@ -116,6 +116,13 @@ class Plan:
         # node steps that bake their sizes into a kernel spec need a plan per size
         self.binds_sizes = all(not isinstance(s, NodeStep) or s.binds_layouts for s in self.steps)
         self._plan_memory()
+        # how bind_values reads the flat quantities: per kernel (spec, sizes count | operand
+        # ranks, node-read count), then one element count per buffer node
+        self._recipe = [(k.spec, len(k.sizes), sum(1 for b in k.inputs if b[0] == "node")) if k.spec is not None
+                        else (None, [len(lay.shape) for _, _, _, lay, _ in step.operands],
+                              sum(1 for b in k.inputs if b[0] == "node"))
+                        for k, step in zip(kernels, self.steps)]
+        self._buffer_nodes = sorted(materialized)
         self.binding = self.bind_values(self.quantities(kernels, cap))
 
     def quantities(self, kernels, cap) -> list:
@@ -138,24 +145,21 @@ class Plan:
     def bind_values(self, q) -> Binding:
         """The Binding of flat quantities `q` (in the order of `quantities`)."""
         at, steps, reads = 0, [], []
-        for k, step in zip(self.kernels, self.steps):
-            if k.spec is not None:
-                n = len(k.sizes)
-                sizes = tuple(q[at:at + n])
-                at += n
-                extent = k.spec.extent(sizes)
-                steps.append((np.array(sizes, np.int64), extent, k.spec.cost(sizes) / max(extent, 1)))
+        for spec, counts, n_reads in self._recipe:
+            if spec is not None:
+                sizes = tuple(q[at:at + counts])
+                at += counts
+                extent = spec.extent(sizes)
+                steps.append((np.array(sizes, np.int64), extent, spec.cost(sizes) / (extent or 1)))
             else:
                 lays = []
-                for _, _, _, lay, _ in step.operands:
-                    r = len(lay.shape)
+                for r in counts:
                     lays.append(Layout(tuple(q[at:at + r]), tuple(q[at + r:at + 2 * r]), q[at + 2 * r]))
                     at += 2 * r + 1
                 steps.append(lays)
-            n = sum(1 for b in k.inputs if b[0] == "node")
-            reads.append(tuple(q[at:at + n]))
-            at += n
-        return Binding(steps, reads, dict(zip(sorted(self.materialized), q[at:])))
+            reads.append(tuple(q[at:at + n_reads]))
+            at += n_reads
+        return Binding(steps, reads, dict(zip(self._buffer_nodes, q[at:])))
 
     def _plan_memory(self):
         """Liveness: allocate each buffer right before the kernel that writes it and release

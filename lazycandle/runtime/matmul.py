@@ -175,13 +175,13 @@ def _chunks(nb: int, m: int, n: int, mr: int, nr: int, flops: float, threads: in
     return m, -(-nblocks // split) * nr
 
 
-def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
+def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int, needs_w: bool | None = None) -> tuple:
     """(MC, KC, NC): a KC x NR panel of B stays in L1 (~16 KB), an MC x KC block of A in L2
     (~160 KB), a KC x NC block of B in L3 (~4 MB).  KC is a multiple of the k unroll.  When
     partial sums would go through the scratch W (16/8-bit outputs), KC grows to cover K up to
     1024 instead: measured 25-40 % faster at 1024^3 than the W round trips."""
     kc = max(128, (16384 // (spec.nr * acc_bytes)) // 8 * 8)
-    if spec.needs_w and k > kc:
+    if (spec.needs_w if needs_w is None else needs_w) and k > kc:
         kc = min(1024, _round_up(k, 8))
     mc = max(spec.mr, (163840 // (kc * acc_bytes)) // spec.mr * spec.mr)
     nc = max(spec.nr, (4 << 20) // (kc * acc_bytes) // spec.nr * spec.nr)
@@ -193,11 +193,22 @@ _PARAM_AT = {name: gemm.param_index(name) for name in gemm.FIELDS + gemm.BATCH_A
 _tile_kernels: dict = caches.register("tiled gemm kernels by dtype", {})
 
 
+def _tile_of(dt: DType) -> tuple:
+    """gemm.choose_tile(dt), once per dtype (the host's vector width does not change)."""
+    got = _tiles.get(dt.name)
+    if got is None:
+        got = _tiles[dt.name] = gemm.choose_tile(dt)
+    return got
+
+
+_tiles: dict = {}
+
+
 def _tile_kernel(dt: DType) -> tuple:
     """(spec, compiled function, accumulator bytes, needs_w) of the tiled GEMM for `dt`."""
     got = _tile_kernels.get(dt.name)
     if got is None:
-        spec = gemm.GemmSpec(dt, *gemm.choose_tile(dt))
+        spec = gemm.GemmSpec(dt, *_tile_of(dt))
         got = _tile_kernels[dt.name] = (spec, gemm.get_kernel(spec), _acc_bytes(dt), spec.needs_w)
     return got
 
@@ -210,7 +221,7 @@ class TiledPlan:
     def __init__(self, g: Geometry, threads: int):
         self.g, self.threads = g, threads
         spec, self.fn, ab, needs_w = _tile_kernel(g.dtype)
-        mc, kc, nc = _blocking(spec, ab, g.k)
+        mc, kc, nc = _blocking(spec, ab, g.k, needs_w)
         nb = g.nbatch
         mchunk, nchunk = _chunks(nb, g.m, g.n, spec.mr, spec.nr, g.flops, threads)
         mchunk, nchunk = max(mchunk, 1), max(nchunk, 1)
@@ -273,11 +284,14 @@ class TiledPlan:
 
 
 # ---- BLAS -------------------------------------------------------------------------------
+_blas_kinds: dict = {}
+
+
 def _blas_kind(dt: DType):
     """"s" / "d" when the BLAS path can run `dt` (through f32 for the 16/8-bit floats)."""
-    if not dt.is_float:
-        return None
-    return "d" if _acc_bytes(dt) == 8 else "s"
+    if dt.name not in _blas_kinds:
+        _blas_kinds[dt.name] = None if not dt.is_float else "d" if _acc_bytes(dt) == 8 else "s"
+    return _blas_kinds[dt.name]
 
 
 def _blas_form(rows: int, cols: int, rs: int, cs: int):
@@ -469,7 +483,7 @@ def choose_backend(g: Geometry, backend: str) -> str:
         return "tiled"
     if backend == "blas":
         return "blas"
-    mr, nv, vw = gemm.choose_tile(g.dtype)
+    mr, nv, vw = _tile_of(g.dtype)
     used = g.m / _round_up(g.m, mr) * g.n / _round_up(g.n, nv * vw)
     if used < 0.5 and g.flops >= AUTO_THIN_BLAS_FLOPS:
         return "blas"
