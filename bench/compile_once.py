@@ -77,6 +77,7 @@ def decode(max_len: int, sample=(2, 15, 16, 17, 64, 100, 255, 256)) -> dict:
     kc = rng.standard_normal((max_len, d)).astype(np.float32)
     vc = rng.standard_normal((max_len, d)).astype(np.float32)
     qs = rng.standard_normal((max_len, 1, d)).astype(np.float32)
+    from lazycandle.runtime.matmul import _plans as mm_plans
     before = jit.stats["compiled"]
     prog = lc.compile(_attention(lc.placeholder("q", (1, d)), lc.placeholder("k", ("L", d)),
                                  lc.placeholder("v", ("L", d))))
@@ -84,7 +85,9 @@ def decode(max_len: int, sample=(2, 15, 16, 17, 64, 100, 255, 256)) -> dict:
     for L in range(1, max_len + 1):
         q, k, v = qs[L - 1], kc[:L], vc[:L]
         feeds = {"q": q, "k": k, "v": v}
+        mm_plans.clear()        # each path meets this L's GEMM shapes for the first time
         new_eager = _once_ms(lambda: _attention(lc.tensor(q), lc.tensor(k), lc.tensor(v)).numpy())
+        mm_plans.clear()
         new_prog = _once_ms(lambda: prog.run(**feeds))
         fixed = lc.compile(_attention(lc.placeholder("q", (1, d)), lc.placeholder("k", (L, d)),
                                       lc.placeholder("v", (L, d))))

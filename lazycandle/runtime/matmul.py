@@ -175,13 +175,13 @@ def _chunks(nb: int, m: int, n: int, mr: int, nr: int, flops: float, threads: in
     return m, -(-nblocks // split) * nr
 
 
-def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int, needs_w: bool | None = None) -> tuple:
+def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
     """(MC, KC, NC): a KC x NR panel of B stays in L1 (~16 KB), an MC x KC block of A in L2
     (~160 KB), a KC x NC block of B in L3 (~4 MB).  KC is a multiple of the k unroll.  When
     partial sums would go through the scratch W (16/8-bit outputs), KC grows to cover K up to
     1024 instead: measured 25-40 % faster at 1024^3 than the W round trips."""
     kc = max(128, (16384 // (spec.nr * acc_bytes)) // 8 * 8)
-    if (spec.needs_w if needs_w is None else needs_w) and k > kc:
+    if spec.needs_w and k > kc:
         kc = min(1024, _round_up(k, 8))
     mc = max(spec.mr, (163840 // (kc * acc_bytes)) // spec.mr * spec.mr)
     nc = max(spec.nr, (4 << 20) // (kc * acc_bytes) // spec.nr * spec.nr)
@@ -190,6 +190,7 @@ def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int, needs_w: bool | None 
 
 # parameter block positions (a plan is built per new GEMM shape: keep its construction cheap)
 _PARAM_AT = {name: gemm.param_index(name) for name in gemm.FIELDS + gemm.BATCH_ARRAYS}
+_ABO_SLOTS = tuple(gemm.param_index(f) for f in ("a", "b", "o"))
 _tile_kernels: dict = caches.register("tiled gemm kernels by dtype", {})
 
 
@@ -221,14 +222,15 @@ class TiledPlan:
     def __init__(self, g: Geometry, threads: int):
         self.g, self.threads = g, threads
         spec, self.fn, ab, needs_w = _tile_kernel(g.dtype)
-        mc, kc, nc = _blocking(spec, ab, g.k, needs_w)
+        mc, kc, nc = _blocking(spec, ab, g.k)
         nb = g.nbatch
-        mchunk, nchunk = _chunks(nb, g.m, g.n, spec.mr, spec.nr, g.flops, threads)
+        nr = spec.nr
+        mchunk, nchunk = _chunks(nb, g.m, g.n, spec.mr, nr, g.flops, threads)
         mchunk, nchunk = max(mchunk, 1), max(nchunk, 1)
         if needs_w and g.k > kc:
             # partial sums live in scratch W of mchunk x NC: keep it within W_BYTES
             mchunk = min(mchunk, _round_up(W_MAX_ROWS, spec.mr))
-            nc = min(nc, max(spec.nr, W_BYTES // (mchunk * ab) // spec.nr * spec.nr))
+            nc = min(nc, max(nr, W_BYTES // (mchunk * ab) // nr * nr))
         mtasks, ntasks = -(-g.m // mchunk), -(-g.n // nchunk)
         kc_eff = _round_up(max(1, min(kc, g.k)), spec.unroll)
         a_rows = _round_up(mchunk, spec.mr)
@@ -236,7 +238,7 @@ class TiledPlan:
         reuse = (nb > 1 and not any(g.bsa)) or ntasks > 1 or g.n > nc
         a_keep = reuse and a_full * ab <= A_KEEP_BYTES
         bp_off = _round_up(a_full if a_keep else _round_up(min(mc, mchunk), spec.mr) * kc_eff, 16)
-        w_off = _round_up(bp_off + kc_eff * _round_up(min(nc, nchunk), spec.nr), 16)
+        w_off = _round_up(bp_off + kc_eff * _round_up(min(nc, nchunk), nr), 16)
         w_elems = mchunk * min(nc, nchunk) if needs_w and g.k > kc else 0
         self.ws_bytes = (w_off + w_elems) * ab
         # batch dims beyond the kernel's limit (only with > 8 unmergeable dims) loop here
@@ -259,7 +261,7 @@ class TiledPlan:
         self.cost = g.flops * nb / max(self.ntask * len(self.outer), 1)
         self.esz = g.dtype.size_in_bytes
         self.out_elems = nb * g.m * g.n
-        self.slots = tuple(gemm.param_index(f) for f in ("a", "b", "o"))
+        self.slots = _ABO_SLOTS
 
     def run(self, a: int, b: int, o: int) -> None:
         if self.out_elems == 0:
