@@ -120,6 +120,9 @@ def get_plan(cap, targets=None) -> BoundPlan:
     entry = _plans.get(key)
     if entry is not None:
         plan, binder = entry
+        if binder is _NOT_DERIVED:      # the class's second capture: derive its formulas now
+            binder = derive_binder(cap, plan, dims)
+            _plans.put(key, (plan, binder), replace=True)
         binding = binder(plan, dims, layout) if binder is not None else None
         if binding is None:
             plan = compile_capture(cap, plan.template)
@@ -127,15 +130,23 @@ def get_plan(cap, targets=None) -> BoundPlan:
             _dump(plan, targets)
     else:
         plan = compile_capture(cap)
-        _plans.put(key, (plan, derive_binder(cap, plan, dims)))
+        _plans.put(key, (plan, _NOT_DERIVED))
         binding = plan.binding
         _dump(plan, targets)
     return _bound.put(cap.key, BoundPlan(plan, binding))
 
 
+_NOT_DERIVED = object()     # a class plan whose binder is derived when a second size meets it
+
+
 def class_plan(cap):
     """(plan, SymbolicBinder or None) compiled for `cap`'s size class, or None."""
-    return _plans.get(size_signature(cap)[0])
+    key, dims, _ = size_signature(cap)
+    entry = _plans.get(key)
+    if entry is not None and entry[1] is _NOT_DERIVED:
+        entry = (entry[0], derive_binder(cap, entry[0], dims))
+        _plans.put(key, entry, replace=True)
+    return entry
 
 
 def _dump(plan, targets):

@@ -111,7 +111,8 @@ def optimized_text(desc, names) -> str:
 
 def kernel_text(i, k, desc, names, step=None, extent=None) -> list:
     """Lines for kernel k (the scheduler's) as its plan step runs it (`step`: backend, reads,
-    detail of kernels of their own; `extent`: its parallel extent at the plan's sizes); nodes are named by `names` (user-graph ids)."""
+    detail of kernels of their own; `extent`: its parallel extent at the plan's sizes); nodes
+    are named by `names` (user-graph ids)."""
     spec = k.spec if k.spec is not None else getattr(step, "reads", None)
     backend = getattr(step, "backend", None)
     fused = ", ".join(f"{names.nodes[j]} {desc['nodes'][j][0]}" for j in k.nodes)
