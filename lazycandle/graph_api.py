@@ -59,11 +59,11 @@ class _BoundInstance(_Instance):
     """A named-dim Program at one binding, bound by a ProgramBinder of its traced graph
     (symbolic_plan.py): nothing rebuilt, captured or scheduled."""
 
-    def __init__(self, traced, bound):
+    def __init__(self, traced, binder, bound):
         binding, self.offsets, self.out_shapes, self.out_offsets = bound
         self.user_nodes, self.targets, self.inputs, self.scalars = traced.user_nodes, traced.targets, \
             traced.cap.inputs, traced.cap.scalars
-        self.plan = compiler.BoundPlan(traced.binders[-1].plan, binding)
+        self.plan = compiler.BoundPlan(binder.plan, binding)
 
 
 class _Traced:
@@ -81,13 +81,10 @@ class _Traced:
         self.binders = []
 
     def bind(self, sizes):
-        for pb in self.binders:
+        for pb in list(self.binders):
             got = pb(sizes)
             if got is not None:
-                if pb is not self.binders[-1]:
-                    self.binders.remove(pb)
-                    self.binders.append(pb)
-                return _BoundInstance(self, got)
+                return _BoundInstance(self, pb, got)
         return None
 
     def learn(self, inst: _Instance, sizes) -> None:
