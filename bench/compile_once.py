@@ -5,10 +5,10 @@
 scalars: 1,000 calls of (a * float(i)).numpy() on 1,000 f32 against the same call with one
          fixed scalar; prints kernels compiled and ms per call.
 decode:  attention over a growing KV cache, L = 1 .. max-len: q (1, 64) @ K.T (L, 64),
-         softmax, @ V (L, 64), eagerly; prints kernels compiled over the whole loop and, per L,
-         the first step at that L (a new size: the plan template is replayed, kernels come from
-         the cache), the same eager step once its plan is cached, and a program compiled with
-         lc.compile for that fixed L.
+         softmax, @ V (L, 64); prints kernels compiled over the whole loop and, per L, the
+         first step at that L eagerly and through a named-dim program (a new size: the size
+         class's plan is bound symbolically), the same eager step again, and a program
+         compiled with lc.compile for that fixed L (see `decode`).
 """
 from __future__ import annotations
 
@@ -55,34 +55,55 @@ def _attention(q, k, v):
     return lc.nn.softmax_last_dim(s * 0.125) @ v
 
 
-def decode(max_len: int, sample=(1, 2, 15, 16, 17, 64, 100, 255, 256)) -> dict:
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def _once_ms(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def decode(max_len: int, sample=(2, 15, 16, 17, 64, 100, 255, 256)) -> dict:
+    """One loop over L = 1 .. max_len, rotating at each L (same machine load for all):
+    new_eager   the eager step, the first time at this L;
+    new_prog    a named-dim program (k, v of ("L", 64)), the first run at this L;
+    fixed_prog  a program compiled for this fixed L (median of 9 runs);
+    same_eager  the eager step at this L again (median of 9)."""
     rng = np.random.default_rng(1)
     d = 64
     kc = rng.standard_normal((max_len, d)).astype(np.float32)
     vc = rng.standard_normal((max_len, d)).astype(np.float32)
     qs = rng.standard_normal((max_len, 1, d)).astype(np.float32)
+    from lazycandle.runtime.matmul import _plans as mm_plans
     before = jit.stats["compiled"]
-    first_ms = {}
+    prog = lc.compile(_attention(lc.placeholder("q", (1, d)), lc.placeholder("k", ("L", d)),
+                                 lc.placeholder("v", ("L", d))))
+    rows = {}
     for L in range(1, max_len + 1):
-        t0 = time.perf_counter()
-        _attention(lc.tensor(qs[L - 1]), lc.tensor(kc[:L]), lc.tensor(vc[:L])).numpy()
-        first_ms[L] = (time.perf_counter() - t0) * 1e3
+        q, k, v = qs[L - 1], kc[:L], vc[:L]
+        feeds = {"q": q, "k": k, "v": v}
+        mm_plans.clear()        # each path meets this L's GEMM shapes for the first time
+        new_eager = _once_ms(lambda: _attention(lc.tensor(q), lc.tensor(k), lc.tensor(v)).numpy())
+        mm_plans.clear()
+        new_prog = _once_ms(lambda: prog.run(**feeds))
+        fixed = lc.compile(_attention(lc.placeholder("q", (1, d)), lc.placeholder("k", (L, d)),
+                                      lc.placeholder("v", (L, d))))
+        fixed.run(**feeds)
+        fixed_ms, same_ms = [], []
+        for _ in range(9):
+            fixed_ms.append(_once_ms(lambda: fixed.run(**feeds)))
+            same_ms.append(_once_ms(lambda: _attention(lc.tensor(q), lc.tensor(k), lc.tensor(v)).numpy()))
+        rows[L] = (new_eager, new_prog, _median(fixed_ms), _median(same_ms))
+        if L in sample:
+            np.testing.assert_array_equal(prog.run(**feeds)[0], fixed.run(**feeds)[0])
     compiled = jit.stats["compiled"] - before
-    rows = []
-    for L in sample:
-        if L > max_len:
-            continue
-        q, k, v = lc.tensor(qs[L - 1]), lc.tensor(kc[:L]), lc.tensor(vc[:L])
-        warm_ms = _best_ms(lambda: _attention(q, k, v).numpy())
-        prog = lc.compile(_attention(lc.placeholder("q", (1, d)), lc.placeholder("k", (L, d)),
-                                     lc.placeholder("v", (L, d))))
-        feeds = {"q": qs[L - 1], "k": kc[:L], "v": vc[:L]}
-        np.testing.assert_allclose(prog.run(**feeds)[0], _attention(q, k, v).numpy(), rtol=1e-5, atol=1e-6)
-        fixed_ms = _best_ms(lambda: prog.run(**feeds))
-        rows.append((L, first_ms[L], warm_ms, fixed_ms))
-    late = [first_ms[L] for L in range(max(2, max_len // 2), max_len + 1)]
-    return {"max_len": max_len, "kernels_compiled": compiled, "rows": rows,
-            "median_new_size_ms_second_half": sorted(late)[len(late) // 2]}
+    late = [rows[L] for L in range(max(2, max_len // 2), max_len + 1)]
+    med = [_median([r[i] for r in late]) for i in range(4)]
+    return {"max_len": max_len, "kernels_compiled": compiled, "rows": [(L,) + rows[L] for L in sample if L <= max_len],
+            "median_second_half": med, "plans": lc.cache_info()["plans"]}
 
 
 def main(argv=None):
@@ -98,12 +119,15 @@ def main(argv=None):
               f"with a fixed scalar ({r['ratio']:.2f}x)")
     if args.only in (None, "decode"):
         r = decode(args.max_len)
+        new_eager, new_prog, fixed, same = r["median_second_half"]
         print(f"decode: attention over a KV cache of L = 1..{r['max_len']}: {r['kernels_compiled']} kernel(s) "
-              f"compiled in the whole loop; median step at a new L (second half): "
-              f"{r['median_new_size_ms_second_half']:.3f} ms")
-        print("     L   first step at this L ms   eager, same L again ms   fixed-L lc.compile program ms")
-        for L, first, warm, fixed in r["rows"]:
-            print(f"  {L:4d}   {first:23.3f}   {warm:22.3f}   {fixed:29.3f}")
+              f"compiled in the whole loop, {r['plans']} plan(s) cached")
+        print(f"  medians over L = {max(2, r['max_len'] // 2)}..{r['max_len']}: named-dim program at a new L "
+              f"{new_prog:.3f} ms vs fixed-L program {fixed:.3f} ms ({new_prog / fixed:.2f}x); eager step at a "
+              f"new L {new_eager:.3f} ms vs the same L again {same:.3f} ms ({new_eager / same:.2f}x)")
+        print("     L   eager new L ms   eager same L ms   named-dim program new L ms   fixed-L program ms")
+        for L, ne, npg, fx, sm in r["rows"]:
+            print(f"  {L:4d}   {ne:14.3f}   {sm:15.3f}   {npg:26.3f}   {fx:18.3f}")
 
 
 if __name__ == "__main__":

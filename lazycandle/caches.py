@@ -29,9 +29,12 @@ class LRU:
                 self._data.move_to_end(key)
             return value
 
-    def put(self, key, value):
-        """Store value under key unless another thread stored one first; returns the stored one."""
+    def put(self, key, value, replace: bool = False):
+        """Store value under key unless another thread stored one first (or `replace`);
+        returns the stored one."""
         with self._lock:
+            if replace:
+                self._data[key] = value
             value = self._data.setdefault(key, value)
             self._data.move_to_end(key)
             while len(self._data) > max(0, self.maxsize):

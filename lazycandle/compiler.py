@@ -7,14 +7,18 @@ One path for realize, lc.compile, the dump tool and the tests:
   * `schedule_capture(cap)`    passes, then the scheduler: (kernels, materialized, notes);
   * `compile_capture(cap)`     all of it, returning a runtime Plan (kernels compiled through
                                the one kernel cache);
-  * `get_plan(cap)`            the cached Plan of a capture's structure (bounded LRU);
+  * `get_plan(cap)`            the cached Plan of a capture's size class (bounded LRU), bound
+                               to its sizes (symbolic_plan.py);
   * `realize_nodes(nodes)`     capture, get the plan, run it, attach the buffers.
 
 What the passes and the scheduler decide depends on a capture's structure and its size class
-only (ir.graph.size_class_key), so it is kept as a `Template`: a capture of the same size class
-but other sizes replays the template -- the optimised graph is rebuilt from the new capture's
-layouts and only the kernels' sizes, strides and shape classes are derived again -- instead of
-running the passes and the scheduler again."""
+only (ir.graph.size_signature), so one Plan serves the class: a capture of the same class but
+other sizes is bound by the plan's symbolic binder (symbolic_plan.py: its kernels' sizes,
+layouts and buffer sizes from precomputed formulas of the class's sizes).  The plan keeps the
+outcome of passes + scheduling as a `Template`, replayed for a capture the binder cannot
+express -- the optimised graph rebuilt from the new capture's layouts, only the kernels'
+sizes, strides and shape classes derived again -- instead of running the passes and the
+scheduler again."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,10 +26,11 @@ from math import prod
 
 from . import caches, config
 from .errors import UnboundPlaceholder
-from .ir.graph import Capture, Operand, capture, size_class_key
+from .ir.graph import Capture, Operand, capture, size_signature
 from .ir.node import Node
 from .ir.passes import optimize as _simplify, recompute_into_reductions
 from .ir.schedule import bind_kernels, schedule
+from .symbolic_plan import derive_binder
 
 
 def optimize(cap: Capture) -> Capture:
@@ -84,25 +89,69 @@ def compile_capture(cap: Capture, template: Template | None = None):
     return Plan(cap, opt, kernels, set(template.materialized), list(template.notes), template)
 
 
-_plans = caches.register("plans", caches.LRU(config.plan_cache_size()))
-_templates = caches.register("plan templates", caches.LRU(config.plan_cache_size()))   # size-class key -> Template
+class BoundPlan:
+    """A Plan with the Binding of one capture's sizes: `run` runs the plan at those sizes;
+    every other attribute is the plan's (the dump tool reads kernels, steps, notes)."""
+
+    def __init__(self, plan, binding):
+        self.plan, self.binding = plan, binding
+
+    def run(self, in_bufs, offsets, scalars):
+        return self.plan.run(in_bufs, offsets, scalars, self.binding)
+
+    def __getattr__(self, name):
+        return getattr(self.plan, name)
 
 
-def get_plan(cap, targets=None):
-    """The compiled plan for a capture's structure, from a bounded LRU cache (compiling on a
-    miss; LAZYCANDLE_DUMP prints the requested stages at every compile).  A new size of a known
-    structure replays that structure's template, and its kernels come from the kernel cache
-    (one per shape class)."""
-    plan = _plans.get(cap.key)
-    if plan is None:
-        size_key = size_class_key(cap)
-        plan = compile_capture(cap, _templates.get(size_key))
-        _templates.put(size_key, plan.template)
-        plan.slots = list(cap.slots)
-        plan = _plans.put(cap.key, plan)
-        if config.dump_stages():
-            _dump_on_compile(plan, targets)
-    return plan
+_plans = caches.register("plans", caches.LRU(config.plan_cache_size()))   # size-class key -> (Plan, binder)
+_bound = caches.register("plan bindings", caches.LRU(config.plan_cache_size()))   # capture key -> BoundPlan
+
+
+def get_plan(cap, targets=None) -> BoundPlan:
+    """The compiled plan for a capture, bound to its sizes.  Plans are cached per size class
+    (bounded LRU); a capture of a known class is bound by the class plan's SymbolicBinder (its
+    sizes evaluated from formulas, nothing compiled or scheduled), or, when the binder cannot
+    express it, gets a plan of its own replayed from the class template.  Bound plans are
+    cached by capture key.  LAZYCANDLE_DUMP prints the requested stages at every compile."""
+    bound = _bound.get(cap.key)
+    if bound is not None:
+        return bound
+    key, dims, layout = size_signature(cap)
+    entry = _plans.get(key)
+    if entry is not None:
+        plan, binder = entry
+        if binder is _NOT_DERIVED:      # the class's second capture: derive its formulas now
+            binder = derive_binder(cap, plan, dims)
+            _plans.put(key, (plan, binder), replace=True)
+        binding = binder(plan, dims, layout) if binder is not None else None
+        if binding is None:
+            plan = compile_capture(cap, plan.template)
+            binding = plan.binding
+            _dump(plan, targets)
+    else:
+        plan = compile_capture(cap)
+        _plans.put(key, (plan, _NOT_DERIVED))
+        binding = plan.binding
+        _dump(plan, targets)
+    return _bound.put(cap.key, BoundPlan(plan, binding))
+
+
+_NOT_DERIVED = object()     # a class plan whose binder is derived when a second size meets it
+
+
+def class_plan(cap):
+    """(plan, SymbolicBinder or None) compiled for `cap`'s size class, or None."""
+    key, dims, _ = size_signature(cap)
+    entry = _plans.get(key)
+    if entry is not None and entry[1] is _NOT_DERIVED:
+        entry = (entry[0], derive_binder(cap, entry[0], dims))
+        _plans.put(key, entry, replace=True)
+    return entry
+
+
+def _dump(plan, targets):
+    if config.dump_stages():
+        _dump_on_compile(plan, targets)
 
 
 _dump_count = [0]

@@ -40,18 +40,77 @@ class _Instance:
         self.user_nodes = user_nodes
         self.targets = [n for n, _ in targets]
         self.out_offsets = [off for _, off in targets]
-        cap = capture(self.targets)
+        self.cap = cap = capture(self.targets)
         self.inputs, self.offsets, self.scalars = cap.inputs, cap.offsets, cap.scalars
         self.plan = compiler.get_plan(cap, self.targets)
+        self.out_shapes = [n.shape for n in user_nodes]
 
     def run(self, arrays: dict) -> list:
         """arrays: flat contiguous array per placeholder name."""
         bufs = [n.buffer if n.realized else arrays[n.arg] for n in self.inputs]
         outs = self.plan.run(bufs, self.offsets, self.scalars)
         res = []
-        for o, n, off in zip(outs, self.user_nodes, self.out_offsets):
-            res.append(o[off:off + prod(n.shape)].reshape(n.shape))
+        for o, shape, off in zip(outs, self.out_shapes, self.out_offsets):
+            res.append(o[off:off + prod(shape)].reshape(shape))
         return res
+
+
+class _BoundInstance(_Instance):
+    """A named-dim Program at one binding, bound by a ProgramBinder of its traced graph
+    (symbolic_plan.py): nothing rebuilt, captured or scheduled."""
+
+    def __init__(self, traced, binder, bound):
+        binding, self.offsets, self.out_shapes, self.out_offsets = bound
+        self.user_nodes, self.targets, self.inputs, self.scalars = traced.user_nodes, traced.targets, \
+            traced.cap.inputs, traced.cap.scalars
+        self.plan = compiler.BoundPlan(binder.plan, binding)
+
+
+class _Traced:
+    """What a named-dim Program binds from: its traced targets and capture (sizes are probe
+    polynomials of the names), its view nodes (for the bound checks) and the ProgramBinders
+    derived so far (one per size class met)."""
+
+    def __init__(self, user_nodes, names):
+        targets = _targets(user_nodes)
+        self.user_nodes, self.names = user_nodes, names
+        self.targets = [n for n, _ in targets]
+        self.out_offsets = [off for _, off in targets]
+        self.cap = capture(self.targets)
+        self.views = _view_nodes(user_nodes)
+        self.binders = []
+
+    def bind(self, sizes):
+        for pb in list(self.binders):
+            got = pb(sizes)
+            if got is not None:
+                return _BoundInstance(self, pb, got)
+        return None
+
+    def learn(self, inst: _Instance, sizes) -> None:
+        """Derive the ProgramBinder of the size class `inst` (compiled at `sizes`) is in."""
+        from .symbolic_plan import derive_program_binder
+        entry = compiler.class_plan(inst.cap)
+        if entry is None or len(self.binders) >= 8:
+            return
+        pb = derive_program_binder(self.cap, self.views, self.user_nodes, self.out_offsets, self.names,
+                                   inst.cap, entry[0], entry[1], sizes)
+        if pb is not None:
+            self.binders.append(pb)
+
+
+def _view_nodes(roots) -> list:
+    """The unrealized view nodes the graph of `roots` holds."""
+    out, seen, stack = [], set(), list(roots)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or n.realized:
+            continue
+        seen.add(id(n))
+        if n.op.category == "view":
+            out.append(n)
+        stack.extend(n.srcs)
+    return out
 
 
 def check_feed_names(op: str, inputs, feeds) -> None:
@@ -89,6 +148,10 @@ class Program:
             raise FeedError(f"compile: placeholder name(s) {sorted(dup)} used for more than one input")
         self._symbolic = named_dims.has_named_dims(cap.nodes + cap.inputs)
         self._fixed = None if self._symbolic else _Instance(self._user_nodes)
+        self._traced = None
+        if self._symbolic:
+            dims = {d for _, spec, _ in self.inputs for d in spec if isinstance(d, str)}
+            self._traced = _Traced(self._user_nodes, sorted(dims))
         self._bound = caches.LRU(self.BINDINGS_KEPT)
         self._last = self._fixed
 
@@ -118,7 +181,11 @@ class Program:
         key = tuple(sorted(sizes.items()))
         inst = self._bound.get(key)
         if inst is None:
-            inst = self._bound.put(key, _Instance(named_dims.bind(self._user_nodes, sizes)))
+            inst = self._traced.bind(sizes)
+            if inst is None:
+                inst = _Instance(named_dims.bind(self._user_nodes, sizes))
+                self._traced.learn(inst, sizes)
+            inst = self._bound.put(key, inst)
         self._last = inst
         return inst
 

@@ -139,6 +139,33 @@ class NamedDim(Size):
         return NamedDim, (self.name,)
 
 
+_ANONYMOUS = "#"       # names of the size-class symbols (no placeholder name: not an identifier)
+
+
+def anonymous_dims(n: int) -> tuple:
+    """Probes for the symbols of a size class (compiler.SymbolicBinder): named dims "#0" ..
+    that stay registered for the life of the process, so their probes never change."""
+    out = []
+    with _lock:
+        for k in range(n):
+            name = f"{_ANONYMOUS}{k}"
+            if name not in _live:
+                _live[name] = 1
+            out.append(NamedDim(name))
+    return tuple(out)
+
+
+def polynomial_source(v: int, names: dict):
+    """Python source of the polynomial `v` encodes over variables `names` ({dim name: variable
+    name}), or None when v is no polynomial of those names."""
+    if not is_symbolic(v):
+        return str(int(v))
+    terms = _terms(int(v))
+    if terms is None or any(n not in names for _, ns in terms for n in ns):
+        return None
+    return "(" + " + ".join("*".join([str(c)] + [names[n] for n in ns]) for c, ns in terms) + ")"
+
+
 def _from_terms(terms) -> Size:
     """The Size of the polynomial `terms` ((coefficient, names), ...) in this process."""
     return Size(sum(c * prod(NamedDim(n) for n in names) for c, names in terms))

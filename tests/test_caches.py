@@ -46,13 +46,28 @@ def test_clear_caches_empties_plans_and_kernels():
     assert all(n == 0 for n in info["caches"].values()), info["caches"]
 
 
+def _deep(k, n=16):
+    """k exps of a: one structure (one plan) per k."""
+    t = lc.tensor(_data(n))
+    for _ in range(k):
+        t = t.exp()
+    return t
+
+
 def test_plan_cache_is_bounded_to_its_size(monkeypatch):
     monkeypatch.setattr(compiler._plans, "maxsize", 3)
     lc.clear_caches()
-    for n in range(10, 20):
-        np.testing.assert_allclose(_chain(n, 3).numpy(), _expected(n, 3),
-                                   rtol=1e-6)
+    for k in range(1, 11):
+        _deep(k).numpy()
     assert lc.cache_info()["plans"] == 3
+
+
+def test_one_plan_serves_every_size_of_a_size_class():
+    """Sizes 2.. of one structure are one size class: one plan, bound to each size."""
+    lc.clear_caches()
+    for n in (2, 5, 16, 17, 100, 1000):
+        np.testing.assert_allclose(_chain(n, 3).numpy(), _expected(n, 3), rtol=1e-6)
+    assert lc.cache_info()["plans"] == 1
 
 
 def test_plan_cache_evicts_least_recently_used():
@@ -68,7 +83,8 @@ def test_plan_cache_evicts_least_recently_used():
 def test_plan_cache_size_comes_from_env():
     code = ("import lazycandle as lc, numpy as np\n"
             "from lazycandle import compiler\n"
-            "for n in range(1, 11): (lc.tensor(np.ones(n, np.float32)) + 1.0).numpy()\n"
+            "a = lc.tensor(np.ones(8, np.float32))\n"
+            "for k in range(1, 11): sum([a] * k).numpy()\n"
             "print(compiler._plans.maxsize, lc.cache_info()['plans'])\n")
     env = dict(os.environ, LAZYCANDLE_PLAN_CACHE="3")
     env.pop("LAZYCANDLE_CACHE_DIR", None)

@@ -265,15 +265,16 @@ def test_attention_scale_mask_softmax_is_one_row_kernel(mask_by):
     np.testing.assert_allclose(got, _softmax(s64), rtol=1e-5, atol=1e-7)
 
 
-def test_causal_sdpa_runs_its_softmax_as_one_row_kernel():
+def test_causal_sdpa_graph_path_runs_its_softmax_as_one_row_kernel():
+    """Rank 5 is outside the fused flash-attention kernel, so sdpa runs as its graph."""
     t, d = 33, 8
     rng = rng_for("sdpa_rows")
-    q, k, v = (rng.normal(size=(2, t, d)).astype(np.float32) for _ in range(3))
+    q, k, v = (rng.normal(size=(2, 1, 1, t, d)).astype(np.float32) for _ in range(3))
     out = lc.nn.scaled_dot_product_attention(lc.tensor(q), lc.tensor(k), lc.tensor(v), is_causal=True)
     kinds = [k.kind for k in _kernels(out)]
     assert kinds.count("row") == 1 and "reduce" not in kinds
-    s = np.einsum("bld,bsd->bls", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(d)
-    s[:, np.triu(np.ones((t, t), bool), 1)] = -np.inf
+    s = np.einsum("...ld,...sd->...ls", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(d)
+    s[..., np.triu(np.ones((t, t), bool), 1)] = -np.inf
     np.testing.assert_allclose(out.numpy(), _softmax(s) @ v.astype(np.float64), rtol=1e-5, atol=1e-6)
 
 

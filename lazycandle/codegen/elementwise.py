@@ -23,10 +23,10 @@ import llvmlite.ir as ir
 
 from .. import dtype as D
 from ..ir.ops import OPS
-from . import codecs, jit
+from . import codecs, jit, registry
 from .llvmutil import I8, I32, I64, F64, VOID, intrinsic, type_suffix, ltype, vec, splat, const, width_of, scalar_type
 from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
-from ..ir.kernels import RUNTIME, EwSpec
+from ..ir.kernels import RUNTIME, TILE_SUPER, EwSpec
 from .ops_emit import EMIT
 
 
@@ -189,7 +189,7 @@ def _transpose(b, rows):
     return rows
 
 
-SUPER = 8          # a tiled kernel's unit spans SUPER x SUPER tiles of W x W
+SUPER = TILE_SUPER  # a tiled kernel's unit spans SUPER x SUPER tiles of W x W (EwSpec.extent)
 
 
 class _Kernel:
@@ -421,15 +421,6 @@ def build(spec: EwSpec, name: str = "ew") -> str:
     return str(k.m)
 
 
-def parallel_extent(spec: EwSpec, shape) -> int:
-    """Size of the range [lo, hi) the kernel's units are split over, for merged `shape`."""
-    t = spec.tile
-    if t is None:
-        return shape[0] if len(shape) == 1 else prod(shape[:-1])
-    others = prod(d for i, d in enumerate(shape[:-1]) if i != t)
-    sb = SUPER * lanes(spec)
-    return others * -(-shape[t] // sb) * -(-shape[-1] // sb)
-
-
 # compiled kernels by spec (a shape class): the IR is built once per class, not per size
 get_kernel = jit.KernelCache(lambda spec: (build(spec, "ew"), "ew"), KERNEL_FN)
+registry.register(EwSpec, lambda spec: build(spec, "ew"), get_kernel, lanes)

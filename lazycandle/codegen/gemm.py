@@ -23,11 +23,12 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 
 from ..dtype import DType
-from . import jit
+from . import jit, registry
 from .gemm_ir import (ONE, ZERO, I64, acc_add, acc_type, define, finalize_ir, for_range, from_acc, gep, i64,
                       if_then, imin, load, mul, add, new_module, storage_type, store, to_acc, type_bytes, vload,
                       vstore, zero)
 from .llvmutil import I1, VOID, call_intrinsic, splat, vec
+from ..ir.kernels import KernelSpec
 
 MAX_BATCH_RANK = 8
 # Parameter block passed to the driver (one int64 each; batch arrays of MAX_BATCH_RANK follow).
@@ -44,7 +45,7 @@ def param_index(name: str, i: int = 0) -> int:
 
 
 @dataclass(frozen=True)
-class GemmSpec:
+class GemmSpec(KernelSpec):
     """What one compiled GEMM kernel is specialised on (strides and sizes are run-time values:
     the packers pick their loop by stride at run time)."""
     dtype: DType
@@ -67,6 +68,18 @@ class GemmSpec:
     def key(self) -> str:
         return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}"
 
+    def extent(self, sizes) -> int:
+        """Register tiles of the output for sizes (nbatch, m, n, k): the most tasks a call
+        splits into (runtime/matmul.TiledPlan chunks them)."""
+        nb, m, n, _ = sizes
+        return nb * -(-m // self.mr) * -(-n // self.nr)
+
+    def cost(self, sizes) -> float:
+        nb, m, n, k = sizes
+        return 2.0 * nb * m * n * k
+
+    def describe(self) -> str:
+        return f"tiled GEMM {self.dtype.name}, register tile {self.mr}x{self.nr}, k unroll {self.unroll}"
 
 def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
     """(MR, NV, VW) for `dt` on this host: NV vectors of VW accumulator lanes per row, MR rows,
@@ -442,3 +455,4 @@ def build_ir(spec: GemmSpec) -> tuple:
 _FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 # Compiled driver for a spec as a ctypes function fn(params*, t_lo, t_hi, workspace*).
 get_kernel = jit.KernelCache(build_ir, _FN)
+registry.register(GemmSpec, lambda spec: build_ir(spec)[0], get_kernel, lambda spec: spec.vw)

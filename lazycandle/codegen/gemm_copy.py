@@ -12,10 +12,11 @@ import ctypes
 from dataclasses import dataclass
 
 from ..dtype import DType
-from . import jit
+from . import jit, registry
 from .gemm_ir import (ONE, ZERO, I64, acc_type, add, define, finalize_ir, for_range, from_acc, gep, i64, load, mul,
                       new_module, storage_type, store, to_acc, type_bytes)
 from .llvmutil import VOID
+from ..ir.kernels import KernelSpec
 
 MAX_RANK = 8
 # params: src, dst, rank, then shape[MAX_RANK], src strides[MAX_RANK], dst strides[MAX_RANK]
@@ -27,7 +28,7 @@ def param_offsets() -> dict:
 
 
 @dataclass(frozen=True)
-class CopySpec:
+class CopySpec(KernelSpec):
     dtype: DType
     direction: str      # "in": dtype storage -> accumulator; "out": accumulator -> dtype storage
     unit_inner: bool    # both inner strides are 1 (the loop vectorises)
@@ -36,6 +37,15 @@ class CopySpec:
     def key(self) -> str:
         return f"{self.dtype.name}_{self.direction}_{'u' if self.unit_inner else 'g'}"
 
+    def extent(self, sizes) -> int:
+        """Rows of a copy of sizes (rows, cols)."""
+        return sizes[0] if sizes[1] else 0
+
+    def cost(self, sizes) -> float:
+        return float(sizes[0] * sizes[1])
+
+    def describe(self) -> str:
+        return f"GEMM operand copy {self.dtype.name} {self.direction}{' (unit inner stride)' if self.unit_inner else ''}"
 
 def build_ir(spec: CopySpec) -> tuple:
     """(IR text, exported name) of one copy kernel."""
@@ -86,3 +96,4 @@ def build_ir(spec: CopySpec) -> tuple:
 _FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 # Compiled driver for a spec as a ctypes function fn(params*, row_lo, row_hi).
 get_kernel = jit.KernelCache(build_ir, _FN)
+registry.register(CopySpec, lambda spec: build_ir(spec)[0], get_kernel)

@@ -31,9 +31,10 @@ import llvmlite.ir as ir
 
 from .. import dtype as D
 from ..layout import merge_dims
-from . import codecs, jit
+from . import codecs, jit, registry
 from .llvmutil import I64, ltype
 from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
+from ..ir.kernels import KernelSpec
 
 
 GATHER_OPS = ("index_select", "gather")
@@ -132,7 +133,7 @@ def _max(b, x, y):
 
 # ---- index_select / gather / scatter / scatter_add / index_add ---------------------------
 @dataclass(frozen=True)
-class IndexSpec:
+class IndexSpec(KernelSpec):
     """Structure of one index kernel (also its cache key).  Operand strides are
     (outer strides, mid stride, inner stride) over the iteration space; for the operand that
     is indexed (t of the gather family, out of the scatter family) the mid stride is the
@@ -167,6 +168,14 @@ class IndexSpec:
     def unit_cost(self) -> float:
         return float((self.mchunk + (self.bound if self.op in SCATTER_OPS else 0)) * self.block)
 
+    def extent(self, sizes=()) -> int:
+        return self.units
+
+    def cost(self, sizes=()) -> float:
+        return self.units * self.unit_cost
+
+    def describe(self) -> str:
+        return f"{self.op} {self.dtype} by {self.id_dtype}: outer {self.outer} x mid {self.mid} x inner {self.inner}"
 
 def index_spec(op, dt, id_dt, shape, dim, bound, data, ids, out, base=None) -> IndexSpec:
     """Spec from the iteration shape S, the indexed dim and each operand's strides over S."""
@@ -278,7 +287,7 @@ def _move(b, spec, dt, idv, i, q, scatter, data, out, d_off, o_off, al):
 
 # ---- strided copy (cat) ------------------------------------------------------------------
 @dataclass(frozen=True)
-class CopySpec:
+class CopySpec(KernelSpec):
     esize: int
     outer: tuple
     inner: int
@@ -294,6 +303,14 @@ class CopySpec:
     def units(self) -> int:
         return prod(self.outer) * self.nblk
 
+    def extent(self, sizes=()) -> int:
+        return self.units
+
+    def cost(self, sizes=()) -> float:
+        return float(self.units * self.block)
+
+    def describe(self) -> str:
+        return f"strided copy of {self.esize}-byte elements: outer {self.outer} x inner {self.inner}"
 
 def copy_spec(esize, shape, src_strides, dst_strides) -> CopySpec:
     mshape, (ss, ds) = merge_dims(tuple(shape), [tuple(src_strides), tuple(dst_strides)])
@@ -328,7 +345,7 @@ def build_copy(spec: CopySpec, name: str = "copy") -> str:
 
 # ---- im2col -------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Im2colSpec:
+class Im2colSpec(KernelSpec):
     esize: int
     b: int
     c: int
@@ -356,6 +373,14 @@ class Im2colSpec:
     def units(self) -> int:
         return self.b * self.c * self.kh * self.kw
 
+    def extent(self, sizes=()) -> int:
+        return self.units
+
+    def cost(self, sizes=()) -> float:
+        return float(self.units * self.oh * self.ow)
+
+    def describe(self) -> str:
+        return f"im2col {self.b}x{self.c}x{self.h}x{self.w}, kernel {self.kh}x{self.kw}"
 
 def build_im2col(spec: Im2colSpec, name: str = "im2col") -> str:
     """Unit u = (bi, ci, ki, kj) writes the contiguous (oh, ow) plane of column row u.  The
@@ -407,10 +432,12 @@ def build_im2col(spec: Im2colSpec, name: str = "im2col") -> str:
 
 # ---- nonzero (the ids of a boolean mask) -------------------------------------------------------
 @dataclass(frozen=True)
-class NonzeroSpec:
+class NonzeroSpec(KernelSpec):
     esize: int        # bytes of a mask element (compared raw with 0)
     stride: int       # of the 1-D mask
 
+    def describe(self) -> str:
+        return f"nonzero of a {self.esize}-byte mask (one sequential unit)"
 
 def build_nonzero(spec: NonzeroSpec, name: str = "nonzero") -> str:
     """One sequential unit: out[j++] = i for every mask[i] != 0, i < n, writing at most `cap`
@@ -454,3 +481,5 @@ def get_kernel(spec):
     kernel cache of jit.py, as for every other kernel kind)."""
     fn = _kernels(spec)
     return fn._module, fn
+for _cls in _BUILDERS:
+    registry.register(_cls, lambda spec: _build(spec)[0], _kernels)

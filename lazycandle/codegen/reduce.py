@@ -25,7 +25,7 @@ import llvmlite.ir as ir
 from .. import dtype as D
 from ..ir.kernels import RedSpec
 from ..ir.ops import reduction
-from . import jit
+from . import jit, registry
 from .elementwise import _Kernel, _emit_instrs, _bits
 from .llvmutil import I32, I64, F64, ltype, vec, splat, const, width_of, FM_REDUCE
 from .loops import KERNEL_FN, counted_loop, unit_range
@@ -320,3 +320,4 @@ def build(spec: RedSpec, name="red") -> str:
 
 
 get_kernel = jit.KernelCache(lambda spec: (build(spec, "red"), "red"), KERNEL_FN)
+registry.register(RedSpec, lambda spec: build(spec, "red"), get_kernel, lanes)

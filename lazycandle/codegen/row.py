@@ -21,7 +21,7 @@ import llvmlite.ir as ir
 from .. import dtype as D
 from ..ir.kernels import RowSpec
 from ..ir.ops import OPS, reduction
-from . import codecs, jit
+from . import codecs, jit, registry
 from .elementwise import _Kernel, _cast, _emit_instrs, _bits, lanes as ew_lanes
 from .llvmutil import I32, I64, F64, ltype, vec, splat, width_of
 from .loops import KERNEL_FN, counted_loop, unit_range
@@ -269,3 +269,4 @@ def build(spec: RowSpec, name: str = "row") -> str:
 
 
 get_kernel = jit.KernelCache(lambda spec: (build(spec, "row"), "row"), KERNEL_FN)
+registry.register(RowSpec, lambda spec: build(spec, "row"), get_kernel, lanes)

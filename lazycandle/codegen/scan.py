@@ -16,15 +16,16 @@ from math import prod
 import llvmlite.ir as ir
 
 from .. import dtype as D
-from . import codecs, jit
+from . import codecs, jit, registry
 from .llvmutil import F32, F64, I64, ltype
 from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
 from .sort import row_offset
+from ..ir.kernels import KernelSpec
 
 
 
 @dataclass(frozen=True)
-class ScanSpec:
+class ScanSpec(KernelSpec):
     """One cumsum kernel (also its cache key): lines over `outer` (sizes, input strides, output
     strides), each `n` long with steps `in_step` / `out_step`."""
     dtype: str
@@ -39,6 +40,14 @@ class ScanSpec:
     def lines(self) -> int:
         return prod(self.outer)
 
+    def extent(self, sizes=()) -> int:
+        return self.lines
+
+    def cost(self, sizes=()) -> float:
+        return float(self.lines * self.n)
+
+    def describe(self) -> str:
+        return f"cumsum of {self.lines} lines of {self.n} {self.dtype}"
 
 def _accumulator(dt: D.DType):
     if dt.is_int:
@@ -99,3 +108,4 @@ def get_kernel(spec: ScanSpec):
     """(CompiledModule, ctypes function) for a spec, from the one kernel cache of jit.py."""
     fn = _kernels(spec)
     return fn._module, fn
+registry.register(ScanSpec, build_scan, _kernels)

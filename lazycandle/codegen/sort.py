@@ -31,14 +31,15 @@ from math import prod
 import llvmlite.ir as ir
 
 from .. import dtype as D
-from . import codecs, jit
+from . import codecs, jit, registry
 from .llvmutil import I1, I32, I64, ltype
 from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
+from ..ir.kernels import KernelSpec
 
 
 
 @dataclass(frozen=True)
-class SortSpec:
+class SortSpec(KernelSpec):
     """One argsort kernel (also its cache key): rows over `outer` (sizes, input strides), each
     row `n` elements `step` apart in the input; ids are written contiguously, n per row."""
     dtype: str
@@ -81,6 +82,14 @@ class SortSpec:
         lg = max(self.padded.bit_length() - 1, 1)
         return float(self.padded * lg * (lg + 1) // 2)
 
+    def extent(self, sizes=()) -> int:
+        return self.rows
+
+    def cost(self, sizes=()) -> float:
+        return float(self.rows * self.n * max(1, self.n.bit_length()))
+
+    def describe(self) -> str:
+        return f"argsort of {self.rows} rows of {self.n} {self.dtype}{' (descending)' if self.descending else ''}"
 
 def sort_spec(dt: D.DType, outer, outer_strides, n, step, descending, id_dt: D.DType, values=False) -> SortSpec:
     return SortSpec(dt.name, int(n), tuple(outer), tuple(outer_strides), int(step), bool(descending), id_dt.name,
@@ -415,7 +424,7 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
 
 
 @dataclass(frozen=True)
-class TakeSpec:
+class TakeSpec(KernelSpec):
     """Values of a sort: out[r, i] = row r of the input at ids[r, i] (ids from argsort, so in
     range by construction).  A raw copy of `esize`-byte elements; rows as in SortSpec."""
     esize: int
@@ -428,6 +437,14 @@ class TakeSpec:
     def rows(self) -> int:
         return prod(self.outer)
 
+    def extent(self, sizes=()) -> int:
+        return self.rows
+
+    def cost(self, sizes=()) -> float:
+        return float(self.rows * self.n)
+
+    def describe(self) -> str:
+        return f"sorted values: {self.rows} rows of {self.n} {self.esize}-byte elements"
 
 def build_take(spec: TakeSpec, name: str = "take") -> str:
     et = ir.IntType(8 * spec.esize)
@@ -464,3 +481,5 @@ def get_kernel(spec):
     """(CompiledModule, ctypes function) for a spec, from the one kernel cache of jit.py."""
     fn = _kernels(spec)
     return fn._module, fn
+for _cls in _BUILDERS:
+    registry.register(_cls, lambda spec: _build(spec)[0], _kernels)

@@ -162,18 +162,30 @@ def _contiguous_read(shape, strides) -> bool:
     return all(d == 1 or s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)))
 
 
-def size_class_key(cap: Capture):
-    """The capture's key with every size abstracted: each distinct size other than 0 and 1
-    becomes a symbol (numbered by first appearance, so equal sizes stay equal), and each read
-    keeps only what the passes and the scheduler test of its layout -- its shape (symbolic),
-    whether it walks that shape contiguously, and (node reads) whether its offset is 0.  Two
-    captures with the same size-class key get the same passes, fusion and buffers; only the
-    kernels' sizes, strides and shape classes are derived again (compiler.Template)."""
+def size_signature(cap: Capture):
+    """(size-class key, dims, layout) of a capture, in one pass.
+
+    The key is the capture's key with every size abstracted: each distinct size other than 0
+    and 1 becomes a symbol (numbered by first appearance, so equal sizes stay equal), and each
+    read keeps only what the passes and the scheduler test of its layout -- its shape
+    (symbolic), whether it walks that shape contiguously, and (node reads) whether its offset
+    is 0.  Two captures with the same key get the same passes, fusion and buffers.  `dims` are
+    the symbols' values in order; `layout` is every read's strides and every node read's
+    offset, flattened (what a symbolic plan checks before it binds: compiler.SymbolicBinder)."""
     syms: dict = {0: 0, 1: 1}
+    dims, layout = [], []
 
     def sym(shape):
-        return tuple(syms.setdefault(d, ("d", len(syms))) for d in shape)
+        out = []
+        for d in shape:
+            s = syms.get(d)
+            if s is None:
+                s = syms[d] = ("d", len(syms))
+                dims.append(d)
+            out.append(s)
+        return tuple(out)
 
+    inputs = tuple(k[:-2] + (sym(k[-2]), k[-1]) for k in cap.key[0])
     nodes = []
     for n, arg, ops in zip(cap.nodes, cap.args, cap._raw):
         abstract = []
@@ -182,11 +194,19 @@ def size_class_key(cap: Capture):
                 abstract.append(("c", r[1], r[2], sym(r[3]), r[4]))
             elif r[0] == "i":
                 abstract.append(("i", r[1], sym(r[2]), _contiguous_read(r[2], r[3])))
+                layout.extend(r[3])
             else:
                 abstract.append(("n", r[1], sym(r[2]), _contiguous_read(r[2], r[3]), r[4] == 0))
+                layout.extend(r[3])
+                layout.append(r[4])
         nodes.append((n.op.name, arg, sym(n.shape), n.dtype.name, tuple(abstract)))
-    inputs = tuple(k[:-2] + (sym(k[-2]), k[-1]) for k in cap.key[0])
-    return (inputs, tuple(nodes), cap.key[2], len(cap.slots))
+    key = (inputs, tuple(nodes), cap.key[2], tuple(i for i, _ in cap.slots))
+    return key, tuple(dims), tuple(layout)
+
+
+def size_class_key(cap: Capture):
+    """The size-class key of `size_signature`."""
+    return size_signature(cap)[0]
 
 
 def to_networkx(cap: Capture):

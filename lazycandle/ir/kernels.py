@@ -1,5 +1,6 @@
-"""Specs of the fused kernels the scheduler emits: frozen, size-free values that are the kernel
-cache key (codegen/elementwise.py and codegen/reduce.py build their LLVM modules).
+"""Kernel specs: the KernelSpec protocol every kernel kind follows, and the specs of the fused
+kernels the scheduler emits (frozen, size-free values that are the kernel cache key;
+codegen/elementwise.py and codegen/reduce.py build their LLVM modules).
 
 A spec holds the shape CLASS of a kernel, not its shape: the merged rank, each input's stride
 class per dim (0 broadcast, 1 unit, or RUNTIME: a stride passed at run time) and the tiling
@@ -23,6 +24,58 @@ def runtime_sizes(shape, strides) -> tuple:
     return tuple(shape) + tuple(x for st in strides for x in st if x not in (0, 1))
 
 
+TILE_SUPER = 8      # a tiled elementwise kernel's unit spans TILE_SUPER x TILE_SUPER tiles of W x W
+
+
+class KernelSpec:
+    """What every kernel kind's spec is (a frozen dataclass subclassing this; no fields here):
+
+      key              the value the one kernel cache (codegen/jit.py) keys the kernel by;
+      build()          the kernel's LLVM module text;
+      compiled()       the compiled function, from the kernel cache;
+      lanes()          the vector width W it runs at on this host;
+      extent(sizes)    the iteration extent split over the pool (0: nothing to run), for the
+                       run-time `sizes` of the kernel (a spec of a kernel that bakes its sizes
+                       ignores them);
+      cost(sizes)      the work of the whole call, in element-ops (the pool's split heuristic);
+      describe()       one line for the dump tool.
+
+    build / compiled / lanes are the code generator's: ir never imports codegen, so each
+    codegen module registers its functions for its spec class (codegen/registry.py), looked
+    up here by type(spec)."""
+
+    codegen: dict = {}          # spec class -> codegen.registry.Codegen (filled by codegen)
+
+    @property
+    def key(self):
+        return self
+
+    def _codegen(self):
+        impl = KernelSpec.codegen.get(type(self))
+        if impl is None:
+            raise LookupError(f"no code generator registered for {type(self).__name__} "
+                              f"(its codegen module registers it on import)")
+        return impl
+
+    def build(self) -> str:
+        return self._codegen().build(self)
+
+    def compiled(self):
+        return self._codegen().compiled(self)
+
+    def lanes(self) -> int:
+        return self._codegen().lanes(self)
+
+    def extent(self, sizes) -> int:
+        return 1
+
+    def cost(self, sizes) -> float:
+        return 1.0
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
 def tile_dim(stride_classes):
     """The dim to tile with the output's inner dim when an input is transposed relative to the
     output (unit stride along that dim, a runtime stride along the inner dim); else None.
@@ -38,8 +91,9 @@ def tile_dim(stride_classes):
 
 
 @dataclass(frozen=True)
-class EwSpec:
-    """A fused elementwise kernel: N strided inputs, an instruction DAG, M contiguous outputs."""
+class EwSpec(KernelSpec):
+    """A fused elementwise kernel: N strided inputs, an instruction DAG, M contiguous outputs.
+    Its `sizes`: the merged dims, then the runtime strides (runtime_sizes)."""
     rank: int               # merged iteration rank, >= 1
     inputs: tuple           # ((dtype_name, stride classes), ...)
     instrs: tuple           # ((op_name, arg, dtype_name, out_dtype_name, refs), ...); refs:
@@ -48,9 +102,29 @@ class EwSpec:
     scalars: tuple          # dtype name of each runtime scalar slot
     tile: int | None        # the dim tiled with the inner dim (tile_dim), or None
 
+    def extent(self, sizes) -> int:
+        """Units the kernel's range [lo, hi) counts: outer rows, or super-tiles when tiled."""
+        shape = sizes[:self.rank]
+        if not prod(shape):
+            return 0
+        t = self.tile
+        if t is None:
+            return shape[0] if len(shape) == 1 else prod(shape[:-1])
+        others = prod(d for i, d in enumerate(shape[:-1]) if i != t)
+        sb = TILE_SUPER * self.lanes()
+        return others * -(-shape[t] // sb) * -(-shape[-1] // sb)
+
+    def cost(self, sizes) -> float:
+        return float(len(self.instrs) * prod(sizes[:self.rank]))
+
+    def describe(self) -> str:
+        tiled = f", tiled dims ({self.tile}, {self.rank - 1})" if self.tile is not None else ""
+        return (f"elementwise rank {self.rank}, {len(self.instrs)} ops, {len(self.inputs)} in / "
+                f"{len(self.outputs)} out, strides {[c for _, c in self.inputs]}{tiled}")
+
 
 @dataclass(frozen=True)
-class RedSpec:
+class RedSpec(KernelSpec):
     """A reduction with its fused elementwise producers (the reduced value is the last instr)."""
     red: tuple              # per merged dim: True when reduced (its length is the rank)
     inputs: tuple           # ((dtype_name, stride classes), ...)  see EwSpec
@@ -76,9 +150,21 @@ class RedSpec:
             return max(1, prod(out))
         return max(1, prod(out[:-1]))
 
+    def extent(self, sizes) -> int:
+        out = prod(d for d, r in zip(sizes, self.red) if not r)
+        if not out:
+            return 0
+        return out if self.red[-1] else max(1, out // sizes[self.rank - 1])
+
+    def cost(self, sizes) -> float:
+        return float(len(self.instrs) * prod(sizes[:self.rank]))
+
+    def describe(self) -> str:
+        return (f"{self.kind} reduction rank {self.rank} reducing dims "
+                f"{[d for d, r in enumerate(self.red) if r]}, {len(self.instrs)} ops, {len(self.inputs)} in")
 
 @dataclass(frozen=True)
-class RowSpec:
+class RowSpec(KernelSpec):
     """A row kernel: reductions over the last (row) dim fused with their producers and with the
     consumers that read their results broadcast along the row, one unit per row.  `instrs` is
     one DAG in node order, like EwSpec's; an instr whose op is a reduction of ir/ops.py
@@ -118,3 +204,15 @@ class RowSpec:
                     out.append([])
                 out[need[j] + 1].append(j)
         return tuple(tuple(s) for s in out)
+
+    def extent(self, sizes) -> int:
+        """One unit per row; nothing to run when any dim is empty."""
+        shape = sizes[:self.rank]
+        return prod(shape[:-1]) if prod(shape) else 0
+
+    def cost(self, sizes) -> float:
+        return float(len(self.instrs) * prod(sizes[:self.rank]))
+
+    def describe(self) -> str:
+        return (f"row kernel rank {self.rank}, {len(self.stages())} reducing passes, "
+                f"{len(self.instrs)} ops, {len(self.inputs)} in")

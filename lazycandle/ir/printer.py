@@ -109,9 +109,10 @@ def optimized_text(desc, names) -> str:
     return "\n".join(lines)
 
 
-def kernel_text(i, k, desc, names, step=None) -> list:
+def kernel_text(i, k, desc, names, step=None, extent=None) -> list:
     """Lines for kernel k (the scheduler's) as its plan step runs it (`step`: backend, reads,
-    detail of kernels of their own); nodes are named by `names` (user-graph ids)."""
+    detail of kernels of their own; `extent`: its parallel extent at the plan's sizes); nodes
+    are named by `names` (user-graph ids)."""
     spec = k.spec if k.spec is not None else getattr(step, "reads", None)
     backend = getattr(step, "backend", None)
     fused = ", ".join(f"{names.nodes[j]} {desc['nodes'][j][0]}" for j in k.nodes)
@@ -138,13 +139,13 @@ def kernel_text(i, k, desc, names, step=None) -> list:
             nest = f"loop {shape}, vector width {W} + scalar tail"
             if t is not None:
                 nest += f", tiled {W}x{W} over dims ({t}, {len(shape) - 1}) with register transpose"
-            lines.append(f"    {nest}; parallel over {step.extent} units")
+            lines.append(f"    {nest}; parallel over {extent} units")
         elif k.kind == "reduce":
             lines.append(f"    loop {shape} reducing dims {[d for d, r in enumerate(spec.red) if r]} "
                          f"({'inner-reduce' if spec.inner_reduce else 'inner-output'}), {spec.kind}, vector width "
-                         f"{W}; parallel over {step.extent} units")
+                         f"{W}; parallel over {extent} units")
         elif k.kind == "row":
-            lines.append(f"    {row_nest(spec, shape)}, vector width {W}; parallel over {step.extent} rows")
+            lines.append(f"    {row_nest(spec, shape)}, vector width {W}; parallel over {extent} rows")
         lines.append(f"    compiled for shape class: rank {spec.rank}, strides "
                      f"{[c for _, c in spec.inputs]} (sizes {k.sizes} at run time)")
     if getattr(step, "detail", None):
@@ -165,7 +166,7 @@ def row_nest(spec, shape) -> str:
 def schedule_text(plan, names) -> str:
     lines = []
     for i, k in enumerate(plan.kernels):
-        lines += kernel_text(i, k, plan.opt_desc, names, plan.steps[i])
+        lines += kernel_text(i, k, plan.opt_desc, names, plan.steps[i], plan.binding.steps[i][1] if k.spec else None)
     for i, n in enumerate(plan.notes):
         lines.append(f"note: {names.note(i, n)}")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from math import prod
 
 import numpy as np
 
+from ..layout import Layout
 from . import pool
 from .steps import STEPS, NodeStep
 
@@ -26,35 +27,50 @@ def pack_scalars(scalars) -> np.ndarray:
 
 
 class Step:
-    """One compiled kernel call: which buffers it reads/writes, which of the plan's scalars it
-    takes, and how to split it."""
+    """One compiled kernel call: which of the plan's scalars it takes and how to split it.  Its
+    sizes, extent and cost come from the Binding it runs with; the kernel is compiled on first
+    use (a plan bound only to empty sizes compiles nothing)."""
 
-    def __init__(self, kernel, fn, extent, lanes, align, cost):
-        self.kernel, self.fn, self.extent, self.lanes, self.align, self.cost = kernel, fn, extent, lanes, align, cost
-        self.module = fn._module      # for the dump tool's llvm / asm stages
+    def __init__(self, kernel, vector_units):
+        self.kernel, self.spec = kernel, kernel.spec
+        self.lanes = kernel.spec.lanes()
+        self.align = self.lanes if vector_units else 1
         self.scalar_index = np.array(kernel.scalars, np.intp) if kernel.scalars else None
-        self.sizes = np.array(kernel.sizes, np.int64)
+        self._fn = None
 
-    def run(self, addrs, packed_scalars):
+    @property
+    def fn(self):
+        if self._fn is None:
+            self._fn = self.spec.compiled()
+        return self._fn
+
+    @property
+    def module(self):
+        """The compiled module (for the dump tool's llvm / asm stages)."""
+        return self.fn._module
+
+    def run(self, addrs, packed_scalars, sized):
+        sizes, extent, cost = sized
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
         base = ctypes.addressof(arr)
         scal = packed_scalars[self.scalar_index] if self.scalar_index is not None else None
         scal_ptr = scal.ctypes.data if scal is not None else None
         fn = self.fn
-        sizes_ptr = self.sizes.ctypes.data
-        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, scal_ptr, a, b), 0, self.extent,
-                          cost_per_item=self.cost, align=self.align)
+        sizes_ptr = sizes.ctypes.data
+        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, scal_ptr, a, b), 0, extent,
+                          cost_per_item=cost, align=self.align)
 
 
-def _compiled_step(k, codegen, size, extent, vector_units):
-    """Compile kernel k's spec with `codegen` (elementwise, reduce or row); None when it has no work.
-    `vector_units`: its units are single elements, so chunks split on vector boundaries."""
-    if size == 0:
-        return None
-    fn = codegen.get_kernel(k.spec)
-    lanes = codegen.lanes(k.spec)
-    cost = len(k.spec.instrs) * prod(k.loop_shape) / extent
-    return Step(k, fn, extent, lanes, lanes if vector_units else 1, cost)
+class Binding:
+    """The size-dependent part of a Plan for one capture's sizes: per step, (sizes array,
+    extent, cost per unit) of a fused kernel or the operand Layouts of a node step; per
+    kernel, the element offsets of its node reads; per node buffer, its element count.  A
+    Plan builds its own from its kernels, and `Plan.bind_values` one from the flat
+    `quantities` a symbolic binder evaluates for other sizes of the plan's size class."""
+    __slots__ = ("steps", "read_offsets", "numels")
+
+    def __init__(self, steps, read_offsets, numels):
+        self.steps, self.read_offsets, self.numels = steps, read_offsets, numels
 
 
 def _node_step(op_name, kind):
@@ -78,32 +94,72 @@ class Plan:
     """A compiled graph: kernels in order, which node buffers they use, what to return.  Built
     by the compiler driver (lazycandle/compiler.py) from the captured and the optimised
     capture and the scheduled kernels; `template` lets captures of the same size class skip
-    the passes and the scheduler."""
+    the passes and the scheduler.  The plan runs with a Binding (its own by default): the
+    sizes, offsets and buffer sizes of one capture of its size class."""
 
     def __init__(self, src_cap, cap, kernels, materialized, notes, template=None):
-        from ..codegen import elementwise as ew, reduce as red, row
+        from ..codegen import elementwise, reduce, row  # noqa: F401  (register the fused kernels' codegen)
         src_desc = describe(src_cap)
         self.kernels, self.materialized, self.notes, self.template = kernels, materialized, notes, template
         # descriptions for the dump tool; the plan is cached, so it must not pin Nodes/buffers
         self.graph_desc, self.opt_desc = src_desc, describe(cap)
         self.node_meta = [(n.shape, n.dtype) for n in cap.nodes]
+        self.dtypes = [n.dtype for n in cap.nodes]
         self.targets = list(cap.targets)
+        self.slots = list(cap.slots)
         self.steps = []
         for k in self.kernels:
-            if k.kind == "elementwise":
-                spec = k.spec
-                self.steps.append(_compiled_step(k, ew, prod(k.loop_shape), ew.parallel_extent(spec, k.loop_shape),
-                                                 spec.rank == 1 and spec.tile is None))
-            elif k.kind == "reduce":
-                spec = k.spec
-                self.steps.append(_compiled_step(k, red, prod(spec.out_shape(k.loop_shape)),
-                                                 spec.parallel_extent(k.loop_shape), False))
-            elif k.kind == "row":     # one unit per row; the row length is a runtime size
-                rows = prod(k.loop_shape[:-1])
-                self.steps.append(_compiled_step(k, row, rows, rows, False))
+            if k.spec is not None:
+                self.steps.append(Step(k, k.kind == "elementwise" and k.spec.rank == 1 and k.spec.tile is None))
             else:
                 self.steps.append(_node_step(cap.nodes[k.nodes[0]].op.name, k.kind)(k, cap))
+        # node steps that bake their sizes into a kernel spec need a plan per size
+        self.binds_sizes = all(not isinstance(s, NodeStep) or s.binds_layouts for s in self.steps)
         self._plan_memory()
+        # how bind_values reads the flat quantities: per kernel (spec, sizes count | operand
+        # ranks, node-read count), then one element count per buffer node
+        self._recipe = [(k.spec, len(k.sizes), sum(1 for b in k.inputs if b[0] == "node")) if k.spec is not None
+                        else (None, [len(lay.shape) for _, _, _, lay, _ in step.operands],
+                              sum(1 for b in k.inputs if b[0] == "node"))
+                        for k, step in zip(kernels, self.steps)]
+        self._buffer_nodes = sorted(materialized)
+        self.binding = self.bind_values(self.quantities(kernels, cap))
+
+    def quantities(self, kernels, cap) -> list:
+        """Every size-dependent int of this plan, flat, for `kernels` scheduled on `cap`: this
+        plan's own, or the same schedule over probe sizes (compiler.SymbolicBinder)."""
+        out = []
+        for k in kernels:
+            if k.spec is not None:
+                out.extend(k.sizes)
+            else:
+                for o in cap.operands[k.nodes[0]]:
+                    if o.kind != "const":
+                        out.extend(o.shape)
+                        out.extend(o.strides)
+                        out.append(o.offset if o.kind == "node" else 0)
+            out.extend(b[2] for b in k.inputs if b[0] == "node")
+        out.extend(prod(cap.nodes[j].shape) for j in sorted(self.materialized))
+        return out
+
+    def bind_values(self, q) -> Binding:
+        """The Binding of flat quantities `q` (in the order of `quantities`)."""
+        at, steps, reads = 0, [], []
+        for spec, counts, n_reads in self._recipe:
+            if spec is not None:
+                sizes = tuple(q[at:at + counts])
+                at += counts
+                extent = spec.extent(sizes)
+                steps.append((np.array(sizes, np.int64), extent, spec.cost(sizes) / (extent or 1)))
+            else:
+                lays = []
+                for r in counts:
+                    lays.append(Layout(tuple(q[at:at + r]), tuple(q[at + r:at + 2 * r]), q[at + 2 * r]))
+                    at += 2 * r + 1
+                steps.append(lays)
+            reads.append(tuple(q[at:at + n_reads]))
+            at += n_reads
+        return Binding(steps, reads, dict(zip(self._buffer_nodes, q[at:])))
 
     def _plan_memory(self):
         """Liveness: allocate each buffer right before the kernel that writes it and release
@@ -124,36 +180,39 @@ class Plan:
             if j not in keep:
                 self.free_after[r].append(j)
 
-    def run(self, in_bufs, offsets, scalars):
+    def run(self, in_bufs, offsets, scalars, binding=None):
         """in_bufs: 1-D arrays per capture input; offsets: per operand slot; scalars: the
-        capture's scalar slots [(value, DType)].  Returns the target buffers in capture-target
-        order."""
+        capture's scalar slots [(value, DType)]; binding: the sizes to run at (default: the
+        plan's own).  Returns the target buffers in capture-target order."""
         from .buffers import alloc
+        b = binding or self.binding
         bufs = {}
         packed = pack_scalars(scalars)
-        slots = self.slots
-        for i, (step, k) in enumerate(zip(self.steps, self.kernels)):
+        slots, dtypes, numels = self.slots, self.dtypes, b.numels
+        for i, (step, k, sized, read_offsets) in enumerate(zip(self.steps, self.kernels, b.steps, b.read_offsets)):
             if i > 0:
                 for j in self.free_after[i - 1]:
                     bufs.pop(j, None)
             for j in self.alloc_at[i]:
-                shape, dt = self.node_meta[j]
-                bufs[j] = alloc(prod(shape), dt)
-            if step is None:
-                continue
+                bufs[j] = alloc(numels[j], dtypes[j])
             if isinstance(step, NodeStep):
-                step.run_node(in_bufs, offsets, bufs)
+                if step.binds_layouts:
+                    step.run_node(in_bufs, offsets, bufs, sized)
+                else:
+                    step.run_node(in_bufs, offsets, bufs)
                 continue
-            addrs = []
+            if not sized[1]:
+                continue
+            addrs, r = [], 0
             for bind in k.inputs:
                 if bind[0] == "slot":
-                    i, _ = slots[bind[1]]
-                    buf = in_bufs[i]
+                    buf = in_bufs[slots[bind[1]][0]]
                     addrs.append(buf.ctypes.data + offsets[bind[1]] * buf.itemsize)
                 else:
                     buf = bufs[bind[1]]
-                    addrs.append(buf.ctypes.data + bind[2] * buf.itemsize)
+                    addrs.append(buf.ctypes.data + read_offsets[r] * buf.itemsize)
+                    r += 1
             for j in k.outputs:
                 addrs.append(bufs[j].ctypes.data)
-            step.run(addrs, packed)
+            step.run(addrs, packed, sized)
         return [bufs[t] for t in self.targets]

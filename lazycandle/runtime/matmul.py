@@ -108,6 +108,8 @@ def _round_up(x: int, mult: int) -> int:
 
 def _batch_offsets(bshape, *strides):
     """Element offsets of every batch element (row-major) for each stride tuple."""
+    if not bshape:
+        return [(0,) * len(strides)]
     out = []
     for idx in np.ndindex(*bshape):
         out.append(tuple(sum(i * s for i, s in zip(idx, st)) for st in strides))
@@ -186,6 +188,32 @@ def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
     return mc, kc, nc
 
 
+# parameter block positions (a plan is built per new GEMM shape: keep its construction cheap)
+_PARAM_AT = {name: gemm.param_index(name) for name in gemm.FIELDS + gemm.BATCH_ARRAYS}
+_ABO_SLOTS = tuple(gemm.param_index(f) for f in ("a", "b", "o"))
+_tile_kernels: dict = caches.register("tiled gemm kernels by dtype", {})
+
+
+def _tile_of(dt: DType) -> tuple:
+    """gemm.choose_tile(dt), once per dtype (the host's vector width does not change)."""
+    got = _tiles.get(dt.name)
+    if got is None:
+        got = _tiles[dt.name] = gemm.choose_tile(dt)
+    return got
+
+
+_tiles: dict = {}
+
+
+def _tile_kernel(dt: DType) -> tuple:
+    """(spec, compiled function, accumulator bytes, needs_w) of the tiled GEMM for `dt`."""
+    got = _tile_kernels.get(dt.name)
+    if got is None:
+        spec = gemm.GemmSpec(dt, *_tile_of(dt))
+        got = _tile_kernels[dt.name] = (spec, gemm.get_kernel(spec), _acc_bytes(dt), spec.needs_w)
+    return got
+
+
 class TiledPlan:
     """The generated kernel on one geometry: parameter block template, task count, scratch
     size per thread."""
@@ -193,17 +221,16 @@ class TiledPlan:
 
     def __init__(self, g: Geometry, threads: int):
         self.g, self.threads = g, threads
-        spec = gemm.GemmSpec(g.dtype, *gemm.choose_tile(g.dtype))
-        self.fn = gemm.get_kernel(spec)
-        ab = _acc_bytes(g.dtype)
+        spec, self.fn, ab, needs_w = _tile_kernel(g.dtype)
         mc, kc, nc = _blocking(spec, ab, g.k)
         nb = g.nbatch
-        mchunk, nchunk = _chunks(nb, g.m, g.n, spec.mr, spec.nr, g.flops, threads)
+        nr = spec.nr
+        mchunk, nchunk = _chunks(nb, g.m, g.n, spec.mr, nr, g.flops, threads)
         mchunk, nchunk = max(mchunk, 1), max(nchunk, 1)
-        if spec.needs_w and g.k > kc:
+        if needs_w and g.k > kc:
             # partial sums live in scratch W of mchunk x NC: keep it within W_BYTES
             mchunk = min(mchunk, _round_up(W_MAX_ROWS, spec.mr))
-            nc = min(nc, max(spec.nr, W_BYTES // (mchunk * ab) // spec.nr * spec.nr))
+            nc = min(nc, max(nr, W_BYTES // (mchunk * ab) // nr * nr))
         mtasks, ntasks = -(-g.m // mchunk), -(-g.n // nchunk)
         kc_eff = _round_up(max(1, min(kc, g.k)), spec.unroll)
         a_rows = _round_up(mchunk, spec.mr)
@@ -211,30 +238,30 @@ class TiledPlan:
         reuse = (nb > 1 and not any(g.bsa)) or ntasks > 1 or g.n > nc
         a_keep = reuse and a_full * ab <= A_KEEP_BYTES
         bp_off = _round_up(a_full if a_keep else _round_up(min(mc, mchunk), spec.mr) * kc_eff, 16)
-        w_off = _round_up(bp_off + kc_eff * _round_up(min(nc, nchunk), spec.nr), 16)
-        w_elems = mchunk * min(nc, nchunk) if spec.needs_w and g.k > kc else 0
+        w_off = _round_up(bp_off + kc_eff * _round_up(min(nc, nchunk), nr), 16)
+        w_elems = mchunk * min(nc, nchunk) if needs_w and g.k > kc else 0
         self.ws_bytes = (w_off + w_elems) * ab
         # batch dims beyond the kernel's limit (only with > 8 unmergeable dims) loop here
         lead = max(0, len(g.bshape) - gemm.MAX_BATCH_RANK)
         self.outer = _batch_offsets(g.bshape[:lead], g.bsa[:lead], g.bsb[:lead], g.bso[:lead])
         inner = slice(lead, len(g.bshape))
-        params = np.zeros(gemm.NPARAMS, np.int64)
+        params = [0] * gemm.NPARAMS
         vals = dict(m=g.m, n=g.n, k=g.k, rsa=g.rsa, csa=g.csa, rsb=g.rsb, csb=g.csb, ldo=g.ldo,
                     mc=mc, kc=kc, nc=nc, mchunk=mchunk, nchunk=nchunk, mtasks=mtasks, ntasks=ntasks,
                     bp_off=bp_off, w_off=w_off, rank=len(g.bshape) - lead, a_keep=int(a_keep), a_rows=a_rows)
         for name, v in vals.items():
-            params[gemm.param_index(name)] = v
+            params[_PARAM_AT[name]] = v
         for arr, src in zip(gemm.BATCH_ARRAYS, (g.bshape, g.bsa, g.bsb, g.bso)):
-            for i, v in enumerate(src[inner]):
-                params[gemm.param_index(arr, i)] = v
-        self.params = (ctypes.c_int64 * gemm.NPARAMS)(*params.tolist())
+            at = _PARAM_AT[arr]
+            params[at:at + len(src[inner])] = src[inner]
+        self.params = (ctypes.c_int64 * gemm.NPARAMS)(*params)
         self.params_addr = ctypes.addressof(self.params)
         self.busy = threading.Lock()     # guards self.params; a concurrent caller copies it
         self.ntask = prod(g.bshape[inner]) * mtasks * ntasks
         self.cost = g.flops * nb / max(self.ntask * len(self.outer), 1)
         self.esz = g.dtype.size_in_bytes
         self.out_elems = nb * g.m * g.n
-        self.slots = tuple(gemm.param_index(f) for f in ("a", "b", "o"))
+        self.slots = _ABO_SLOTS
 
     def run(self, a: int, b: int, o: int) -> None:
         if self.out_elems == 0:
@@ -259,11 +286,14 @@ class TiledPlan:
 
 
 # ---- BLAS -------------------------------------------------------------------------------
+_blas_kinds: dict = {}
+
+
 def _blas_kind(dt: DType):
     """"s" / "d" when the BLAS path can run `dt` (through f32 for the 16/8-bit floats)."""
-    if not dt.is_float:
-        return None
-    return "d" if _acc_bytes(dt) == 8 else "s"
+    if dt.name not in _blas_kinds:
+        _blas_kinds[dt.name] = None if not dt.is_float else "d" if _acc_bytes(dt) == 8 else "s"
+    return _blas_kinds[dt.name]
 
 
 def _blas_form(rows: int, cols: int, rs: int, cs: int):
@@ -455,7 +485,7 @@ def choose_backend(g: Geometry, backend: str) -> str:
         return "tiled"
     if backend == "blas":
         return "blas"
-    mr, nv, vw = gemm.choose_tile(g.dtype)
+    mr, nv, vw = _tile_of(g.dtype)
     used = g.m / _round_up(g.m, mr) * g.n / _round_up(g.n, nv * vw)
     if used < 0.5 and g.flops >= AUTO_THIN_BLAS_FLOPS:
         return "blas"

@@ -21,7 +21,12 @@ def register(*op_names):
 
 
 class NodeStep:
-    """Base: resolves the node's operands to (buffer, Layout) at run time."""
+    """Base: resolves the node's operands to (buffer, Layout) at run time.  A step whose
+    `binds_layouts` is true takes its operand Layouts from the plan's Binding at each run
+    (`run_node(..., layouts)`), so one plan serves every size of its size class; the others
+    bake their sizes into a kernel spec at setup."""
+
+    binds_layouts = False
 
     def __init__(self, kernel, cap):
         j = kernel.nodes[0]
@@ -40,8 +45,10 @@ class NodeStep:
     def setup(self, cap):
         """Compile what the step needs (called once per plan)."""
 
-    def operand(self, i, in_bufs, offsets, bufs):
+    def operand(self, i, in_bufs, offsets, bufs, layouts=None):
         kind, idx, src, lay, _ = self.operands[i]
+        if layouts is not None:
+            lay = layouts[i]
         if kind == "in":
             return in_bufs[src], replace(lay, offset=offsets[idx])
         return bufs[idx], lay
@@ -54,6 +61,8 @@ class NodeStep:
 class MatmulStep(NodeStep):
     """BLAS or the tiled GEMM, chosen at run time by the backend setting."""
 
+    binds_layouts = True
+
     def setup(self, cap):
         from .matmul import choose_backend, geometry
         la, lb = self.operands[0][3], self.operands[1][3]
@@ -64,10 +73,10 @@ class MatmulStep(NodeStep):
             picked = setting
         self.backend = picked if setting != "auto" else f"auto -> {picked}"
 
-    def run_node(self, in_bufs, offsets, bufs):
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
         from .matmul import matmul
-        a, la = self.operand(0, in_bufs, offsets, bufs)
-        b, lb = self.operand(1, in_bufs, offsets, bufs)
+        a, la = self.operand(0, in_bufs, offsets, bufs, layouts)
+        b, lb = self.operand(1, in_bufs, offsets, bufs, layouts)
         setting = config.get_matmul_backend()
         used = matmul(a, la, b, lb, bufs[self.out], self.dtype, setting)
         self.backend = used if setting != "auto" else f"auto -> {used}"

@@ -1,0 +1,227 @@
+"""Symbolic plan binding: one compiled Plan serves every capture of its size class.
+
+A capture's size class (ir.graph.size_signature) abstracts each distinct size into a symbol
+d0, d1, ...  When a plan is compiled for a class, `derive_binder` schedules the same template
+once more over *probe* sizes (named_dims: each symbol a NamedDim "#k", so every size the
+scheduler derives is a polynomial of the symbols), and turns what the plan needs at run time
+-- the kernels' `sizes`, node-step layouts, node-read offsets and buffer sizes
+(Plan.quantities) -- into one generated Python function of the symbols.  Binding a new
+capture of the class is then one call of that function plus Plan.bind_values: no replay, no
+scheduling, no spec or step construction.
+
+The strides and offsets of a capture's reads are not symbolic in the class key; the probe
+capture expresses each through its base's contiguous strides (`_express`), and the binder
+checks the capture's actual strides and offsets against those formulas before it binds
+(`SymbolicBinder.__call__` returns None when they differ: the driver then compiles that
+capture's own plan from the template).  Plans with node steps that bake their sizes into a
+kernel spec (index, sort, scan, conv pieces) get no binder (Plan.binds_sizes)."""
+from __future__ import annotations
+
+from . import named_dims
+from .ir.graph import Capture, size_signature
+from .ir.schedule import bind_kernels
+from .layout import contiguous_strides
+
+MAX_SYMBOLS = 8          # more distinct sizes than this: a plan per capture (probes grow with the count)
+
+
+class _ProbeNode:
+    """A captured node with its shape in probe sizes (what the scheduler reads of a node)."""
+    __slots__ = ("op", "arg", "shape", "dtype", "label")
+
+    def __init__(self, node, shape):
+        self.op, self.arg, self.dtype, self.label, self.shape = node.op, node.arg, node.dtype, node.label, shape
+
+
+class SymbolicBinder:
+    """`binder(plan, dims, layout)`: the plan's Binding for a capture of its size class with
+    symbol values `dims`, or None when the capture's read strides / offsets (`layout`) are
+    not the ones the binder's formulas give."""
+
+    def __init__(self, fn, source):
+        self.fn, self.source = fn, source
+
+    def __call__(self, plan, dims, layout):
+        lay, q = self.fn(*dims)
+        if lay != layout:
+            return None
+        return plan.bind_values(q)
+
+
+def derive_binder(cap: Capture, plan, dims):
+    """The SymbolicBinder of `plan` (compiled for `cap`, whose size-class symbols are `dims`),
+    or None when the plan's sizes cannot be bound symbolically."""
+    if not plan.binds_sizes or len(dims) > MAX_SYMBOLS or plan.template is None:
+        return None
+    probes = named_dims.anonymous_dims(len(dims))
+    pcap = _probe_capture(cap, dict(zip(dims, probes)))
+    tpl = plan.template
+    opt = tpl.replay(pcap)
+    kernels = bind_kernels(opt, [list(g) for g in tpl.groups], tpl.materialized)
+    if [(k.spec, len(k.inputs), len(k.sizes)) for k in kernels] != \
+            [(k.spec, len(k.inputs), len(k.sizes)) for k in plan.kernels]:
+        return None         # a size coincidence of `cap` shaped its kernels: no generic formula
+    names = {p.name: f"d{k}" for k, p in enumerate(probes)}
+    _, _, playout = size_signature(pcap)
+    parts = []
+    for values in (playout, plan.quantities(kernels, opt)):
+        src = [named_dims.polynomial_source(v, names) for v in values]
+        if any(s is None for s in src):
+            return None
+        parts.append("(" + "".join(s + ", " for s in src) + ")")
+    args = ", ".join(f"d{k}" for k in range(len(dims)))
+    source = f"def bind({args}):\n    return {parts[0]}, {parts[1]}\n"
+    scope: dict = {}
+    exec(compile(source, "<symbolic plan binding>", "exec"), scope)
+    binder = SymbolicBinder(scope["bind"], source)
+    return binder if binder(plan, dims, size_signature(cap)[2]) is not None else None
+
+
+def _probe_capture(cap: Capture, probe_of: dict) -> Capture:
+    """`cap` with every size its probe (probe_of: size -> probe; 0 and 1 stay) and every read's
+    strides and offset expressed through its base's contiguous strides."""
+    probe_of = {0: 0, 1: 1, **probe_of}
+
+    def sub(shape):
+        return tuple(probe_of[d] for d in shape)
+
+    nodes = [_ProbeNode(n, sub(n.shape)) for n in cap.nodes]
+    raw = []
+    for ops in cap._raw:
+        out = []
+        for r in ops:
+            if r[0] == "c":
+                out.append(r[:3] + (sub(r[3]),) + r[4:])
+                continue
+            base = cap.inputs[cap.slots[r[1]][0]].shape if r[0] == "i" else cap.nodes[r[1]].shape
+            radix = _radix(base, sub(base))
+            strides = tuple(_express(s, radix + [(c, p) for c, p in probe_of.items() if c > 1]) for s in r[3])
+            if r[0] == "i":
+                out.append((r[0], r[1], sub(r[2]), strides))
+            else:
+                out.append((r[0], r[1], sub(r[2]), strides, _express_offset(r[4], radix, probe_of)))
+        raw.append(tuple(out))
+    in_keys = tuple(k[:-2] + (sub(k[-2]), k[-1]) for k in cap.key[0])
+    return Capture((in_keys, None, cap.key[2], None), cap.inputs, cap.slots, nodes, None, cap.targets,
+                   raw, cap.scalars, cap.args)
+
+
+def _radix(base, pbase):
+    """(size, probe) of the base's contiguous strides above 1, largest first: what a read's
+    strides and offset are written in."""
+    out = []
+    for c, p in zip(contiguous_strides(base), contiguous_strides(pbase)):
+        if c > 1 and all(c != x for x, _ in out):
+            out.append((c, p))
+    return out
+
+
+def _express(s, cands):
+    """Stride s as (a small multiple of) a base stride or a size; other strides stay constants (the
+    binder's layout check then only accepts captures with that same stride)."""
+    if s in (0, 1, -1):
+        return s
+    for c, p in cands:
+        if s % c == 0 and abs(s // c) <= 64:
+            return s // c * p
+    return s
+
+
+def _express_offset(off, radix, probe_of):
+    """Offset off in the mixed radix of the base's strides, each digit a size, a size - 1, or
+    a constant."""
+    if off <= 1:
+        return off
+    out = 0
+    for c, p in radix:
+        q, off = divmod(off, c)
+        if q:
+            digit = probe_of.get(q, q) if q > 1 else q
+            if digit == q and q + 1 in probe_of:
+                digit = probe_of[q + 1] - 1
+            out += digit * p
+    return out + off
+
+
+class ProgramBinder:
+    """A named-dim Program's binding without rebuilding its graph: `binder(sizes)` ({name:
+    size}) gives (bound plan, slot offsets, output shapes, output offsets) for sizes whose
+    capture has the size class this binder was derived for, else None.  Derived once per size
+    class from the program's traced graph (sizes are probe polynomials of the names): one
+    generated function evaluates the class's symbols, the reads' strides and offsets, and
+    checks what named_dims.bind checks (every size of the class > 1 and distinct -- so no size
+    is negative and the class cannot change -- and every view inside its base buffer)."""
+
+    def __init__(self, fn, plan, binder, source):
+        self.fn, self.plan, self.binder, self.source = fn, plan, binder, source
+
+    def __call__(self, sizes: dict):
+        got = self.fn(sizes)
+        if got is None:
+            return None
+        dims, layout, offsets, out_shapes, out_offsets = got
+        binding = self.binder(self.plan, dims, layout)
+        return None if binding is None else (binding, offsets, out_shapes, out_offsets)
+
+
+def _span_ok(shape, strides, offset, numel) -> bool:
+    if 0 in shape:
+        return True
+    lo = hi = offset
+    for d, s in zip(shape, strides):
+        if s > 0:
+            hi += (d - 1) * s
+        else:
+            lo += (d - 1) * s
+    return lo >= 0 and hi < numel
+
+
+def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offsets, names, cap: Capture,
+                          plan, binder, sizes: dict):
+    """The ProgramBinder of a program whose traced capture is `traced_cap` (sizes: probe
+    polynomials of `names`), given `cap`, its capture at `sizes`, compiled as `plan` with
+    `binder` (None: no ProgramBinder)."""
+    if binder is None or len(traced_cap.nodes) != len(cap.nodes) or len(traced_cap.slots) != len(cap.slots) \
+            or [(n.op.name, n.arg) for n in traced_cap.inputs] != [(n.op.name, n.arg) for n in cap.inputs]:
+        return None
+    var = {n: f"v_{n}" for n in names}
+    _, pdims, playout = size_signature(traced_cap)
+
+    def src(values):
+        out = [named_dims.polynomial_source(v, var) for v in values]
+        return None if any(s is None for s in out) else "(" + "".join(s + ", " for s in out) + ")"
+
+    views = []
+    for n in view_nodes:
+        lay = n.layout
+        parts = (src(lay.shape), src(lay.strides), src((lay.offset,)), src((_numel(n.srcs[0].base.shape),)))
+        if None in parts:
+            return None
+        views.append(f"({parts[0]}, {parts[1]}, {parts[2]}[0], {parts[3]}[0])")
+    pieces = [src(pdims), src(playout), src(traced_cap.offsets), src(out_offsets)]
+    shapes = [src(n.shape) for n in user_nodes]
+    if None in pieces or None in shapes:
+        return None
+    lines = ["def bind(sizes):"] + [f"    {var[n]} = sizes[{n!r}]" for n in names] + [f"    dims = {pieces[0]}"]
+    if pdims:
+        lines.append("    if min(dims) < 2 or len(set(dims)) != len(dims):\n        return None")
+    if views:
+        lines.append(f"    for v in ({''.join(v + ', ' for v in views)}):\n"
+                     f"        if not _span_ok(*v):\n            return None")
+    lines.append(f"    return dims, {pieces[1]}, list({pieces[2]}), ({''.join(s + ', ' for s in shapes)}), {pieces[3]}")
+    source = "\n".join(lines) + "\n"
+    scope = {"_span_ok": _span_ok}
+    exec(compile(source, "<program binding>", "exec"), scope)
+    pb = ProgramBinder(scope["bind"], plan, binder, source)
+    got = pb.fn(sizes)
+    want = size_signature(cap)
+    if got is None or got[0] != want[1] or got[1] != want[2] or got[2] != list(cap.offsets):
+        return None
+    return pb
+
+
+def _numel(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
