@@ -44,10 +44,14 @@ class _Instance:
         self.inputs, self.offsets, self.scalars = cap.inputs, cap.offsets, cap.scalars
         self.plan = compiler.get_plan(cap, self.targets)
 
-    def run(self, arrays: dict) -> list:
-        """arrays: flat contiguous array per placeholder name."""
+    def run(self, arrays: dict, seconds=None) -> list:
+        """arrays: flat contiguous array per placeholder name.  `seconds`: profile instead (the
+        per-kernel path, each kernel's time added to its entry)."""
         bufs = [n.buffer if n.realized else arrays[n.arg] for n in self.inputs]
-        outs = self.plan.run(bufs, self.offsets, self.scalars)
+        if seconds is None:
+            outs = self.plan.run(bufs, self.offsets, self.scalars)
+        else:
+            outs = self.plan.run_python(bufs, self.offsets, self.scalars, seconds)
         res = []
         for o, n, off in zip(outs, self.user_nodes, self.out_offsets):
             res.append(o[off:off + prod(n.shape)].reshape(n.shape))
@@ -127,6 +131,17 @@ class Program:
         return self._instance(sizes).run(arrays)
 
     __call__ = run
+
+    def profile(self, runs: int = 1, **feeds) -> str:
+        """Run the program `runs` times kernel by kernel and return a table of each kernel's
+        mean time, kind, fused ops, output shape, bytes moved and (matmul) GFLOP/s."""
+        from .runtime import profile
+        arrays, sizes = self._check_feeds(feeds)
+        inst = self._instance(sizes)
+        seconds = [0.0] * len(inst.plan.kernels)
+        for _ in range(max(1, runs)):
+            inst.run(arrays, seconds)
+        return profile.table(inst.plan, seconds, max(1, runs))
 
     def dump(self, stage="schedule", fmt="text") -> str:
         """A dump stage of the compiled program (with named dims: of the last binding run)."""

@@ -4,7 +4,9 @@ the runtime only executes them."""
 from __future__ import annotations
 
 import ctypes
+import os
 from math import prod
+from time import perf_counter
 
 import numpy as np
 
@@ -101,6 +103,8 @@ class Plan:
             else:
                 self.steps.append(_node_step(cap.nodes[k.nodes[0]].op.name, k.kind)(k, cap))
         self._plan_memory()
+        self.runs = 0
+        self.native = None          # the whole-program form (native_exec.NativePlan), built at its 2nd run
 
     def _plan_memory(self):
         """Liveness: allocate each buffer right before the kernel that writes it and release
@@ -124,11 +128,40 @@ class Plan:
     def run(self, in_bufs, offsets, scalars):
         """in_bufs: 1-D arrays per capture input; offsets: per operand slot; scalars: the
         capture's scalar slots [(value, DType)].  Returns the target buffers in capture-target
-        order."""
+        order.  Runs the whole-program native form (one native call per segment) unless
+        LAZYCANDLE_EXEC=python; a plan is made native at its second run (LAZYCANDLE_EXEC=native:
+        at its first), so a graph realized once never pays for the program module."""
+        mode = os.environ.get("LAZYCANDLE_EXEC", "")
+        if os.environ.get("LAZYCANDLE_PROFILE", "") not in ("", "0"):
+            from . import profile
+            seconds = [0.0] * len(self.kernels)
+            outs = self.run_python(in_bufs, offsets, scalars, seconds)
+            profile.record(self, seconds)
+            return outs
+        if mode != "python":
+            native = self.native
+            if native is None:
+                self.runs += 1
+                if self.runs >= 2 or mode == "native":
+                    native = self.native_form()
+            if native:
+                return native.run(in_bufs, offsets, pack_scalars(scalars), self.slots)
+        return self.run_python(in_bufs, offsets, scalars)
+
+    def native_form(self):
+        """The plan's NativePlan, built once (False when the plan cannot run natively: a sort
+        step hands its values over between steps by replacing a buffer)."""
+        if self.native is None:
+            from . import native_exec
+            self.native = native_exec.NativePlan(self) if native_exec.supports(self) else False
+        return self.native
+
+    def run_python(self, in_bufs, offsets, scalars, seconds=None):
+        """The per-kernel path: one ctypes call per kernel over the Python pool.  `seconds`
+        (a list, one entry per kernel) adds each kernel's wall time to it (the profiler)."""
         from .buffers import alloc
         bufs = {}
         packed = pack_scalars(scalars)
-        slots = self.slots
         for i, (step, k) in enumerate(zip(self.steps, self.kernels)):
             if i > 0:
                 for j in self.free_after[i - 1]:
@@ -138,19 +171,25 @@ class Plan:
                 bufs[j] = alloc(prod(shape), dt)
             if step is None:
                 continue
+            t0 = perf_counter() if seconds is not None else 0.0
             if isinstance(step, NodeStep):
                 step.run_node(in_bufs, offsets, bufs)
-                continue
-            addrs = []
-            for bind in k.inputs:
-                if bind[0] == "slot":
-                    i, _ = slots[bind[1]]
-                    buf = in_bufs[i]
-                    addrs.append(buf.ctypes.data + offsets[bind[1]] * buf.itemsize)
-                else:
-                    buf = bufs[bind[1]]
-                    addrs.append(buf.ctypes.data + bind[2] * buf.itemsize)
-            for j in k.outputs:
-                addrs.append(bufs[j].ctypes.data)
-            step.run(addrs, packed)
+            else:
+                step.run(self._kernel_addrs(k, in_bufs, offsets, bufs), packed)
+            if seconds is not None:
+                seconds[i] += perf_counter() - t0
         return [bufs[t] for t in self.targets]
+
+    def _kernel_addrs(self, k, in_bufs, offsets, bufs) -> list:
+        """Kernel k's buffer pointers: its inputs (with their offsets), then its outputs."""
+        addrs = []
+        for bind in k.inputs:
+            if bind[0] == "slot":
+                buf = in_bufs[self.slots[bind[1]][0]]
+                addrs.append(buf.ctypes.data + offsets[bind[1]] * buf.itemsize)
+            else:
+                buf = bufs[bind[1]]
+                addrs.append(buf.ctypes.data + bind[2] * buf.itemsize)
+        for j in k.outputs:
+            addrs.append(bufs[j].ctypes.data)
+        return addrs
