@@ -43,6 +43,7 @@ class _Instance:
         cap = capture(self.targets)
         self.inputs, self.offsets, self.scalars = cap.inputs, cap.offsets, cap.scalars
         self.plan = compiler.get_plan(cap, self.targets)
+        self.outputs = [(off, prod(n.shape), n.shape) for n, off in zip(user_nodes, self.out_offsets)]
 
     def run(self, arrays: dict, seconds=None) -> list:
         """arrays: flat contiguous array per placeholder name.  `seconds`: profile instead (the
@@ -52,10 +53,8 @@ class _Instance:
             outs = self.plan.run(bufs, self.offsets, self.scalars)
         else:
             outs = self.plan.run_python(bufs, self.offsets, self.scalars, seconds)
-        res = []
-        for o, n, off in zip(outs, self.user_nodes, self.out_offsets):
-            res.append(o[off:off + prod(n.shape)].reshape(n.shape))
-        return res
+        return [(o if off == 0 and o.size == n else o[off:off + n]).reshape(shape)
+                for o, (off, n, shape) in zip(outs, self.outputs)]
 
 
 def check_feed_names(op: str, inputs, feeds) -> None:
@@ -95,6 +94,22 @@ class Program:
         self._fixed = None if self._symbolic else _Instance(self._user_nodes)
         self._bound = caches.LRU(self.BINDINGS_KEPT)
         self._last = self._fixed
+        self._exact = {name: (dt.numpy, spec) for name, spec, dt in self.inputs} if not self._symbolic else None
+
+    def _exact_feeds(self, feeds):
+        """The flat feeds when every one is already a C-contiguous ndarray of exactly its
+        input's dtype and shape (the common case, checked without conversions); else None."""
+        exact = self._exact
+        if exact is None or len(feeds) != len(exact):
+            return None
+        arrays = {}
+        for name, v in feeds.items():
+            want = exact.get(name)
+            if want is None or type(v) is not np.ndarray or v.dtype != want[0] or v.shape != want[1] \
+                    or not v.flags.c_contiguous:
+                return None
+            arrays[name] = v if v.ndim == 1 else v.reshape(-1)
+        return arrays
 
     def _check_feeds(self, feeds):
         """Flat arrays by input name, and the sizes of the named dims (FeedError on any mismatch)."""
@@ -127,6 +142,9 @@ class Program:
         return inst
 
     def run(self, **feeds) -> list:
+        arrays = self._exact_feeds(feeds)
+        if arrays is not None:
+            return self._fixed.run(arrays)
         arrays, sizes = self._check_feeds(feeds)
         return self._instance(sizes).run(arrays)
 

@@ -268,3 +268,33 @@ def test_arena_never_shares_bytes_between_live_buffers():
         for b in items:
             if a is not b and not (a[3] < b[2] or b[3] < a[2]):
                 assert a[1] <= b[0] or b[1] <= a[0], (a, b)
+
+
+def test_native_pool_parallel_splits_a_kernel_range_over_the_workers():
+    import ctypes
+    from lazycandle.runtime import native_pool
+    from lazycandle.runtime.executor import pack_scalars
+    from lazycandle import compiler
+    from lazycandle.ir.graph import capture
+    a = np.linspace(-2, 2, 100003, dtype=np.float32)
+    y = (lc.tensor(a) * 3.0).exp()
+    cap = capture([y._node])
+    plan = compiler.get_plan(cap, [y._node])
+    step = plan.steps[0]
+    packed = pack_scalars(cap.scalars)
+    for n in (1, 2, 3):
+        out = np.full_like(a, np.nan)
+        ptrs = np.array([cap.inputs[0].buffer.ctypes.data, out.ctypes.data], np.int64)
+        native_pool.parallel(ctypes.cast(step.fn, ctypes.c_void_p).value, ptrs.ctypes.data, step.sizes.ctypes.data,
+                             packed.ctypes.data, 0, step.extent, step.align, nthreads=n)
+        np.testing.assert_array_equal(out, y.numpy())
+
+
+def test_lazycandle_profile_env_prints_a_table_at_exit():
+    code = ("import numpy as np, lazycandle as lc\n"
+            "x = lc.tensor(np.ones(100, np.float32))\n"
+            "for _ in range(3): (x * 2.0 + 1.0).numpy()\n")
+    env = dict(os.environ, PYTHONPATH=ROOT, LAZYCANDLE_PROFILE="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "lazycandle profile" in r.stderr and "3 run(s)" in r.stderr and "mul+add" in r.stderr

@@ -145,7 +145,7 @@ class Plan:
                 if self.runs >= 2 or mode == "native":
                     native = self.native_form()
             if native:
-                return native.run(in_bufs, offsets, pack_scalars(scalars), self.slots)
+                return native.run(in_bufs, offsets, scalars, self.slots)
         return self.run_python(in_bufs, offsets, scalars)
 
     def native_form(self):

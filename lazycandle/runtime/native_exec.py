@@ -25,9 +25,10 @@ from . import native_pool
 from .buffers import alloc
 from .steps import NodeStep
 
-ARENA_KEEP_BYTES = 8 << 20        # a plan keeps its arena up to this size
+ARENA_KEEP_BYTES = 256 << 10      # a plan keeps its arena up to this size (512 cached plans: <= 128 MiB)
 MIN_PARALLEL_COST = 65536.0       # as runtime/pool.py: smaller kernels run on the calling thread
 ALIGN = 64
+SMALL_OUTPUT_BYTES = 1 << 16      # outputs below this share one allocation per run
 SEGMENT_FN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
 
@@ -131,6 +132,9 @@ class NativePlan:
         self.has_status = status_words > 0
         self._fixed_bufs = None
         self._by_pos = self._positions()
+        self.sizes_addr, self.ptrs_addr = self.sizes.ctypes.data, self.ptrs.ctypes.data
+        self._scalars, self._packed = None, None
+        self._plan_outputs()
         self.arena = alloc(self.arena_bytes, np.uint8) if self.keep_arena else None
         if self.keep_arena:
             self._fill_arena(self.arena.ctypes.data)
@@ -221,10 +225,50 @@ class NativePlan:
             self.ptrs[pos] = base + off
 
     # ---- running ------------------------------------------------------------------------
-    def run(self, in_bufs, offsets, packed, slots):
+    def _plan_outputs(self):
+        """Small outputs are carved from one block per run (one allocation, one address
+        lookup); large ones come from buffers.alloc (recycled huge-page blocks)."""
+        small, top = [], 0
+        for t, j in enumerate(self.targets):
+            shape, dt = self.plan.node_meta[j]
+            n = prod(shape)
+            if n * dt.numpy.itemsize < SMALL_OUTPUT_BYTES:
+                small.append((t, top, n, dt.numpy))
+                top += -(-max(n * dt.numpy.itemsize, 1) // ALIGN) * ALIGN
+        self.small_outputs, self.small_bytes = small, top
+        taken = {t for t, *_ in small}
+        self.large_outputs = [(t, prod(self.plan.node_meta[j][0]), self.plan.node_meta[j][1])
+                              for t, j in enumerate(self.targets) if t not in taken]
+
+    def _outputs(self):
+        outs = [None] * len(self.targets)
+        addrs = [0] * len(self.targets)
+        if self.small_outputs:
+            raw = np.empty(self.small_bytes + ALIGN, np.uint8)
+            addr = raw.ctypes.data
+            skip = (-addr) % ALIGN
+            addr += skip
+            for t, off, n, npdt in self.small_outputs:
+                outs[t] = raw[skip + off: skip + off + n * npdt.itemsize].view(npdt)
+                addrs[t] = addr + off
+        for t, n, dt in self.large_outputs:
+            o = outs[t] = alloc(n, dt)
+            addrs[t] = o.ctypes.data
+        return outs, addrs
+
+    def _pack(self, scalars):
+        """The scalar slots packed as the kernels read them (kept while the same capture's
+        list comes back: a Program's instance passes one list every run)."""
+        if scalars is not self._scalars:
+            from .executor import pack_scalars
+            packed = pack_scalars(scalars)
+            self._scalars, self._packed = scalars, (packed, packed.ctypes.data)
+        return self._packed
+
+    def run(self, in_bufs, offsets, scalars, slots):
         """Run the plan; returns the target buffers (as Plan.run)."""
-        plan = self.plan
-        outs = [alloc(prod(plan.node_meta[j][0]), plan.node_meta[j][1]) for j in self.targets]
+        outs, out_addr = self._outputs()
+        in_addr = [b.ctypes.data for b in in_bufs] if len(in_bufs) > 1 else (in_bufs[0].ctypes.data,)
         nthreads = native_pool.threads()
         with self.lock:
             arena = self.arena
@@ -234,14 +278,14 @@ class NativePlan:
             ptrs = self.ptrs
             slot_pos, out_pos, _ = self._by_pos
             for pos, s in slot_pos:
-                buf = in_bufs[slots[s][0]]
-                ptrs[pos] = buf.ctypes.data + offsets[s] * buf.itemsize
-            out_addr = [o.ctypes.data for o in outs]
+                i = slots[s][0]
+                ptrs[pos] = in_addr[i] + offsets[s] * in_bufs[i].itemsize
             for pos, t, off in out_pos:
                 ptrs[pos] = out_addr[t] + off
             if self.has_status:
                 self.status[:] = 0
-            p, sz, sc = ptrs.ctypes.data, self.sizes.ctypes.data, packed.ctypes.data
+            packed, sc = self._pack(scalars)
+            p, sz = self.ptrs_addr, self.sizes_addr
             seg = 0
             bufs = None
             for kind, what in self.items:

@@ -68,6 +68,19 @@ def threads() -> int:
     return n
 
 
+def parallel(fn: int, bufs: int, sizes: int, scalars: int, lo: int, hi: int, align: int = 1,
+             nthreads: int | None = None) -> None:
+    """Run the kernel at address `fn` (codegen/loops.py KERNEL_FN) over [lo, hi), split on
+    multiples of `align` over the workers, and return when every chunk is done."""
+    import numpy as np
+    from ..codegen.pool_ir import JOB_WORDS
+    n = threads() if nthreads is None else nthreads
+    ensure(n)
+    job = np.array([fn, bufs or 0, sizes or 0, scalars or 0, lo, hi, align, 1 << 40], np.int64)
+    assert len(job) == JOB_WORDS
+    _state["run"](job.ctypes.data, 1, n)
+
+
 def _after_fork_in_child():
     global _lock
     _lock = threading.Lock()
