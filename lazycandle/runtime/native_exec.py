@@ -23,6 +23,7 @@ import numpy as np
 
 from . import native_pool
 from .buffers import alloc
+from ..codegen.program import segment_names
 from .steps import NodeStep
 
 ARENA_KEEP_BYTES = 256 << 10      # a plan keeps its arena up to this size (512 cached plans: <= 128 MiB)
@@ -89,29 +90,23 @@ class NativePlan:
         self.targets = list(plan.targets)
         self.target_index = {j: t for t, j in enumerate(self.targets)}
         self.lock = threading.Lock()
-        self.steps_of = {}
-        refs, sizes, segments, items = [], [], [], []      # items: ("native", phases) | ("python", step)
+        self.steps_of = {}                 # call label -> plan step (to raise its error)
+        refs, sizes, items = [], [], []    # items: ("native", [(call, regions)]) | ("python", step)
         imports, names = {}, {}
         status_words = 0
-        calls = []
         for i, (step, k) in enumerate(zip(plan.steps, plan.kernels)):
             if step is None:
                 continue
             call = self._call_of(i, step, k, refs, sizes, imports, names, status_words)
             if call is None:
                 items.append(("python", step))
-                calls = []
                 continue
-            if call.status_at is not None:
-                status_words += 1
+            status_words += call.status_at is not None
             self.steps_of[call.label] = step
             if not items or items[-1][0] != "native":
-                calls = []
-                items.append(("native", calls))
-            calls.append((call, self._regions(i, step, k)))
-        for kind, what in items:
-            if kind == "native":
-                segments.append(_phases(what))
+                items.append(("native", []))
+            items[-1][1].append((call, self._regions(step, k)))
+        segments = [_phases(calls) for kind, calls in items if kind == "native"]
         self.status = np.zeros(2 * max(status_words, 1), np.int64)
         for pos, ref in enumerate(refs):
             if ref[0] == "status":
@@ -125,7 +120,7 @@ class NativePlan:
         self.fns = []
         if segments:
             imports["lc_pool_run"] = native_pool.address("lc_pool_run")
-            seg_names = program.segment_names(len(segments))
+            seg_names = segment_names(len(segments))
             self.module = jit.link_ir(program.build(segments), seg_names, imports, optimize=False)
             self.fns = [SEGMENT_FN(self.module.address(n)) for n in seg_names]
         self.call_steps = [[c for phase in seg for c in phase] for seg in segments]
@@ -182,7 +177,7 @@ class NativePlan:
         from ..codegen import index as K
 
         def operand(n):
-            kind, idx, _src, lay, dt = step.operands[n]
+            kind, idx, _, lay, _ = step.operands[n]
             if kind == "in":
                 return ("slot", idx)
             return self._ref_of_bind(("node", idx, lay.offset), self.plan)
@@ -191,8 +186,8 @@ class NativePlan:
             return [out, operand(0), operand(1), ("status", status_no)]
         return [out, operand(2), operand(1), ("status", status_no), operand(0)]
 
-    def _regions(self, i, step, k):
-        """(reads, writes) of step i as memory regions: ("out", t), ("arena", lo, hi)."""
+    def _regions(self, step, k):
+        """(reads, writes) of a step as memory regions: ("out", t), ("arena", lo, hi)."""
         plan = self.plan
 
         def region(j):
@@ -292,7 +287,7 @@ class NativePlan:
                 if kind == "native":
                     rc = self.fns[seg](p, sz, sc, nthreads)
                     if rc:
-                        self._raise_status(seg, rc - 1, in_bufs, offsets)
+                        self._raise_status(seg, rc - 1)
                     seg += 1
                 else:
                     if bufs is None:
@@ -321,7 +316,7 @@ class NativePlan:
             bufs[j] = arena[off:off + n * dt.numpy.itemsize].view(dt.numpy)
         return bufs
 
-    def _raise_status(self, seg, call_no, in_bufs, offsets):
+    def _raise_status(self, seg, call_no):
         """A kernel of segment `seg` reported a bad id: raise the error its step raises."""
         from ..errors import IndexOutOfBounds
         call = self.call_steps[seg][call_no]
@@ -341,7 +336,7 @@ class NativePlan:
             if kind == "python":
                 lines.append(f"  python step: {type(what).__name__}")
                 continue
-            name = (["run"] if len(self.segments) == 1 else [f"run_segment{i}" for i in range(len(self.segments))])[seg]
+            name = segment_names(len(self.segments))[seg]
             lines.append(f"  segment {name}: {len(self.segments[seg])} phase(s)")
             for p, phase in enumerate(self.segments[seg]):
                 how = "calling thread" if all(c.parts == 1 for c in phase) else "pool"
