@@ -197,15 +197,25 @@ def wait_ready(n):
 """
 
 FORK = BIG_KERNEL + """
+import threading
 lc.set_num_threads(3)
 assert run() and run() and wait_ready(2)
+held = threading.Event()
+
+def hold():                     # a run in another thread holds these while the process forks
+    p._fixed.plan.native.lock.acquire()
+    native_pool._lock.acquire()
+    held.set()
+    time.sleep(30)
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
 pid = os.fork()
 if pid == 0:
     ok = run() and run() and wait_ready(2) and run()
     os._exit(0 if ok else 3)
 _, status = os.waitpid(pid, 0)
 assert os.waitstatus_to_exitcode(status) == 0, status
-assert run()
 print("ok")
 """
 

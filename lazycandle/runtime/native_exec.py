@@ -16,7 +16,9 @@ queue on the pool's entry mutex."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import weakref
 from math import prod
 
 import numpy as np
@@ -90,6 +92,7 @@ class NativePlan:
         self.targets = list(plan.targets)
         self.target_index = {j: t for t, j in enumerate(self.targets)}
         self.lock = threading.Lock()
+        _live.add(self)
         self.steps_of = {}                 # call label -> plan step (to raise its error)
         refs, sizes, items = [], [], []    # items: ("native", [(call, regions)]) | ("python", step)
         imports, names = {}, {}
@@ -346,6 +349,19 @@ class NativePlan:
         lines.append(f"  arena: {self.arena_bytes} bytes for {len(self.offsets)} intermediate buffer(s)"
                      + ("" if self.keep_arena else " (taken per run)"))
         return lines
+
+
+_live = weakref.WeakSet()         # every NativePlan, for the fork handler
+
+
+def _renew_locks_after_fork():
+    """A forked child has only the forking thread: a run another thread was in holds its
+    plan's lock forever."""
+    for native in list(_live):
+        native.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_locks_after_fork)
 
 
 def _overlap(a, b) -> bool:
