@@ -173,7 +173,7 @@ class NativePlan:
         imports[sym] = addr
         parts = PARALLEL if extent * cost >= MIN_PARALLEL_COST and extent > 1 else SERIAL
         return Call(sym, int(extent), int(align), parts, bufs_at, sizes_at, slots, status_at,
-                    label=f"kernel {i} ({k.kind})")
+                    label=f"#{i} {k.kind}")
 
     def _index_refs(self, step, status_no):
         """The index kernel's pointers as index_steps.IndexStep.run_node passes them."""
