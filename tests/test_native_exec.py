@@ -308,3 +308,15 @@ def test_lazycandle_profile_env_prints_a_table_at_exit():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "lazycandle profile" in r.stderr and "3 run(s)" in r.stderr and "mul+add" in r.stderr
+
+
+def test_two_outputs_of_one_node_and_a_graph_without_inputs_run_natively(monkeypatch):
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    x = lc.placeholder("x", (3, 4), lc.f32)
+    a, b = x.abs().relu(), x.abs().relu()           # CSE makes them one node: one buffer, two outputs
+    prog = lc.compile([a, b])
+    xv = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    for got in prog.run(x=xv):
+        np.testing.assert_array_equal(got, np.abs(xv))
+    for _ in range(2):
+        np.testing.assert_array_equal(lc.ones((2, 3), lc.f32).numpy(), np.ones((2, 3), np.float32))

@@ -89,8 +89,9 @@ class NativePlan:
         self.plan = plan
         self.offsets, self.arena_bytes = plan_arena(plan)
         self.keep_arena = self.arena_bytes <= ARENA_KEEP_BYTES
-        self.targets = list(plan.targets)
-        self.target_index = {j: t for t, j in enumerate(self.targets)}
+        self.targets = list(dict.fromkeys(plan.targets))      # one buffer per node, even when
+        self.target_index = {j: t for t, j in enumerate(self.targets)}     # several targets share it
+        self.returned = [self.target_index[j] for j in plan.targets]
         self.lock = threading.Lock()
         _live.add(self)
         self.steps_of = {}                 # call label -> plan step (to raise its error)
@@ -266,7 +267,7 @@ class NativePlan:
     def run(self, in_bufs, offsets, scalars, slots):
         """Run the plan; returns the target buffers (as Plan.run)."""
         outs, out_addr = self._outputs()
-        in_addr = [b.ctypes.data for b in in_bufs] if len(in_bufs) > 1 else (in_bufs[0].ctypes.data,)
+        in_addr = [b.ctypes.data for b in in_bufs] if len(in_bufs) != 1 else (in_bufs[0].ctypes.data,)
         nthreads = native_pool.threads()
         with self.lock:
             arena = self.arena
@@ -296,7 +297,7 @@ class NativePlan:
                     if bufs is None:
                         bufs = self._node_buffers(arena, outs)
                     what.run_node(in_bufs, offsets, bufs)
-        return outs
+        return [outs[t] for t in self.returned]
 
     def _node_buffers(self, arena, outs):
         """The plan's buffers as arrays, for the steps that run in Python."""
