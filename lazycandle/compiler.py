@@ -99,6 +99,17 @@ class BoundPlan:
     def run(self, in_bufs, offsets, scalars):
         return self.plan.run(in_bufs, offsets, scalars, self.binding)
 
+    def run_python(self, in_bufs, offsets, scalars, seconds=None):
+        return self.plan.run_python(in_bufs, offsets, scalars, seconds, self.binding)
+
+    def native_form(self):
+        return self.plan.native_form(self.binding)
+
+    @property
+    def native(self):
+        """The whole-program form at this binding (None until built, False if unsupported)."""
+        return self.binding.native
+
     def __getattr__(self, name):
         return getattr(self.plan, name)
 

@@ -44,15 +44,23 @@ class _Instance:
         self.inputs, self.offsets, self.scalars = cap.inputs, cap.offsets, cap.scalars
         self.plan = compiler.get_plan(cap, self.targets)
         self.out_shapes = [n.shape for n in user_nodes]
+        self.outputs = _output_slices(self.out_shapes, self.out_offsets)
 
-    def run(self, arrays: dict) -> list:
-        """arrays: flat contiguous array per placeholder name."""
+    def run(self, arrays: dict, seconds=None) -> list:
+        """arrays: flat contiguous array per placeholder name.  `seconds`: profile instead (the
+        per-kernel path, each kernel's time added to its entry)."""
         bufs = [n.buffer if n.realized else arrays[n.arg] for n in self.inputs]
-        outs = self.plan.run(bufs, self.offsets, self.scalars)
-        res = []
-        for o, shape, off in zip(outs, self.out_shapes, self.out_offsets):
-            res.append(o[off:off + prod(shape)].reshape(shape))
-        return res
+        if seconds is None:
+            outs = self.plan.run(bufs, self.offsets, self.scalars)
+        else:
+            outs = self.plan.run_python(bufs, self.offsets, self.scalars, seconds)
+        return [(o if off == 0 and o.size == n else o[off:off + n]).reshape(shape)
+                for o, (off, n, shape) in zip(outs, self.outputs)]
+
+
+def _output_slices(shapes, offsets) -> list:
+    """(offset, element count, shape) per output: where each lies in its target buffer."""
+    return [(off, prod(shape), shape) for shape, off in zip(shapes, offsets)]
 
 
 class _BoundInstance(_Instance):
@@ -61,6 +69,7 @@ class _BoundInstance(_Instance):
 
     def __init__(self, traced, binder, bound):
         binding, self.offsets, self.out_shapes, self.out_offsets = bound
+        self.outputs = _output_slices(self.out_shapes, self.out_offsets)
         self.user_nodes, self.targets, self.inputs, self.scalars = traced.user_nodes, traced.targets, \
             traced.cap.inputs, traced.cap.scalars
         self.plan = compiler.BoundPlan(binder.plan, binding)
@@ -154,6 +163,22 @@ class Program:
             self._traced = _Traced(self._user_nodes, sorted(dims))
         self._bound = caches.LRU(self.BINDINGS_KEPT)
         self._last = self._fixed
+        self._exact = {name: (dt.numpy, spec) for name, spec, dt in self.inputs} if not self._symbolic else None
+
+    def _exact_feeds(self, feeds):
+        """The flat feeds when every one is already a C-contiguous ndarray of exactly its
+        input's dtype and shape (the common case, checked without conversions); else None."""
+        exact = self._exact
+        if exact is None or len(feeds) != len(exact):
+            return None
+        arrays = {}
+        for name, v in feeds.items():
+            want = exact.get(name)
+            if want is None or type(v) is not np.ndarray or v.dtype != want[0] or v.shape != want[1] \
+                    or not v.flags.c_contiguous:
+                return None
+            arrays[name] = v if v.ndim == 1 else v.reshape(-1)
+        return arrays
 
     def _check_feeds(self, feeds):
         """Flat arrays by input name, and the sizes of the named dims (FeedError on any mismatch)."""
@@ -190,10 +215,24 @@ class Program:
         return inst
 
     def run(self, **feeds) -> list:
+        arrays = self._exact_feeds(feeds)
+        if arrays is not None:
+            return self._fixed.run(arrays)
         arrays, sizes = self._check_feeds(feeds)
         return self._instance(sizes).run(arrays)
 
     __call__ = run
+
+    def profile(self, runs: int = 1, **feeds) -> str:
+        """Run the program `runs` times kernel by kernel and return a table of each kernel's
+        mean time, kind, fused ops, output shape, bytes moved and (matmul) GFLOP/s."""
+        from .runtime import profile
+        arrays, sizes = self._check_feeds(feeds)
+        inst = self._instance(sizes)
+        seconds = [0.0] * len(inst.plan.kernels)
+        for _ in range(max(1, runs)):
+            inst.run(arrays, seconds)
+        return profile.table(inst.plan, seconds, max(1, runs))
 
     def dump(self, stage="schedule", fmt="text") -> str:
         """A dump stage of the compiled program (with named dims: of the last binding run)."""

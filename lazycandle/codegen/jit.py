@@ -103,11 +103,16 @@ class CompiledModule:
             return _host()["tm"].emit_assembly(_optimize(self.ir_text))
 
 
+def _parse(ir_text: str):
+    mod = _host()["llvm"].parse_assembly(ir_text)
+    mod.verify()
+    return mod
+
+
 def _optimize(ir_text: str):
     h = _host()
     llvm = h["llvm"]
-    mod = llvm.parse_assembly(ir_text)
-    mod.verify()
+    mod = _parse(ir_text)
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
@@ -263,7 +268,37 @@ def _link(obj: bytes, export: list, key: str):
     return builder.link(_host()["lljit"], f"lc_{_counter[0]}_{key[:12]}")
 
 
-stats = {"compiled": 0, "disk_hits": 0, "disk_dropped": 0}
+def link_ir(ir_text: str, export: list, imports: dict | None = None, process: bool = False,
+            optimize: bool = True):
+    """Compile glue IR (the worker pool, whole-program modules) whose external functions are
+    bound at link time: `imports` maps a declared name to an address (a kernel already
+    compiled), `process` resolves the rest from the running process (libc, pthread).  The
+    object code is cached in memory by IR text (never on disk, and not counted as a kernel
+    compile in `stats`); the link is fresh per call, since the addresses are.
+    `optimize=False` skips the IR optimiser (for glue that is already what it should be)."""
+    key = _disk_key(_compile_key(ir_text))
+    with _lock:
+        obj = _objects.get(key)
+        if obj is None:
+            obj = _host()["tm"].emit_object(_optimize(ir_text) if optimize else _parse(ir_text))
+            stats["glue_compiled"] += 1
+            _objects.put(key, obj)
+        builder = _host()["llvm"].JITLibraryBuilder().add_object_img(obj)
+        if process:
+            builder.add_current_process()
+        for name, addr in (imports or {}).items():
+            builder.import_symbol(name, addr)
+        for fn in export:
+            builder.export_symbol(fn)
+        _counter[0] += 1
+        lib = builder.link(_host()["lljit"], f"lc_{_counter[0]}_{key[:12]}")
+        return CompiledModule(export[0], ir_text, obj, lib)
+
+
+_objects = caches.register("glue objects", caches.LRU(256))
+
+
+stats = {"compiled": 0, "disk_hits": 0, "disk_dropped": 0, "glue_compiled": 0}
 _warned = [False]
 
 

@@ -169,7 +169,19 @@ def schedule_text(plan, names) -> str:
         lines += kernel_text(i, k, plan.opt_desc, names, plan.steps[i], plan.binding.steps[i][1] if k.spec else None)
     for i, n in enumerate(plan.notes):
         lines.append(f"note: {names.note(i, n)}")
+    native = _native_form(plan)
+    if native:
+        lines += native.schedule_lines()
     return "\n".join(lines)
+
+
+def _native_form(plan):
+    """The plan's whole-program form (segments, phases, its module), or None when it runs
+    kernel by kernel (LAZYCANDLE_EXEC=python, or a plan that cannot run natively)."""
+    import os
+    if os.environ.get("LAZYCANDLE_EXEC", "") == "python" or not hasattr(plan, "native_form"):
+        return None
+    return plan.native_form() or None
 
 
 def llvm_text(plan, stage) -> str:
@@ -181,6 +193,10 @@ def llvm_text(plan, stage) -> str:
             continue
         out.append(f"; ==== kernel {i}: {k.kind}")
         out.append(cm.ir_text if stage == "llvm" else cm.asm())
+    native = _native_form(plan)
+    if native and native.module is not None:
+        out.append("; ==== whole-program module: one entry per native segment, calling the kernels above")
+        out.append(native.module.ir_text if stage == "llvm" else native.module.asm())
     return "\n".join(out)
 
 

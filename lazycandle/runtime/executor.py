@@ -4,7 +4,9 @@ the runtime only executes them."""
 from __future__ import annotations
 
 import ctypes
+import os
 from math import prod
+from time import perf_counter
 
 import numpy as np
 
@@ -67,10 +69,11 @@ class Binding:
     kernel, the element offsets of its node reads; per node buffer, its element count.  A
     Plan builds its own from its kernels, and `Plan.bind_values` one from the flat
     `quantities` a symbolic binder evaluates for other sizes of the plan's size class."""
-    __slots__ = ("steps", "read_offsets", "numels")
+    __slots__ = ("steps", "read_offsets", "numels", "native", "runs")
 
     def __init__(self, steps, read_offsets, numels):
         self.steps, self.read_offsets, self.numels = steps, read_offsets, numels
+        self.native, self.runs = None, 0      # its whole-program form (native_exec), built at its 2nd run
 
 
 def _node_step(op_name, kind):
@@ -183,7 +186,41 @@ class Plan:
     def run(self, in_bufs, offsets, scalars, binding=None):
         """in_bufs: 1-D arrays per capture input; offsets: per operand slot; scalars: the
         capture's scalar slots [(value, DType)]; binding: the sizes to run at (default: the
-        plan's own).  Returns the target buffers in capture-target order."""
+        plan's own).  Returns the target buffers in capture-target order.  Runs the
+        whole-program native form (one native call per segment) unless LAZYCANDLE_EXEC=python;
+        a binding is made native at its second run (LAZYCANDLE_EXEC=native: at its first), so
+        a graph realized once never pays for the program module."""
+        b = binding or self.binding
+        mode = os.environ.get("LAZYCANDLE_EXEC", "")
+        if os.environ.get("LAZYCANDLE_PROFILE", "") not in ("", "0"):
+            from . import profile
+            seconds = [0.0] * len(self.kernels)
+            outs = self.run_python(in_bufs, offsets, scalars, seconds, b)
+            profile.record(self, seconds)
+            return outs
+        if mode != "python":
+            native = b.native
+            if native is None:
+                b.runs += 1
+                if b.runs >= 2 or mode == "native":
+                    native = self.native_form(b)
+            if native:
+                return native.run(in_bufs, offsets, scalars, self.slots)
+        return self.run_python(in_bufs, offsets, scalars, None, b)
+
+    def native_form(self, binding=None):
+        """The NativePlan of this plan at `binding` (default: its own), built once per binding
+        (False when the plan cannot run natively: a sort step hands its values over between
+        steps by replacing a buffer)."""
+        b = binding or self.binding
+        if b.native is None:
+            from . import native_exec
+            b.native = native_exec.NativePlan(self, b) if native_exec.supports(self) else False
+        return b.native
+
+    def run_python(self, in_bufs, offsets, scalars, seconds=None, binding=None):
+        """The per-kernel path: one ctypes call per kernel over the Python pool.  `seconds`
+        (a list, one entry per kernel) adds each kernel's wall time to it (the profiler)."""
         from .buffers import alloc
         b = binding or self.binding
         bufs = {}
@@ -195,24 +232,29 @@ class Plan:
                     bufs.pop(j, None)
             for j in self.alloc_at[i]:
                 bufs[j] = alloc(numels[j], dtypes[j])
+            t0 = perf_counter() if seconds is not None else 0.0
             if isinstance(step, NodeStep):
                 if step.binds_layouts:
                     step.run_node(in_bufs, offsets, bufs, sized)
                 else:
                     step.run_node(in_bufs, offsets, bufs)
-                continue
-            if not sized[1]:
-                continue
-            addrs, r = [], 0
-            for bind in k.inputs:
-                if bind[0] == "slot":
-                    buf = in_bufs[slots[bind[1]][0]]
-                    addrs.append(buf.ctypes.data + offsets[bind[1]] * buf.itemsize)
-                else:
-                    buf = bufs[bind[1]]
-                    addrs.append(buf.ctypes.data + read_offsets[r] * buf.itemsize)
-                    r += 1
-            for j in k.outputs:
-                addrs.append(bufs[j].ctypes.data)
-            step.run(addrs, packed, sized)
+            elif sized[1]:
+                step.run(self._kernel_addrs(k, in_bufs, offsets, bufs, read_offsets), packed, sized)
+            if seconds is not None:
+                seconds[i] += perf_counter() - t0
         return [bufs[t] for t in self.targets]
+
+    def _kernel_addrs(self, k, in_bufs, offsets, bufs, read_offsets) -> list:
+        """Kernel k's buffer pointers: its inputs (with their offsets), then its outputs."""
+        addrs, r = [], 0
+        for bind in k.inputs:
+            if bind[0] == "slot":
+                buf = in_bufs[self.slots[bind[1]][0]]
+                addrs.append(buf.ctypes.data + offsets[bind[1]] * buf.itemsize)
+            else:
+                buf = bufs[bind[1]]
+                addrs.append(buf.ctypes.data + read_offsets[r] * buf.itemsize)
+                r += 1
+        for j in k.outputs:
+            addrs.append(bufs[j].ctypes.data)
+        return addrs

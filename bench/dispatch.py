@@ -1,0 +1,88 @@
+"""Dispatch cost of the whole-program native path (issue 11) against the per-kernel path,
+both in ONE process and one loop (LAZYCANDLE_EXEC is read at every run, so the two rotate):
+
+    python bench/dispatch.py [--repeats 31] [--blocks 1]
+
+  * Program.run of a one-kernel program on 16 floats (target <= 10 us median);
+  * eager realize of a 3-op chain on 16 floats, graph building included (target <= 40 us);
+  * the GPT-2-style block program (bench/gpt2_block.py) on (1, 8, 768) (target >= 2x faster)
+    and (1, 128, 768) (no slower), at 1 and 2 threads.
+Medians (min-max) in microseconds, and the machine's load."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+if __package__ in (None, ""):          # run as a script: make `bench` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np
+
+import lazycandle as lc
+from bench import gpt2_block as G
+from bench.timing import time_alternating
+
+MODES = ("python", "native")
+
+
+def _in_mode(mode, fn):
+    def call():
+        os.environ["LAZYCANDLE_EXEC"] = mode
+        return fn()
+    return call
+
+
+def _report(title, stats, target=None):
+    py, nat = stats["python"], stats["native"]
+    print(f"{title}  (speed-up {py.median / nat.median:.2f}x{'; ' + target if target else ''})")
+    for mode in MODES:
+        s = stats[mode]
+        print(f"  {mode:7s} median {s.median * 1e6:10.1f} us  (min {s.min * 1e6:.1f}, max {s.max * 1e6:.1f}, n={s.n})")
+
+
+def tiny_cases(repeats):
+    a = np.linspace(-1, 1, 16, dtype=np.float32)
+    x = lc.placeholder("x", (16,), lc.f32)
+    one = lc.compile([x * 2.0 + 1.0])
+    t = lc.tensor(a)
+    fns = {m: _in_mode(m, lambda: one.run(x=a)) for m in MODES}
+    _report("Program.run, one kernel on 16 floats", time_alternating(fns, repeats=repeats, warmup=3),
+            "target <= 10 us")
+    fns = {m: _in_mode(m, lambda: lc.realize(((t * 2.0) + 1.0).exp())) for m in MODES}
+    _report("eager realize of a 3-op chain on 16 floats", time_alternating(fns, repeats=repeats, warmup=3),
+            "target <= 40 us")
+
+
+def gpt2_case(seq, n_blocks, threads, repeats):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, seq, 768)).astype(np.float32)
+    blocks, mask = G.init_params(768, n_blocks), G.causal_mask(seq)
+    xp = lc.placeholder("x", x.shape, lc.f32)
+    prog = lc.compile([G.stack(xp, G.as_placeholders(blocks), lc.tensor(mask), 12)])
+    feeds = dict(G.feeds(blocks), x=x)
+    with lc.num_threads(threads):
+        outs = {m: _in_mode(m, lambda: prog.run(**feeds)[0])() for m in MODES}
+        np.testing.assert_array_equal(outs["python"], outs["native"])
+        fns = {m: _in_mode(m, lambda: prog.run(**feeds)) for m in MODES}
+        stats = time_alternating(fns, repeats=repeats, warmup=2)
+    target = ">= 2x faster" if seq <= 8 else "no slower"
+    _report(f"GPT-2 block program (1, {seq}, 768) x {n_blocks} block(s), {threads} thread(s), "
+            f"{len(prog._fixed.plan.kernels)} kernels", stats, target)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=31)
+    ap.add_argument("--blocks", type=int, default=1)
+    a = ap.parse_args(argv)
+    print(f"load average {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
+    tiny_cases(a.repeats * 10)
+    for seq in (8, 128):
+        for threads in (1, 2):
+            gpt2_case(seq, a.blocks, threads, a.repeats)
+    print(f"load average {os.getloadavg()[0]:.2f} (1 min)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The native worker pool: pthreads started once and parked on a condition variable (the IR
+is codegen/pool_ir.py, linked once per process on first use).  Whole-program modules
+(codegen/program.py) call its `lc_pool_run(jobs, njobs, nthreads)` directly; Python calls it
+only through `parallel` (one kernel) and `ensure` (grow the pool).
+
+Thread rule (SPEC): the caller passes lc.get_num_threads() to every section; the pool only
+grows (as runtime/pool.py), a smaller setting leaves workers parked.  In a forked child the
+workers do not exist: the pool state is reset after fork and workers are started again by
+the next `ensure`."""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+from .. import config
+
+_lock = threading.Lock()
+_state: dict = {}            # "module", the exported functions, "started"
+
+RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+def _load() -> dict:
+    if not _state:
+        with _lock:
+            if not _state:
+                from ..codegen import jit, pool_ir
+                cm = jit.link_ir(pool_ir.build(), list(pool_ir.EXPORTS), process=True, optimize=False)
+                fns = {n: cm.address(n) for n in pool_ir.EXPORTS}
+                ctypes.CFUNCTYPE(None)(fns["lc_pool_init"])()
+                _state.update(module=cm, addresses=fns, started=0,
+                              run=RUN_FN(fns["lc_pool_run"]),
+                              start=ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(fns["lc_pool_start"]),
+                              ready=ctypes.CFUNCTYPE(ctypes.c_int64)(fns["lc_pool_ready"]),
+                              reset=ctypes.CFUNCTYPE(None)(fns["lc_pool_reset"]))
+    return _state
+
+
+def address(name: str) -> int:
+    """Address of an exported pool function (for modules that call it)."""
+    return _load()["addresses"][name]
+
+
+def module():
+    return _load()["module"]
+
+
+def ensure(n: int) -> None:
+    """Make sure n - 1 workers exist (the calling thread is the n-th)."""
+    st = _state if _state else _load()
+    if st["started"] + 1 >= n:
+        return
+    with _lock:
+        if st["started"] + 1 < n:
+            st["started"] = st["start"](n)
+
+
+def ready() -> int:
+    """Workers started and parked (or working)."""
+    return _load()["ready"]()
+
+
+def threads() -> int:
+    """The thread count of the next section (SPEC's one setting), with the workers for it."""
+    n = config.get_num_threads()
+    ensure(n)
+    return n
+
+
+def parallel(fn: int, bufs: int, sizes: int, scalars: int, lo: int, hi: int, align: int = 1,
+             nthreads: int | None = None) -> None:
+    """Run the kernel at address `fn` (codegen/loops.py KERNEL_FN) over [lo, hi), split on
+    multiples of `align` over the workers, and return when every chunk is done."""
+    import numpy as np
+    from ..codegen.pool_ir import JOB_WORDS
+    n = threads() if nthreads is None else nthreads
+    ensure(n)
+    job = np.array([fn, bufs or 0, sizes or 0, scalars or 0, lo, hi, align, 1 << 40], np.int64)
+    assert len(job) == JOB_WORDS
+    _state["run"](job.ctypes.data, 1, n)
+
+
+def _after_fork_in_child():
+    global _lock
+    _lock = threading.Lock()
+    if _state:
+        _state["reset"]()
+        _state["started"] = 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
