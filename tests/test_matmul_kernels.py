@@ -340,3 +340,19 @@ def test_tiled_cache_blocking_edges(dt, keep_a, monkeypatch):
                 mm_case(rng, dt, "tiled", (3, m, k), (3, k, n), (0, k, 1), transposed((3, k, n)), 2, 1)
     finally:
         config.set_num_threads(old)
+
+
+@pytest.mark.parametrize("dt", [D.f32, D.f64, D.bf16])
+@pytest.mark.parametrize("m,n", [(1, 37), (1, 1), (29, 1)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_blas_single_row_or_column_runs_gemv_with_any_transpose(dt, m, n, ta, tb, batch):
+    """m == 1 / n == 1 go to gemv on the BLAS path: every transpose flag and leading dim."""
+    rng = np.random.default_rng(m * 100 + n)
+    k = 45
+    sa, sb = batch + (m, k), batch + (k, n)
+    a, la, av = operand(rng, dt, sa, transposed(sa) if ta else None, offset=2)
+    b, lb, bv = operand(rng, dt, sb, transposed(sb) if tb else None, offset=1)
+    out = np.zeros(batch + (m, n), dt.numpy)
+    assert matmul(a, la, b, lb, out, dt, "blas") == "blas"
+    check(out, reference(av, bv, dt), dt)

@@ -430,7 +430,14 @@ class BlasPlan:
 
         def run(lo, hi):
             for ta, tb, m, n, k, ja, lda, jb, ldb, jc, ldc in jobs[lo:hi]:
-                blas.gemm(kind, ta, tb, m, n, k, a + ja * ea, lda, b + jb * eb, ldb, o + jc * eo, ldc)
+                if m == 1:      # y[n] = op(B)^T x: x is A's row, B is k x n (or n x k, transposed)
+                    blas.gemv(kind, not tb, *((n, k) if tb else (k, n)), b + jb * eb, ldb, a + ja * ea,
+                              lda if ta else 1, o + jc * eo, 1)
+                elif n == 1:    # y[m] = op(A) x: x is B's column
+                    blas.gemv(kind, ta, *((k, m) if ta else (m, k)), a + ja * ea, lda, b + jb * eb,
+                              1 if tb else ldb, o + jc * eo, ldc)
+                else:
+                    blas.gemm(kind, ta, tb, m, n, k, a + ja * ea, lda, b + jb * eb, ldb, o + jc * eo, ldc)
 
         with blas.single_threaded():
             _run_tasks(run, len(jobs), self.job_flops, self.threads)
@@ -509,9 +516,15 @@ def matmul(a: np.ndarray, a_layout: Layout, b: np.ndarray, b_layout: Layout, out
     if backend not in ("auto", "blas", "tiled"):
         raise ValueError(f"matmul: unknown backend {backend!r}; expected 'auto', 'blas' or 'tiled'")
     plan = plan_for(a_layout, b_layout, dtype, backend, config.get_num_threads())
+    run_plan(plan, a, a_layout.offset, b, b_layout.offset, out)
+    return plan.backend
+
+
+def run_plan(plan, a: np.ndarray, a_offset: int, b: np.ndarray, b_offset: int, out: np.ndarray) -> None:
+    """Run a plan of `plan_for` on storage buffers (operand offsets in elements): the executor
+    keeps its step's plan and calls this, skipping the plan lookup."""
     if out.size < plan.out_elems:
         g = plan.g
         raise ValueError(f"matmul: output buffer of {out.size} elements for {g.nbatch} x {g.m} x {g.n}")
-    esz = dtype.size_in_bytes
-    plan.run(_address(a) + a_layout.offset * esz, _address(b) + b_layout.offset * esz, _address(out))
-    return plan.backend
+    esz = plan.g.dtype.size_in_bytes
+    plan.run(_address(a) + a_offset * esz, _address(b) + b_offset * esz, _address(out))

@@ -63,11 +63,16 @@ class MatmulStep(NodeStep):
         except Exception:   # the runtime decides again at each call
             picked = setting
         self.backend = picked if setting != "auto" else f"auto -> {picked}"
+        self.plans = {}       # (backend setting, threads) -> runtime.matmul plan
 
     def run_node(self, in_bufs, offsets, bufs):
-        from .matmul import matmul
-        a, la = self.operand(0, in_bufs, offsets, bufs)
-        b, lb = self.operand(1, in_bufs, offsets, bufs)
-        setting = config.get_matmul_backend()
-        used = matmul(a, la, b, lb, bufs[self.out], self.dtype, setting)
-        self.backend = used if setting != "auto" else f"auto -> {used}"
+        from .matmul import plan_for, run_plan
+        (ka, ia, sa, la, _), (kb, ib, sb, lb, _) = self.operands
+        key = (config.get_matmul_backend(), config.get_num_threads())
+        plan = self.plans.get(key)
+        if plan is None:      # the layouts' shapes and strides are fixed for the plan's life
+            plan = self.plans[key] = plan_for(la, lb, self.dtype, *key)
+        a, oa = (in_bufs[sa], offsets[ia]) if ka == "in" else (bufs[ia], la.offset)
+        b, ob = (in_bufs[sb], offsets[ib]) if kb == "in" else (bufs[ib], lb.offset)
+        run_plan(plan, a, oa, b, ob, bufs[self.out])
+        self.backend = plan.backend if key[0] != "auto" else f"auto -> {plan.backend}"
