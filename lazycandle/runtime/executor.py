@@ -139,7 +139,10 @@ class Plan:
             if step is None:
                 continue
             if isinstance(step, NodeStep):
-                step.run_node(in_bufs, offsets, bufs)
+                if step.takes_scalars:
+                    step.run_node(in_bufs, offsets, bufs, packed)
+                else:
+                    step.run_node(in_bufs, offsets, bufs)
                 continue
             addrs = []
             for bind in k.inputs:

@@ -23,7 +23,7 @@ from math import gcd, prod
 import numpy as np
 
 from .. import caches, config
-from ..codegen import gemm, gemm_copy
+from ..codegen import gemm, gemm_copy, gemm_epilogue
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
@@ -65,6 +65,7 @@ class Geometry:
     bsa: tuple
     bsb: tuple
     bso: tuple
+    ep: tuple = ()      # epilogue operands over the output: (row stride, col stride, batch strides)
 
     @property
     def nbatch(self) -> int:
@@ -85,7 +86,9 @@ def _canon(rows: int, cols: int, rs: int, cs: int) -> tuple:
     return rs, cs
 
 
-def geometry(a_layout: Layout, b_layout: Layout, dtype: DType) -> Geometry:
+def geometry(a_layout: Layout, b_layout: Layout, dtype: DType, ep_layouts=()) -> Geometry:
+    """The problem of a_layout @ b_layout; `ep_layouts`: the epilogue's operands as layouts over
+    the (*batch, m, n) output (their batch dims merge along with the operands')."""
     *batch, m, k = a_layout.shape
     *batch_b, k2, n = b_layout.shape
     if tuple(batch) != tuple(batch_b) or k != k2:
@@ -94,12 +97,15 @@ def geometry(a_layout: Layout, b_layout: Layout, dtype: DType) -> Geometry:
     rsb, csb = _canon(k, n, *b_layout.strides[-2:])
     so = contiguous_strides((*batch, m, n))[:-2]
     if batch:
-        bshape, (bsa, bsb, bso) = merge_dims(tuple(batch), [a_layout.strides[:-2], b_layout.strides[:-2], so])
+        bshape, (bsa, bsb, bso, *bse) = merge_dims(tuple(batch), [a_layout.strides[:-2], b_layout.strides[:-2], so]
+                                                   + [e.strides[:-2] for e in ep_layouts])
     else:
-        bshape, bsa, bsb, bso = (1,), (0,), (0,), (0,)
+        bshape, bsa, bsb, bso, bse = (1,), (0,), (0,), (0,), [(0,)] * len(ep_layouts)
     if prod(batch) == 0:
-        bshape, bsa, bsb, bso = (0,), (0,), (0,), (0,)
-    return Geometry(dtype, m, n, k, rsa, csa, rsb, csb, n, bshape, bsa, bsb, bso)
+        bshape, bsa, bsb, bso, bse = (0,), (0,), (0,), (0,), [(0,)] * len(ep_layouts)
+    ep = tuple((e.strides[-2] if m > 1 else 0, e.strides[-1] if n > 1 else 0, tuple(bs))
+               for e, bs in zip(ep_layouts, bse))
+    return Geometry(dtype, m, n, k, rsa, csa, rsb, csb, n, bshape, bsa, bsb, bso, ep)
 
 
 def _round_up(x: int, mult: int) -> int:
@@ -191,9 +197,9 @@ class TiledPlan:
     size per thread."""
     backend = "tiled"
 
-    def __init__(self, g: Geometry, threads: int):
+    def __init__(self, g: Geometry, threads: int, epilogue: gemm.Epilogue | None = None):
         self.g, self.threads = g, threads
-        spec = gemm.GemmSpec(g.dtype, *gemm.choose_tile(g.dtype))
+        spec = gemm.GemmSpec(g.dtype, *gemm.choose_tile(g.dtype), epilogue=epilogue)
         self.fn = gemm.get_kernel(spec)
         ab = _acc_bytes(g.dtype)
         mc, kc, nc = _blocking(spec, ab, g.k)
@@ -216,7 +222,8 @@ class TiledPlan:
         self.ws_bytes = (w_off + w_elems) * ab
         # batch dims beyond the kernel's limit (only with > 8 unmergeable dims) loop here
         lead = max(0, len(g.bshape) - gemm.MAX_BATCH_RANK)
-        self.outer = _batch_offsets(g.bshape[:lead], g.bsa[:lead], g.bsb[:lead], g.bso[:lead])
+        self.outer = _batch_offsets(g.bshape[:lead], g.bsa[:lead], g.bsb[:lead], g.bso[:lead],
+                                    *(bs[:lead] for _, _, bs in g.ep))
         inner = slice(lead, len(g.bshape))
         params = np.zeros(gemm.NPARAMS, np.int64)
         vals = dict(m=g.m, n=g.n, k=g.k, rsa=g.rsa, csa=g.csa, rsb=g.rsb, csb=g.csb, ldo=g.ldo,
@@ -224,9 +231,11 @@ class TiledPlan:
                     bp_off=bp_off, w_off=w_off, rank=len(g.bshape) - lead, a_keep=int(a_keep), a_rows=a_rows)
         for name, v in vals.items():
             params[gemm.param_index(name)] = v
-        for arr, src in zip(gemm.BATCH_ARRAYS, (g.bshape, g.bsa, g.bsb, g.bso)):
+        for arr, src in zip(gemm.BATCH_ARRAYS, (g.bshape, g.bsa, g.bsb, g.bso) + tuple(bs for _, _, bs in g.ep)):
             for i, v in enumerate(src[inner]):
                 params[gemm.param_index(arr, i)] = v
+        for k, (rs, cs, _) in enumerate(g.ep):
+            params[gemm.param_index(f"rse{k}")], params[gemm.param_index(f"cse{k}")] = rs, cs
         self.params = (ctypes.c_int64 * gemm.NPARAMS)(*params.tolist())
         self.params_addr = ctypes.addressof(self.params)
         self.busy = threading.Lock()     # guards self.params; a concurrent caller copies it
@@ -235,8 +244,13 @@ class TiledPlan:
         self.esz = g.dtype.size_in_bytes
         self.out_elems = nb * g.m * g.n
         self.slots = tuple(gemm.param_index(f) for f in ("a", "b", "o"))
+        self.ep_slots = tuple(gemm.param_index(f"e{k}") for k in range(len(g.ep)))
+        self.ep_esz = tuple(g.dtype.size_in_bytes if epilogue is None else
+                            DType.from_name(epilogue.ew.inputs[k][0]).size_in_bytes
+                            for k in (epilogue.extras if epilogue else ()))
 
-    def run(self, a: int, b: int, o: int) -> None:
+    def run(self, a: int, b: int, o: int, extras=(), scalars: int = 0) -> None:
+        """extras: addresses of the epilogue's operands; scalars: address of its i64 scalars."""
         if self.out_elems == 0:
             return
         own = self.busy.acquire(blocking=False)
@@ -250,8 +264,11 @@ class TiledPlan:
 
             ia, ib, io = self.slots
             esz = self.esz
-            for oa, ob, oo in self.outer:
+            params[gemm.param_index("escal")] = scalars
+            for oa, ob, oo, *oe in self.outer:
                 params[ia], params[ib], params[io] = a + oa * esz, b + ob * esz, o + oo * esz
+                for slot, addr, off, ee in zip(self.ep_slots, extras, oe, self.ep_esz):
+                    params[slot] = addr + off * ee
                 _run_tasks(chunk, self.ntask, self.cost, self.threads)
         finally:
             if own:
@@ -471,6 +488,18 @@ def choose_backend(g: Geometry, backend: str) -> str:
     return "blas"
 
 
+def epilogue_spec(epilogue, g: Geometry) -> gemm.Epilogue:
+    """The codegen epilogue of (ew spec, index of the product among its inputs) on geometry g:
+    the kernel is compiled for each operand's column stride class."""
+    ew, mm_input = epilogue
+    extras = [k for k in range(len(ew.inputs)) if k != mm_input]
+    cols = [0] * len(ew.inputs)
+    for k, (_, cs, _) in zip(extras, g.ep):
+        cols[k] = gemm_epilogue.col_class(cs)
+    inputs = tuple((dt, (gemm_epilogue.RUNTIME, c)) for (dt, _), c in zip(ew.inputs, cols))
+    return gemm.Epilogue(replace(ew, rank=2, inputs=inputs, tile=None), mm_input, tuple(cols))
+
+
 _addrs: dict = {}
 
 
@@ -494,12 +523,20 @@ caches.renew_lock_after_fork(sys.modules[__name__], "_plans_lock")
 _MAX_PLANS = 512
 
 
-def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, threads: int):
-    key = (dtype.name, a_layout.shape, a_layout.strides, b_layout.shape, b_layout.strides, backend, threads)
+def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, threads: int,
+             epilogue=None, ep_layouts=()):
+    """The cached plan of one problem.  With `epilogue` (an ir/kernels.EwSpec over the output,
+    and which of its inputs is the product: see `epilogue_spec`) and its other operands'
+    layouts, a tiled plan applies it in the micro-kernel; a BLAS plan leaves it to the caller."""
+    key = (dtype.name, a_layout.shape, a_layout.strides, b_layout.shape, b_layout.strides, backend, threads,
+           epilogue, tuple((e.shape, e.strides) for e in ep_layouts))
     plan = _plans.get(key)
     if plan is None:
-        g = geometry(a_layout, b_layout, dtype)
-        plan = (BlasPlan if choose_backend(g, backend) == "blas" else TiledPlan)(g, threads)
+        g = geometry(a_layout, b_layout, dtype, ep_layouts)
+        if choose_backend(g, backend) == "blas":
+            plan = BlasPlan(g, threads)
+        else:
+            plan = TiledPlan(g, threads, epilogue_spec(epilogue, g) if epilogue else None)
         with _plans_lock:
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
@@ -520,11 +557,13 @@ def matmul(a: np.ndarray, a_layout: Layout, b: np.ndarray, b_layout: Layout, out
     return plan.backend
 
 
-def run_plan(plan, a: np.ndarray, a_offset: int, b: np.ndarray, b_offset: int, out: np.ndarray) -> None:
+def run_plan(plan, a: np.ndarray, a_offset: int, b: np.ndarray, b_offset: int, out: np.ndarray,
+             *epilogue) -> None:
     """Run a plan of `plan_for` on storage buffers (operand offsets in elements): the executor
-    keeps its step's plan and calls this, skipping the plan lookup."""
+    keeps its step's plan and calls this, skipping the plan lookup.  `epilogue`: (operand
+    addresses, scalars address) for a tiled plan made with one."""
     if out.size < plan.out_elems:
         g = plan.g
         raise ValueError(f"matmul: output buffer of {out.size} elements for {g.nbatch} x {g.m} x {g.n}")
     esz = plan.g.dtype.size_in_bytes
-    plan.run(_address(a) + a_offset * esz, _address(b) + b_offset * esz, _address(out))
+    plan.run(_address(a) + a_offset * esz, _address(b) + b_offset * esz, _address(out), *epilogue)
