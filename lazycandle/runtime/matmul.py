@@ -27,7 +27,7 @@ from ..codegen import gemm, gemm_copy, gemm_epilogue
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
-from . import blas, pool
+from . import blas, matmul_auto, pool
 
 PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (~30-40 us here) costs more than it saves
 
@@ -40,9 +40,6 @@ def _machine_cpus() -> int:
 
 
 BLAS_PARTS = _machine_cpus()   # BLAS pieces per problem: the machine's size, not the thread setting
-AUTO_TILED_MAX_FLOPS = 2.0 * 160 ** 3   # "auto": smaller GEMMs run tiled ...
-AUTO_TILED_BATCH_FLOPS = 2.0 * 512 ** 3  # ... and so do batches of GEMMs up to this size
-AUTO_THIN_BLAS_FLOPS = 2.0 * 64 ** 3     # thin GEMMs (tile mostly padding) from this size: BLAS
 W_BYTES, W_MAX_ROWS = 4 << 20, 1024      # tiled scratch for 16/8-bit partial sums, per thread
 A_KEEP_BYTES = 2 << 20                   # tiled: keep a task's packed A up to this size
 
@@ -468,24 +465,14 @@ def _blas_ok(g: Geometry) -> bool:
             and max(g.k, g.nbatch * g.m, g.nbatch * g.n) <= blas.BLASINT_MAX)
 
 
-def choose_backend(g: Geometry, backend: str) -> str:
-    """"tiled" for integers, k == 0 and anything BLAS cannot take.  "auto" (measured on a 2-core
-    AVX2 machine, see bench/bench_matmul.py): tiled for 16/8-bit floats (converted while packing,
-    no f32 copies; faster than copy + sgemm), for small GEMMs (one native call covers all
-    batches where BLAS costs a Python-level call per GEMM) and for batches of medium ones;
-    BLAS for big single f32/f64 GEMMs and for thin (gemv-like) shapes the register tile would
-    mostly pad."""
+def choose_backend(g: Geometry, backend: str, threads: int) -> str:
+    """"tiled" for integers, k == 0 and anything BLAS cannot take; "auto": whichever of the two
+    measured faster on a problem of g's bucket at this thread count (runtime/matmul_auto.py)."""
     if backend == "tiled" or not _blas_ok(g):
         return "tiled"
     if backend == "blas":
         return "blas"
-    mr, nv, vw = gemm.choose_tile(g.dtype)
-    used = g.m / _round_up(g.m, mr) * g.n / _round_up(g.n, nv * vw)
-    if used < 0.5 and g.flops >= AUTO_THIN_BLAS_FLOPS:
-        return "blas"
-    if g.dtype.codec or g.flops < AUTO_TILED_MAX_FLOPS or (g.nbatch > 1 and g.flops < AUTO_TILED_BATCH_FLOPS):
-        return "tiled"
-    return "blas"
+    return matmul_auto.choose(g, threads, lambda p: {"blas": BlasPlan(p, threads), "tiled": TiledPlan(p, threads)})
 
 
 def epilogue_spec(epilogue, g: Geometry) -> gemm.Epilogue:
@@ -533,7 +520,7 @@ def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, thr
     plan = _plans.get(key)
     if plan is None:
         g = geometry(a_layout, b_layout, dtype, ep_layouts)
-        if choose_backend(g, backend) == "blas":
+        if choose_backend(g, backend, threads) == "blas":
             plan = BlasPlan(g, threads)
         else:
             plan = TiledPlan(g, threads, epilogue_spec(epilogue, g) if epilogue else None)

@@ -76,7 +76,7 @@ class MatmulStep(NodeStep):
             self.detail = f"epilogue {', '.join(ep.ops)}: in the tiled micro-kernel's store, after BLAS a pass"
         setting = config.get_matmul_backend()
         try:
-            picked = choose_backend(geometry(la, lb, self.dtype, self.ep_layouts), setting)
+            picked = choose_backend(geometry(la, lb, self.dtype, self.ep_layouts), setting, config.get_num_threads())
         except Exception:   # the runtime decides again at each call
             picked = setting
         self.backend = picked if setting != "auto" else f"auto -> {picked}"
