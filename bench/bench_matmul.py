@@ -217,6 +217,74 @@ def run_peers(threads: int, repeats: int = 15, backends=("auto", "blas", "tiled"
     return rows
 
 
+EPILOGUE_SHAPES = [("(128x768 @ 768x3072 + b).gelu()", 128, 768, 3072),
+                   ("(256^2 @ 256^2 + b).relu()", 256, 256, 256)]
+
+
+def run_epilogue(threads: int, repeats: int = 15) -> list:
+    """Bias + activation after a matmul through the Tensor API: lazycandle per backend (tiled
+    applies the epilogue in the GEMM's store, BLAS runs it as a second pass), NumPy, torch."""
+    import lazycandle as lc
+    from bench.timing import time_alternating
+    try:
+        import torch
+        torch.set_num_threads(threads)
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(1)
+    rows = []
+    with lc.num_threads(threads):
+        for name, m, k, n in EPILOGUE_SHAPES:
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            w = (rng.standard_normal((k, n)) * k ** -0.5).astype(np.float32)
+            bias = rng.standard_normal(n).astype(np.float32)
+            gelu = "gelu" in name
+            tx, tw, tb = (lc.tensor(v).realize() for v in (x, w, bias))
+
+            def lc_fn(be):
+                def run():
+                    with _backend(lc, be):
+                        h = tx @ tw + tb
+                        return (h.gelu() if gelu else h.relu()).numpy()
+                return run
+            fns = {f"lc {be}": lc_fn(be) for be in ("auto", "tiled", "blas")}
+
+            def np_fn():
+                h = x @ w + bias
+                return 0.5 * h * (1 + np.tanh(0.7978845608 * (h + 0.044715 * h ** 3))) if gelu else np.maximum(h, 0)
+            fns["numpy"] = np_fn
+            if torch is not None:
+                xx, ww, bb = (torch.from_numpy(v) for v in (x, w, bias))
+
+                def tfn():
+                    with torch.inference_mode():
+                        h = torch.addmm(bb, xx, ww)
+                        return torch.nn.functional.gelu(h, approximate="tanh") if gelu else torch.relu(h)
+                fns["torch"] = tfn
+            stats = time_alternating(fns, repeats=repeats, warmup=2)
+            row = {"name": name, "threads": threads, "auto": "-",
+                   "ms": {k2: round(v.median * 1e3, 4) for k2, v in stats.items()}}
+            peers = [v for k2, v in row["ms"].items() if not k2.startswith("lc")]
+            row["best_peer_ms"] = min(peers)
+            row["ratio_api"] = round(min(peers) / row["ms"]["lc auto"], 3)
+            rows.append(row)
+    return rows
+
+
+class _backend:
+    """with _backend(lc, name): the matmul backend for the block."""
+
+    def __init__(self, lc, name):
+        self.lc, self.name = lc, name
+
+    def __enter__(self):
+        self.old = self.lc.get_matmul_backend()
+        self.lc.set_matmul_backend(self.name)
+
+    def __exit__(self, *exc):
+        self.lc.set_matmul_backend(self.old)
+
+
 def print_peers(rows) -> None:
     names = list(rows[0]["ms"]) if rows else []
     print(f"# loadavg={os.getloadavg()}")
@@ -237,6 +305,7 @@ def main(argv=None) -> None:
     if args.peers:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
         print_peers(run_peers(args.threads, args.reps or 15))
+        print_peers(run_epilogue(args.threads, args.reps or 15))
         return
     env = environment()
     print(f"# threads={args.threads} loadavg={env['loadavg']} OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']} "

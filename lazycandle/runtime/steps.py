@@ -73,14 +73,21 @@ class MatmulStep(NodeStep):
             self.ep_layouts = tuple(Layout(o.shape, o.strides, o.offset) for o in ep.operands)
             self.ep_reads = tuple((o.kind, o.src if o.kind == "in" else o.index, o.index, o.offset)
                                   for o in ep.operands)
-            self.detail = f"epilogue {', '.join(ep.ops)}: in the tiled micro-kernel's store, after BLAS a pass"
         setting = config.get_matmul_backend()
         try:
             picked = choose_backend(geometry(la, lb, self.dtype, self.ep_layouts), setting, config.get_num_threads())
         except Exception:   # the runtime decides again at each call
             picked = setting
-        self.backend = picked if setting != "auto" else f"auto -> {picked}"
+        self._describe(picked, setting)
         self.plans = {}       # (backend setting, threads) -> runtime.matmul plan
+        self.last_plan = None
+
+    def _describe(self, used, setting):
+        self.backend = used if setting != "auto" else f"auto -> {used}"
+        ep = self.kernel.epilogue
+        if ep is not None:
+            where = "in the tiled GEMM's store" if used == "tiled" else "as an in-place pass after the BLAS GEMM"
+            self.detail = f"epilogue {', '.join(ep.ops)} applied {where}"
 
     def _epilogue_step(self):
         """The consumers' elementwise kernel, compiled on the first BLAS run."""
@@ -102,7 +109,9 @@ class MatmulStep(NodeStep):
         a, oa = (in_bufs[sa], offsets[ia]) if ka == "in" else (bufs[ia], la.offset)
         b, ob = (in_bufs[sb], offsets[ib]) if kb == "in" else (bufs[ib], lb.offset)
         out = bufs[self.out]
-        self.backend = plan.backend if key[0] != "auto" else f"auto -> {plan.backend}"
+        if plan is not self.last_plan:
+            self.last_plan = plan
+            self._describe(plan.backend, key[0])
         if self.ep_key is None:
             run_plan(plan, a, oa, b, ob, out)
             return
