@@ -86,9 +86,9 @@ def choose(g, threads: int, make_plans) -> str:
     key = bucket(g, threads)
     hit = _choices.get(key)
     if hit is None:
+        # measured without a lock: a caller on a pool worker may need the other workers
+        # (two threads measuring one bucket at once both store a valid choice)
+        best = measure(g, threads, make_plans)
         with _lock:
-            hit = _choices.get(key)
-            if hit is None:
-                best = measure(g, threads, make_plans)
-                hit = _choices[key] = min(best, key=best.get)
+            hit = _choices.setdefault(key, min(best, key=best.get))
     return hit
