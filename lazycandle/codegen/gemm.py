@@ -24,7 +24,7 @@ import llvmlite.ir as ir
 
 from ..dtype import DType
 from . import jit
-from .gemm_epilogue import MAX_INPUTS as MAX_EPILOGUE_INPUTS, Emitter, Epilogue, arg_types as epilogue_args
+from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
 from .gemm_ir import (ONE, ZERO, I64, acc_add, acc_type, define, finalize_ir, for_range, from_acc, gep, i64,
                       if_then, imin, load, mul, add, new_module, storage_type, store, to_acc, type_bytes, vload,
                       vstore, zero)
@@ -33,8 +33,8 @@ from .llvmutil import I1, VOID, call_intrinsic, splat, vec
 MAX_BATCH_RANK = 8
 # Parameter block passed to the driver (one int64 each; batch arrays of MAX_BATCH_RANK follow).
 FIELDS = ("a", "b", "o", "m", "n", "k", "rsa", "csa", "rsb", "csb", "ldo", "mc", "kc", "nc",
-          "mchunk", "nchunk", "mtasks", "ntasks", "bp_off", "w_off", "rank", "a_keep", "a_rows", "escal") + \
-    tuple(f"{f}{k}" for k in range(MAX_EPILOGUE_INPUTS) for f in ("e", "rse", "cse"))
+          "mchunk", "nchunk", "mtasks", "ntasks", "bp_off", "w_off", "rank", "a_keep", "a_rows",
+          "ep_fn", "escal") + tuple(f"{f}{k}" for f in ("e", "rse", "cse", "esz") for k in range(MAX_EPILOGUE_INPUTS))
 BATCH_ARRAYS = ("bshape", "bsa", "bsb", "bso") + tuple(f"bse{k}" for k in range(MAX_EPILOGUE_INPUTS))
 NPARAMS = len(FIELDS) + len(BATCH_ARRAYS) * MAX_BATCH_RANK
 
@@ -55,7 +55,6 @@ class GemmSpec:
     vw: int          # lanes per vector
     unroll: int = 4  # k-loop unroll of the micro-kernel
     prefetch: int = 8  # prefetch the C tile before the k loop, and A this many unrolled steps ahead
-    epilogue: Epilogue | None = None   # elementwise consumers applied as the last KC block is stored
 
     @property
     def nr(self) -> int:
@@ -68,8 +67,7 @@ class GemmSpec:
 
     @property
     def key(self) -> str:
-        ep = f"_{self.epilogue.key}" if self.epilogue else ""
-        return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}{ep}"
+        return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}"
 
 
 def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
@@ -184,10 +182,9 @@ def _emit_micro(m: ir.Module, spec: GemmSpec):
     MR, NV, VW, NR, U = spec.mr, spec.nv, spec.vw, spec.nr, spec.unroll
     vt = vec(at, VW)
     ab = type_bytes(at)
-    ep_types = epilogue_args(spec.epilogue) if spec.epilogue else []
     fn, b = define(m, "micro", VOID, [I64, at.as_pointer(), at.as_pointer(), st.as_pointer(), I64,
-                                      at.as_pointer(), I64, I64, I64, I1, I1] + ep_types)
-    kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = fn.args[:11]
+                                      at.as_pointer(), I64, I64, I64, I1, I1])
+    kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = fn.args
     tile = b.alloca(at, size=MR * NR)
     o_rows = [b.gep(o, [mul(b, i64(i), ldo)]) for i in range(MR)]
     w_rows = [b.gep(w, [mul(b, i64(i), ldw)]) for i in range(MR)]
@@ -212,23 +209,6 @@ def _emit_micro(m: ir.Module, spec: GemmSpec):
     accs = _acc_loop(b, kb, U, ap, bp, MR * U, NR * U, [[zero(vt)] * NV for _ in range(MR)], steps)
 
     full = b.and_(b.icmp_signed("==", mr, i64(MR)), b.icmp_signed("==", nr, i64(NR)))
-    if spec.epilogue is not None:
-        with b.if_else(last) as (then, otherwise):
-            with then:
-                _store_with_epilogue(b, spec, accs, tile, full, fn.args, Emitter(b, spec.epilogue, fn.args[11:]))
-            with otherwise:
-                _store_tile(b, spec, accs, tile, full, fn.args, o_rows, w_rows)
-    else:
-        _store_tile(b, spec, accs, tile, full, fn.args, o_rows, w_rows)
-    b.ret_void()
-    return fn
-
-
-def _store_tile(b, spec, accs, tile, full, args, o_rows, w_rows):
-    """The plain tile store: whole vectors for a full tile, else through the stack tile."""
-    MR, NV, VW, NR = spec.mr, spec.nv, spec.vw, spec.nr
-    ab = type_bytes(acc_type(spec.dtype))
-    kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = args[:11]
     with b.if_else(full) as (then, otherwise):
         with then:
             def whole_tile(mode):
@@ -247,37 +227,8 @@ def _store_tile(b, spec, accs, tile, full, args, o_rows, w_rows):
                         x = load(b, tile, add(b, mul(b, ei, i64(NR)), ej), ab)
                         _apply(b, spec, mode, x, o, add(b, mul(b, ei, ldo), ej), w, add(b, mul(b, ei, ldw), ej))
             _by_mode(b, spec, first, last, edge_tile)
-
-
-def _store_with_epilogue(b, spec, accs, tile, full, args, ep: Emitter):
-    """The last KC block's store with the epilogue: the accumulators go to the stack tile, then
-    one loop over its rows (whole vectors for a full tile, single elements at an edge) adds the
-    earlier blocks' partial sums, rounds, applies the epilogue and stores.  Looping keeps one
-    copy of the epilogue's code per case instead of one per register of the tile."""
-    MR, NV, VW, NR = spec.mr, spec.nv, spec.vw, spec.nr
-    ab = type_bytes(acc_type(spec.dtype))
-    kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = args[:11]
-    for i in range(MR):
-        for v in range(NV):
-            vstore(b, accs[i][v], tile, i64(i * NR + v * VW), ab)
-    modes = ("round", "w_round") if spec.needs_w else ("set", "add")
-
-    def rows(nrows, ncols, step):
-        with for_range(b, ZERO, nrows, name="epi") as i:
-            with for_range(b, ZERO, ncols, i64(step), name="epj") as j:
-                x = (vload(b, tile, add(b, mul(b, i, i64(NR)), j), step, ab) if step > 1
-                     else load(b, tile, add(b, mul(b, i, i64(NR)), j), ab))
-                oi, wi = add(b, mul(b, i, ldo), j), add(b, mul(b, i, ldw), j)
-                with b.if_else(first) as (then, otherwise):
-                    for mode, block in zip(modes, (then, otherwise)):
-                        with block:
-                            _apply(b, spec, mode, x, o, oi, w, wi, lambda val: ep.apply(val, i, j, step))
-
-    with b.if_else(full) as (then, otherwise):
-        with then:
-            rows(i64(MR), i64(NR), VW)
-        with otherwise:
-            rows(mr, nr, 1)
+    b.ret_void()
+    return fn
 
 
 def _prefetch(b, ptr, write: bool):
@@ -344,9 +295,8 @@ def _by_mode(b, spec: GemmSpec, first, last, emit):
     b.position_at_end(after)
 
 
-def _apply(b, spec: GemmSpec, mode: str, x, o, oi, w, wi, epilogue=None):
-    """Store accumulator value(s) x as `mode` says (see _by_mode); oi / wi index o / w.
-    `epilogue(stored value) -> value` transforms what a final mode writes to the output."""
+def _apply(b, spec: GemmSpec, mode: str, x, o, oi, w, wi):
+    """Store accumulator value(s) x as `mode` says (see _by_mode); oi / wi index o / w."""
     dt = spec.dtype
     width = x.type.count if isinstance(x.type, ir.VectorType) else 1
     eb, ab = dt.size_in_bytes, type_bytes(acc_type(dt))
@@ -355,8 +305,6 @@ def _apply(b, spec: GemmSpec, mode: str, x, o, oi, w, wi, epilogue=None):
         return vload(b, ptr, idx, width, align) if width > 1 else load(b, ptr, idx, align)
 
     def st(val, ptr, idx, align):
-        if epilogue is not None and ptr is o:
-            val = epilogue(val)
         (vstore if width > 1 else store)(b, val, ptr, idx, align)
 
     if mode == "set":
@@ -402,11 +350,17 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
     Bp = gep(b, wsa, p("bp_off"))
     W = b.gep(wsa, [p("w_off")])          # not inbounds: only allocated when partial sums need it
     per_batch = mul(b, mtasks, ntasks)
-    n_ep = len(spec.epilogue.extras) if spec.epilogue else 0
-    ep_bases = [b.inttoptr(p(f"e{k}"), t) for k, t in zip(range(n_ep), epilogue_args(spec.epilogue)[1::3])] \
-        if n_ep else []
-    ep_strides = [(p(f"rse{k}"), p(f"cse{k}")) for k in range(n_ep)]
-    offs = [b.alloca(I64) for _ in range(3 + n_ep)]
+    NE = MAX_EPILOGUE_INPUTS
+    offs = [b.alloca(I64) for _ in range(3 + NE)]
+    # epilogue (gemm_epilogue.py): a function applied to each output tile after its last KC block
+    ep_fn = p("ep_fn")
+    has_ep = b.icmp_signed("!=", ep_fn, ZERO)
+    ep_call = b.inttoptr(ep_fn, EP_FN.as_pointer())
+    escal = p("escal")
+    ep_ptrs, ep_rs, ep_cs = (b.alloca(I64, size=NE) for _ in range(3))
+    for k in range(NE):
+        b.store(p(f"rse{k}"), gep(b, ep_rs, i64(k)))
+        b.store(p(f"cse{k}"), gep(b, ep_cs, i64(k)))
     rem_slot, pc_slot = b.alloca(I64), b.alloca(I64)
     # a_keep: Ap holds the task's whole packed A (all KC x MC blocks), kept across the NC blocks
     # and across consecutive tasks that read the same A rows (broadcast lhs, split over n)
@@ -428,14 +382,13 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
             cur = b.load(rem_slot)
             idx = b.srem(cur, size)
             b.store(b.sdiv(cur, size), rem_slot)
-            for slot, arr in zip(offs, ("bsa", "bsb", "bso") + tuple(f"bse{k}" for k in range(n_ep))):
+            for slot, arr in zip(offs, ("bsa", "bsb", "bso") + tuple(f"bse{k}" for k in range(NE))):
                 s = load(b, params, add(b, i64(param_index(arr)), dd), 8)
                 b.store(add(b, b.load(slot), mul(b, idx, s)), slot)
         A = gep(b, a_base, b.load(offs[0]))
         B = gep(b, b_base, b.load(offs[1]))
         O = gep(b, o_base, b.load(offs[2]))
-        E = [gep(b, base, b.load(slot)) for base, slot in zip(ep_bases, offs[3:])]
-        escal = b.inttoptr(p("escal"), I64.as_pointer()) if spec.epilogue else None
+        E = [add(b, p(f"e{k}"), mul(b, b.load(offs[3 + k]), p(f"esz{k}"))) for k in range(NE)]   # byte addresses
         m0 = mul(b, im, mchunk)
         m1 = imin(b, M, add(b, m0, mchunk))
         n0 = mul(b, inn, nchunk)
@@ -478,11 +431,14 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
                         row = add(b, ic, ir_)
                         oi = add(b, mul(b, row, ldo), col)
                         wi = add(b, mul(b, b.sub(row, m0), nb), jr)      # W: the task's rows x this NC block
-                        ep_args = [escal] if spec.epilogue else []
-                        for e, (rse, cse) in zip(E, ep_strides):
-                            ep_args += [b.gep(e, [add(b, mul(b, row, rse), mul(b, col, cse))]), rse, cse]
                         b.call(micro, [kbp, gep(b, ap_blk, mul(b, ir_, kbp)), bpanel, gep(b, O, oi), ldo,
-                                       b.gep(W, [wi]), nb, mr, nr, first, last] + ep_args)
+                                       b.gep(W, [wi]), nb, mr, nr, first, last])
+                        with if_then(b, b.and_(last, has_ep), "ep"):
+                            for k in range(NE):     # tile origin of each epilogue operand
+                                at = add(b, mul(b, row, p(f"rse{k}")), mul(b, col, p(f"cse{k}")))
+                                b.store(add(b, E[k], mul(b, at, p(f"esz{k}"))), gep(b, ep_ptrs, i64(k)))
+                            b.call(ep_call, [b.bitcast(gep(b, O, oi), ir.IntType(8).as_pointer()), ldo, mr, nr,
+                                             ep_ptrs, ep_rs, ep_cs, b.inttoptr(escal, I64.as_pointer())])
             b.store(add(b, pc, kc), pc_slot)
             b.cbranch(b.icmp_signed("<", b.load(pc_slot), K), loop, after)
             b.position_at_end(after)

@@ -1,6 +1,12 @@
 """Epilogue of the tiled GEMM: the elementwise consumers of a matmul (bias add, activation,
-residual add, ...) evaluated on each output tile as the micro-kernel stores it after the last KC
-block, so `(x @ w + b).gelu()` writes its output once and never reads the product back.
+residual add, ...) applied to each MR x NR output tile right after the micro-kernel stored its
+last KC block, while the tile is in L1, so `(x @ w + b).gelu()` makes one pass over the output
+in memory and never reads the product back from L2 or DRAM.
+
+The epilogue is its own small module, `lc_gemm_ep_<key>(tile, ldo, mr, nr, ptrs, rs, cs,
+scalars)`, whose address the GEMM driver takes as a parameter (one GEMM module per dtype and
+tile serves every epilogue: compiling the GEMM again for each epilogue took ~5x the
+elementwise kernel's compile time).  It rewrites the tile in place.
 
 The epilogue is an instruction DAG of the fused elementwise kernels (ir/kernels.EwSpec), emitted
 with codegen/elementwise's `_emit_instrs`: one of its inputs is the matmul result (the rounded
@@ -10,7 +16,7 @@ class (0 broadcast, 1 unit, or a runtime stride) the kernel is compiled for.
 """
 from __future__ import annotations
 
-import hashlib
+import ctypes
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
@@ -18,9 +24,15 @@ import llvmlite.ir as ir
 from .. import dtype as D
 from ..ir.epilogue import MAX_INPUTS
 from ..ir.kernels import RUNTIME, EwSpec
-from .elementwise import _emit_instrs, load_scalars
-from .gemm_ir import I64, i64, load, mul, add, storage_type, vload
-from .llvmutil import splat
+from . import jit
+from .elementwise import _emit_instrs, lanes, load_scalars
+from .gemm_ir import (I64, ONE, ZERO, define, finalize_ir, for_range, gep, i64, load, mul, add, new_module,
+                      storage_type, store, vload, vstore)
+from .llvmutil import I8, VOID, splat
+
+# tile (bytes), ldo, mr, nr, operand tile addresses[MAX_INPUTS], row strides, col strides, scalars
+EP_FN = ir.FunctionType(VOID, [I8.as_pointer(), I64, I64, I64, I64.as_pointer(), I64.as_pointer(),
+                               I64.as_pointer(), I64.as_pointer()])
 
 @dataclass(frozen=True)
 class Epilogue:
@@ -38,20 +50,17 @@ class Epilogue:
 
     @property
     def key(self) -> str:
-        return "ep" + hashlib.sha1(repr(self).encode()).hexdigest()[:12]
+        import hashlib
+        return hashlib.sha1(repr(self).encode()).hexdigest()[:16]
 
-
-def arg_types(ep: Epilogue) -> list:
-    """The micro-kernel's extra arguments: the scalars (i64*), then per extra input its tile
-    pointer, row stride and column stride."""
-    out = [I64.as_pointer()]
-    for k in ep.extras:
-        out += [storage_type(D.DType.from_name(ep.ew.inputs[k][0])).as_pointer(), I64, I64]
-    return out
+    @property
+    def dtype(self) -> D.DType:
+        return D.DType.from_name(self.ew.inputs[self.mm_input][0])
 
 
 class Emitter:
-    """Emits the epilogue inside the micro-kernel: `args` are its extra arguments (arg_types)."""
+    """Emits the epilogue DAG: `args` are the scalars (i64*), then per extra input its tile
+    pointer, row stride and column stride."""
 
     def __init__(self, b: ir.IRBuilder, ep: Epilogue, args):
         self.b, self.ep = b, ep
@@ -89,3 +98,41 @@ class Emitter:
 
 def col_class(stride: int):
     return stride if stride in (0, 1) else RUNTIME
+
+
+def build_ir(ep: Epilogue) -> tuple:
+    """(IR text, exported name) of the tile function: rows of the tile in whole vectors of the
+    DAG's lane count, then a scalar tail."""
+    m = new_module(f"gemm_ep_{ep.key}")
+    name = f"lc_gemm_ep_{ep.key}"
+    fn, b = define(m, name, VOID, list(EP_FN.args), internal=False)
+    tile, ldo, mr, nr, ptrs, rss, css, escal = fn.args
+    args = [escal]
+    for i, k in enumerate(ep.extras):
+        st = storage_type(D.DType.from_name(ep.ew.inputs[k][0]))
+        args += [b.inttoptr(load(b, ptrs, i64(i), 8), st.as_pointer()), load(b, rss, i64(i), 8),
+                 load(b, css, i64(i), 8)]
+    em = Emitter(b, ep, args)
+    dt = ep.dtype
+    eb = dt.size_in_bytes
+    o = b.bitcast(tile, storage_type(dt).as_pointer())
+    W = lanes(ep.ew)
+    full = mul(b, b.sdiv(nr, i64(W)), i64(W))
+    with for_range(b, ZERO, mr, name="r") as r:
+        row = gep(b, o, mul(b, r, ldo))
+        with for_range(b, ZERO, full, i64(W), name="j") as j:
+            vstore(b, em.apply(vload(b, row, j, W, eb), r, j, W), row, j, eb)
+        with for_range(b, full, nr, ONE, name="t") as j:
+            store(b, em.apply(load(b, row, j, eb), r, j, 1), row, j, eb)
+    b.ret_void()
+    return finalize_ir(m), name
+
+
+_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+get_kernel = jit.KernelCache(build_ir, _FN)
+
+
+def address(ep: Epilogue) -> int:
+    """Address of the compiled tile function (the GEMM driver's `ep_fn` parameter)."""
+    return ctypes.cast(get_kernel(ep), ctypes.c_void_p).value

@@ -194,9 +194,9 @@ class TiledPlan:
     size per thread."""
     backend = "tiled"
 
-    def __init__(self, g: Geometry, threads: int, epilogue: gemm.Epilogue | None = None):
+    def __init__(self, g: Geometry, threads: int, epilogue: gemm_epilogue.Epilogue | None = None):
         self.g, self.threads = g, threads
-        spec = gemm.GemmSpec(g.dtype, *gemm.choose_tile(g.dtype), epilogue=epilogue)
+        spec = gemm.GemmSpec(g.dtype, *gemm.choose_tile(g.dtype))
         self.fn = gemm.get_kernel(spec)
         ab = _acc_bytes(g.dtype)
         mc, kc, nc = _blocking(spec, ab, g.k)
@@ -233,6 +233,11 @@ class TiledPlan:
                 params[gemm.param_index(arr, i)] = v
         for k, (rs, cs, _) in enumerate(g.ep):
             params[gemm.param_index(f"rse{k}")], params[gemm.param_index(f"cse{k}")] = rs, cs
+        if epilogue is not None:
+            self.ep_fn = gemm_epilogue.address(epilogue)        # compiled here, once per plan
+            params[gemm.param_index("ep_fn")] = self.ep_fn
+            for k, x in enumerate(epilogue.extras):
+                params[gemm.param_index(f"esz{k}")] = DType.from_name(epilogue.ew.inputs[x][0]).size_in_bytes
         self.params = (ctypes.c_int64 * gemm.NPARAMS)(*params.tolist())
         self.params_addr = ctypes.addressof(self.params)
         self.busy = threading.Lock()     # guards self.params; a concurrent caller copies it
@@ -265,7 +270,7 @@ class TiledPlan:
             for oa, ob, oo, *oe in self.outer:
                 params[ia], params[ib], params[io] = a + oa * esz, b + ob * esz, o + oo * esz
                 for slot, addr, off, ee in zip(self.ep_slots, extras, oe, self.ep_esz):
-                    params[slot] = addr + off * ee
+                    params[slot] = addr + off * ee      # the driver adds the batch offsets
                 _run_tasks(chunk, self.ntask, self.cost, self.threads)
         finally:
             if own:
@@ -475,7 +480,7 @@ def choose_backend(g: Geometry, backend: str, threads: int) -> str:
     return matmul_auto.choose(g, threads, lambda p: {"blas": BlasPlan(p, threads), "tiled": TiledPlan(p, threads)})
 
 
-def epilogue_spec(epilogue, g: Geometry) -> gemm.Epilogue:
+def epilogue_spec(epilogue, g: Geometry) -> gemm_epilogue.Epilogue:
     """The codegen epilogue of (ew spec, index of the product among its inputs) on geometry g:
     the kernel is compiled for each operand's column stride class."""
     ew, mm_input = epilogue
@@ -484,7 +489,7 @@ def epilogue_spec(epilogue, g: Geometry) -> gemm.Epilogue:
     for k, (_, cs, _) in zip(extras, g.ep):
         cols[k] = gemm_epilogue.col_class(cs)
     inputs = tuple((dt, (gemm_epilogue.RUNTIME, c)) for (dt, _), c in zip(ew.inputs, cols))
-    return gemm.Epilogue(replace(ew, rank=2, inputs=inputs, tile=None), mm_input, tuple(cols))
+    return gemm_epilogue.Epilogue(replace(ew, rank=2, inputs=inputs, tile=None), mm_input, tuple(cols))
 
 
 _addrs: dict = {}
