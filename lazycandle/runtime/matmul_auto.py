@@ -22,7 +22,8 @@ from .. import caches
 
 CALIBRATE_MAX_FLOPS = 2.0 * 1024 ** 3    # larger problems are timed on a proxy ...
 PROXY_DIM = 1024                         # ... with m, n, k at most this
-ROUNDS = 3                               # alternating timed calls of each plan (the minimum counts)
+ROUNDS = (3, 15)                         # alternating timed calls of each plan (the minimum counts) ...
+BUDGET_S = 0.06                          # ... more of them, up to this time, on a small problem
 
 _choices: dict = caches.register("matmul auto choices", {})
 _lock = threading.Lock()
@@ -75,7 +76,10 @@ def measure(g, threads: int, make_plans) -> dict:
     for name, plan in plans.items():          # untimed first call: compiles, faults pages in
         plan.run(*addrs)
         best[name] = float("inf")
-    for _ in range(ROUNDS):
+    t0 = time.perf_counter()
+    for r in range(ROUNDS[1]):
+        if r >= ROUNDS[0] and time.perf_counter() - t0 > BUDGET_S:
+            break
         for name, plan in plans.items():
             best[name] = min(best[name], _time(lambda: plan.run(*addrs)))
     return best
