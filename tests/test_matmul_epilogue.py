@@ -138,3 +138,15 @@ def test_gpt2_mlp_kernel_count_drops_with_epilogues():
     xn = x.numpy().astype(np.float64)
     ref = _gelu(xn @ w1.numpy() + b1.numpy()) @ w2.numpy() + b2.numpy() + xn
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_epilogue_with_a_member_older_than_the_matmul():
+    """The mask is computed before the matmul and joins the where's kernel: the epilogue group
+    then holds a node older than its matmul (found by the fuzz test as a SchedulerError)."""
+    rng = np.random.default_rng(9)
+    xn, wn = _arr(rng, (3, 4), np.float32), _arr(rng, (4, 4), np.float32)
+    x, w = lc.tensor(xn), lc.tensor(wn)
+    mask = x > 0
+    y = mask.where_cond((x @ w) * 0.5, x)
+    assert len(_kernels(y)) == 1
+    np.testing.assert_allclose(y.numpy(), np.where(xn > 0, (xn.astype(np.float64) @ wn) * 0.5, xn), rtol=1e-5, atol=1e-6)

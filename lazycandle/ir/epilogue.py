@@ -79,10 +79,11 @@ def fuse_epilogues(gr, nodes, operands, consumers, targets, notes) -> None:
         notes.append(f"n{j} (matmul) fuses its consumers as an epilogue ({len(gr.members[g]) - 1} ops)")
 
 
-def epilogue_kernel(cap, group, mat, fused_kernel, kernel_cls):
-    """The Kernel of a matmul group (the matmul first, then its epilogue): it reads the
-    matmul's two operands and the epilogue's other inputs, and writes the epilogue's output."""
-    j, rest = group[0], group[1:]
+def epilogue_kernel(cap, j, group, mat, fused_kernel, kernel_cls):
+    """The Kernel of the group of matmul j and its epilogue (the other members, which may be
+    older than j when they read only inputs): it reads the matmul's two operands and the
+    epilogue's other inputs, and writes the epilogue's output."""
+    rest = [y for y in group if y != j]
     ew = fused_kernel(cap, rest, mat)
     members, seen, order = set(rest), set(), []
     for y in rest:                      # the capture operand behind each input, in ew's order
@@ -97,7 +98,7 @@ def epilogue_kernel(cap, group, mat, fused_kernel, kernel_cls):
     extras = tuple(o for k, o in enumerate(order) if k != mm_input)
     reads = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)
              for o in cap.operands[j] if o.kind != "const"]
-    kernel = kernel_cls("matmul", list(group), list(ew.outputs),
+    kernel = kernel_cls("matmul", [j] + rest, list(ew.outputs),
                         reads + [b for k, b in enumerate(ew.inputs) if k != mm_input])
     kernel.epilogue = MatmulEpilogue(ew, mm_input, extras)
     return kernel

@@ -211,7 +211,7 @@ def _order_groups(cap: Capture, groups, group_of):
             if h == g:
                 cat = nodes[j].op.category
                 fusable = cat == ELEMENTWISE or (cat == REDUCE and j == groups[g][-1])
-                epilogue = nodes[o.index].op.category == MATMUL and o.index == groups[g][0] and \
+                epilogue = nodes[o.index].op.category == MATMUL and \
                     _identity_read(o, nodes[o.index].shape) and o.shape == nodes[o.index].shape
                 if not (fusable and (_register_read(nodes, o) or epilogue)):
                     raise SchedulerError(f"scheduler put n{j} ({nodes[j].op.name}) in one kernel with n{o.index} "
@@ -278,8 +278,9 @@ def bind_kernels(cap: Capture, groups, mat) -> list:
     kernels = []
     for g in groups:
         kind = cap.nodes[g[-1]].op.category
-        if cap.nodes[g[0]].op.category == MATMUL and len(g) > 1:
-            kernels.append(epilogue_kernel(cap, g, mat, _fused_kernel, Kernel))
+        mm = [j for j in g if cap.nodes[j].op.category == MATMUL]
+        if mm and len(g) > 1:
+            kernels.append(epilogue_kernel(cap, mm[0], g, mat, _fused_kernel, Kernel))
         elif kind in (ELEMENTWISE, REDUCE):
             kernels.append(_fused_kernel(cap, g, mat))
         else:
