@@ -3,6 +3,12 @@ them) against NumPy in the same process.  Median of >= 9 runs after a warm-up.
 
     python bench/bench_matmul.py [--quick] [--threads N]
     from bench.bench_matmul import run; rows = run(quick=True)
+
+Peer table (issue 10 item 6): the shapes a transformer runs, lazycandle through the Tensor API
+(`(a @ b).numpy()`, plan cache warm) and on raw storage per backend, against NumPy and torch,
+one process per thread count (NumPy's OpenBLAS reads OPENBLAS_NUM_THREADS at start):
+
+    PYTHONPATH=/work/peers python -m bench.bench_matmul --peers --threads 1
 """
 from __future__ import annotations
 
@@ -157,12 +163,150 @@ def run(quick: bool = False, threads: int | None = 2, reps: int | None = None) -
     return rows
 
 
+PEER_SHAPES = [
+    # name, a shape, b shape (f32)
+    ("256^2", (256, 256), (256, 256)),
+    ("1024^2", (1024, 1024), (1024, 1024)),
+    ("2048^2", (2048, 2048), (2048, 2048)),
+    ("128x768 @ 768x768", (128, 768), (768, 768)),
+    ("128x768 @ 768x3072", (128, 768), (768, 3072)),
+    ("decode 1x768 @ 768x768", (1, 768), (768, 768)),
+    ("bmm 12x128x64 @ 12x64x128", (12, 128, 64), (12, 64, 128)),
+]
+
+
+def run_peers(threads: int, repeats: int = 15, backends=("auto", "blas", "tiled")) -> list:
+    """Rows of median ms per implementation for PEER_SHAPES at `threads` (NumPy's BLAS threads
+    are whatever OPENBLAS_NUM_THREADS said at start).  Every implementation of a shape is timed
+    in one rotating loop (bench/timing.py)."""
+    import lazycandle as lc
+    from bench.timing import time_alternating
+    try:
+        import torch
+        torch.set_num_threads(threads)
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    rows = []
+    with lc.num_threads(threads):
+        for name, sa, sb in PEER_SHAPES:
+            a = rng.standard_normal(sa).astype(np.float32)
+            b = rng.standard_normal(sb).astype(np.float32)
+            ta, tb = lc.tensor(a).realize(), lc.tensor(b).realize()
+            out = np.empty(np.broadcast_shapes(sa[:-2], sb[:-2]) + (sa[-2], sb[-1]), np.float32)
+            (abuf, alay), (bbuf, blay) = _storage(a), _storage(b)
+            fns = {"lc api": lambda: (ta @ tb).numpy()}
+            for be in backends:
+                fns[f"lc {be}"] = (lambda be=be: matmul(abuf, alay, bbuf, blay, out, D.f32, be))
+            fns["numpy"] = lambda: np.matmul(a, b)
+            if torch is not None:
+                xa, xb = torch.from_numpy(a), torch.from_numpy(b)
+
+                def tfn():
+                    with torch.inference_mode():
+                        return torch.matmul(xa, xb)
+                fns["torch"] = tfn
+            used = {be: matmul(abuf, alay, bbuf, blay, out, D.f32, be) for be in ("auto",)}
+            stats = time_alternating(fns, repeats=repeats, warmup=2)
+            row = {"name": name, "threads": threads, "auto": used["auto"],
+                   "ms": {k: round(v.median * 1e3, 4) for k, v in stats.items()}}
+            peers = [v for k, v in row["ms"].items() if not k.startswith("lc")]
+            row["best_peer_ms"] = min(peers)
+            row["ratio_api"] = round(min(peers) / row["ms"]["lc api"], 3)
+            rows.append(row)
+    return rows
+
+
+EPILOGUE_SHAPES = [("(128x768 @ 768x3072 + b).gelu()", 128, 768, 3072),
+                   ("(256^2 @ 256^2 + b).relu()", 256, 256, 256)]
+
+
+def run_epilogue(threads: int, repeats: int = 15) -> list:
+    """Bias + activation after a matmul through the Tensor API: lazycandle per backend (tiled
+    applies the epilogue in the GEMM's store, BLAS runs it as a second pass), NumPy, torch."""
+    import lazycandle as lc
+    from bench.timing import time_alternating
+    try:
+        import torch
+        torch.set_num_threads(threads)
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(1)
+    rows = []
+    with lc.num_threads(threads):
+        for name, m, k, n in EPILOGUE_SHAPES:
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            w = (rng.standard_normal((k, n)) * k ** -0.5).astype(np.float32)
+            bias = rng.standard_normal(n).astype(np.float32)
+            gelu = "gelu" in name
+            tx, tw, tb = (lc.tensor(v).realize() for v in (x, w, bias))
+
+            def lc_fn(be):
+                def run():
+                    with _backend(lc, be):
+                        h = tx @ tw + tb
+                        return (h.gelu() if gelu else h.relu()).numpy()
+                return run
+            fns = {f"lc {be}": lc_fn(be) for be in ("auto", "tiled", "blas")}
+
+            def np_fn():
+                h = x @ w + bias
+                return 0.5 * h * (1 + np.tanh(0.7978845608 * (h + 0.044715 * h ** 3))) if gelu else np.maximum(h, 0)
+            fns["numpy"] = np_fn
+            if torch is not None:
+                xx, ww, bb = (torch.from_numpy(v) for v in (x, w, bias))
+
+                def tfn():
+                    with torch.inference_mode():
+                        h = torch.addmm(bb, xx, ww)
+                        return torch.nn.functional.gelu(h, approximate="tanh") if gelu else torch.relu(h)
+                fns["torch"] = tfn
+            stats = time_alternating(fns, repeats=repeats, warmup=2)
+            row = {"name": name, "threads": threads, "auto": "-",
+                   "ms": {k2: round(v.median * 1e3, 4) for k2, v in stats.items()}}
+            peers = [v for k2, v in row["ms"].items() if not k2.startswith("lc")]
+            row["best_peer_ms"] = min(peers)
+            row["ratio_api"] = round(min(peers) / row["ms"]["lc auto"], 3)
+            rows.append(row)
+    return rows
+
+
+class _backend:
+    """with _backend(lc, name): the matmul backend for the block."""
+
+    def __init__(self, lc, name):
+        self.lc, self.name = lc, name
+
+    def __enter__(self):
+        self.old = self.lc.get_matmul_backend()
+        self.lc.set_matmul_backend(self.name)
+
+    def __exit__(self, *exc):
+        self.lc.set_matmul_backend(self.old)
+
+
+def print_peers(rows) -> None:
+    names = list(rows[0]["ms"]) if rows else []
+    print(f"# loadavg={os.getloadavg()}")
+    print(f"{'case':28s} {'thr':>3s} {'auto->':7s} " + " ".join(f"{n:>9s}" for n in names) + "  best/lc-api")
+    for r in rows:
+        print(f"{r['name']:28s} {r['threads']:3d} {r['auto']:7s} "
+              + " ".join(f"{r['ms'][n]:9.3f}" for n in names) + f"  {r['ratio_api']:6.2f}")
+    sys.stdout.flush()
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--peers", action="store_true", help="the peer table of PEER_SHAPES (NumPy, torch)")
     args = ap.parse_args(argv)
+    if args.peers:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
+        print_peers(run_peers(args.threads, args.reps or 15))
+        print_peers(run_epilogue(args.threads, args.reps or 15))
+        return
     env = environment()
     print(f"# threads={args.threads} loadavg={env['loadavg']} OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']} "
           f"OPENBLAS_L2_SIZE={env['OPENBLAS_L2_SIZE']}")

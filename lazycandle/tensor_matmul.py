@@ -30,8 +30,8 @@ class MatmulMixin:
                                         f"({self.dtype.name})")
 
     def _mm(self, other, batch):
-        a = self.broadcast_as(batch + self.shape[-2:]).materializable()
-        b = other.broadcast_as(batch + other.shape[-2:]).materializable()
+        a = (self if self.shape[:-2] == batch else self.broadcast_as(batch + self.shape[-2:])).materializable()
+        b = (other if other.shape[:-2] == batch else other.broadcast_as(batch + other.shape[-2:])).materializable()
         shape = batch + (self.shape[-2], other.shape[-1])
         return type(self)(Node("matmul", (a._node, b._node), None, shape, self.dtype))
 

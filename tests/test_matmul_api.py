@@ -81,14 +81,15 @@ def test_dtypes(backend, dt):
     np.testing.assert_array_equal(got.astype(np.float64), _ref(a, b))
 
 
-def test_epilogue_runs_in_one_kernel_after_matmul():
+def test_bias_and_activation_fuse_into_the_matmul_kernel():
     x = lc.tensor(rng.standard_normal((16, 8)).astype(np.float32))
     w = lc.tensor(rng.standard_normal((8, 4)).astype(np.float32))
     b = lc.tensor(rng.standard_normal(4).astype(np.float32))
     y = (x @ w).broadcast_add(b).relu()
     sched = lc.dump(y, stage="schedule")
-    add_id, relu_id = y._node.srcs[0].id, y._node.id        # the dump names nodes by user-graph id
-    assert sched.count("kernel ") == 2 and "matmul [" in sched and f"fuses %{add_id} add, %{relu_id} relu" in sched
+    mm_id, add_id, relu_id = y._node.srcs[0].srcs[0].id, y._node.srcs[0].id, y._node.id   # user-graph ids
+    assert sched.count("kernel ") == 1 and "matmul [" in sched
+    assert f"fuses %{mm_id} matmul, %{add_id} add, %{relu_id} relu" in sched and "epilogue add, relu applied" in sched
     np.testing.assert_allclose(y.numpy(), np.maximum(_ref(x.numpy(), w.numpy()) + b.numpy(), 0), rtol=1e-5, atol=1e-5)
 
 

@@ -340,3 +340,53 @@ def test_tiled_cache_blocking_edges(dt, keep_a, monkeypatch):
                 mm_case(rng, dt, "tiled", (3, m, k), (3, k, n), (0, k, 1), transposed((3, k, n)), 2, 1)
     finally:
         config.set_num_threads(old)
+
+
+@pytest.mark.parametrize("dt", [D.f32, D.f64, D.bf16])
+@pytest.mark.parametrize("m,n", [(1, 37), (1, 1), (29, 1)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_blas_single_row_or_column_runs_gemv_with_any_transpose(dt, m, n, ta, tb, batch):
+    """m == 1 / n == 1 go to gemv on the BLAS path: every transpose flag and leading dim."""
+    rng = np.random.default_rng(m * 100 + n)
+    k = 45
+    sa, sb = batch + (m, k), batch + (k, n)
+    a, la, av = operand(rng, dt, sa, transposed(sa) if ta else None, offset=2)
+    b, lb, bv = operand(rng, dt, sb, transposed(sb) if tb else None, offset=1)
+    out = np.zeros(batch + (m, n), dt.numpy)
+    assert matmul(a, la, b, lb, out, dt, "blas") == "blas"
+    check(out, reference(av, bv, dt), dt)
+
+
+def test_auto_picks_the_backend_measured_faster_and_clear_caches_forgets_it(monkeypatch):
+    from lazycandle import clear_caches
+    from lazycandle.runtime import matmul_auto
+    rng = np.random.default_rng(11)
+    timings = {"blas": 2.0, "tiled": 1.0}
+    calls = []
+
+    def fake_measure(g, threads, make_plans):
+        calls.append((g.m, g.n, g.k))
+        assert set(make_plans(g)) == {"blas", "tiled"}
+        return dict(timings)
+
+    monkeypatch.setattr(matmul_auto, "measure", fake_measure)
+    clear_caches()
+    out, used = mm_case(rng, D.f32, "auto", (40, 50), (50, 60))
+    assert used == "tiled" and len(calls) == 1
+    _, used = mm_case(rng, D.f32, "auto", (41, 52), (52, 63))      # same bucket: no new measurement
+    assert used == "tiled" and len(calls) == 1
+    timings.update(blas=0.5)
+    clear_caches()
+    _, used = mm_case(rng, D.f32, "auto", (41, 52), (52, 63))
+    assert used == "blas" and len(calls) == 2
+    clear_caches()
+
+
+def test_auto_calibration_times_a_proxy_for_big_problems():
+    from lazycandle.runtime import matmul_auto
+    g = MM.geometry(Layout.contiguous((4096, 3000)), Layout.contiguous((3000, 5000)), D.f32)
+    p = matmul_auto._proxy(g)
+    assert (p.m, p.n, p.k) == (1024, 1024, 1024) and p.rsa == 3000 and p.rsb == 5000
+    small = MM.geometry(Layout.contiguous((64, 64)), Layout.contiguous((64, 64)), D.f32)
+    assert matmul_auto._proxy(small) is small

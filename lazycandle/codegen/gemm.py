@@ -24,6 +24,7 @@ import llvmlite.ir as ir
 
 from ..dtype import DType
 from . import jit, registry
+from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
 from .gemm_ir import (ONE, ZERO, I64, acc_add, acc_type, define, finalize_ir, for_range, from_acc, gep, i64,
                       if_then, imin, load, mul, add, new_module, storage_type, store, to_acc, type_bytes, vload,
                       vstore, zero)
@@ -33,8 +34,9 @@ from ..ir.kernels import KernelSpec
 MAX_BATCH_RANK = 8
 # Parameter block passed to the driver (one int64 each; batch arrays of MAX_BATCH_RANK follow).
 FIELDS = ("a", "b", "o", "m", "n", "k", "rsa", "csa", "rsb", "csb", "ldo", "mc", "kc", "nc",
-          "mchunk", "nchunk", "mtasks", "ntasks", "bp_off", "w_off", "rank", "a_keep", "a_rows")
-BATCH_ARRAYS = ("bshape", "bsa", "bsb", "bso")
+          "mchunk", "nchunk", "mtasks", "ntasks", "bp_off", "w_off", "rank", "a_keep", "a_rows",
+          "ep_fn", "escal") + tuple(f"{f}{k}" for f in ("e", "rse", "cse", "esz") for k in range(MAX_EPILOGUE_INPUTS))
+BATCH_ARRAYS = ("bshape", "bsa", "bsb", "bso") + tuple(f"bse{k}" for k in range(MAX_EPILOGUE_INPUTS))
 NPARAMS = len(FIELDS) + len(BATCH_ARRAYS) * MAX_BATCH_RANK
 
 
@@ -361,7 +363,17 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
     Bp = gep(b, wsa, p("bp_off"))
     W = b.gep(wsa, [p("w_off")])          # not inbounds: only allocated when partial sums need it
     per_batch = mul(b, mtasks, ntasks)
-    offs = [b.alloca(I64) for _ in range(3)]
+    NE = MAX_EPILOGUE_INPUTS
+    offs = [b.alloca(I64) for _ in range(3 + NE)]
+    # epilogue (gemm_epilogue.py): a function applied to each output tile after its last KC block
+    ep_fn = p("ep_fn")
+    has_ep = b.icmp_signed("!=", ep_fn, ZERO)
+    ep_call = b.inttoptr(ep_fn, EP_FN.as_pointer())
+    escal = p("escal")
+    ep_ptrs, ep_rs, ep_cs = (b.alloca(I64, size=NE) for _ in range(3))
+    for k in range(NE):
+        b.store(p(f"rse{k}"), gep(b, ep_rs, i64(k)))
+        b.store(p(f"cse{k}"), gep(b, ep_cs, i64(k)))
     rem_slot, pc_slot = b.alloca(I64), b.alloca(I64)
     # a_keep: Ap holds the task's whole packed A (all KC x MC blocks), kept across the NC blocks
     # and across consecutive tasks that read the same A rows (broadcast lhs, split over n)
@@ -383,12 +395,13 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
             cur = b.load(rem_slot)
             idx = b.srem(cur, size)
             b.store(b.sdiv(cur, size), rem_slot)
-            for slot, arr in zip(offs, ("bsa", "bsb", "bso")):
+            for slot, arr in zip(offs, ("bsa", "bsb", "bso") + tuple(f"bse{k}" for k in range(NE))):
                 s = load(b, params, add(b, i64(param_index(arr)), dd), 8)
                 b.store(add(b, b.load(slot), mul(b, idx, s)), slot)
         A = gep(b, a_base, b.load(offs[0]))
         B = gep(b, b_base, b.load(offs[1]))
         O = gep(b, o_base, b.load(offs[2]))
+        E = [add(b, p(f"e{k}"), mul(b, b.load(offs[3 + k]), p(f"esz{k}"))) for k in range(NE)]   # byte addresses
         m0 = mul(b, im, mchunk)
         m1 = imin(b, M, add(b, m0, mchunk))
         n0 = mul(b, inn, nchunk)
@@ -433,6 +446,12 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
                         wi = add(b, mul(b, b.sub(row, m0), nb), jr)      # W: the task's rows x this NC block
                         b.call(micro, [kbp, gep(b, ap_blk, mul(b, ir_, kbp)), bpanel, gep(b, O, oi), ldo,
                                        b.gep(W, [wi]), nb, mr, nr, first, last])
+                        with if_then(b, b.and_(last, has_ep), "ep"):
+                            for k in range(NE):     # tile origin of each epilogue operand
+                                at = add(b, mul(b, row, p(f"rse{k}")), mul(b, col, p(f"cse{k}")))
+                                b.store(add(b, E[k], mul(b, at, p(f"esz{k}"))), gep(b, ep_ptrs, i64(k)))
+                            b.call(ep_call, [b.bitcast(gep(b, O, oi), ir.IntType(8).as_pointer()), ldo, mr, nr,
+                                             ep_ptrs, ep_rs, ep_cs, b.inttoptr(escal, I64.as_pointer())])
             b.store(add(b, pc, kc), pc_slot)
             b.cbranch(b.icmp_signed("<", b.load(pc_slot), K), loop, after)
             b.position_at_end(after)

@@ -118,6 +118,8 @@ def kernel_text(i, k, desc, names, step=None, extent=None) -> list:
     fused = ", ".join(f"{names.nodes[j]} {desc['nodes'][j][0]}" for j in k.nodes)
     lines = [f"kernel {i}: {k.kind}" + (f" [{backend}]" if backend else "") + f"  fuses {fused}"]
     node_ops = desc["nodes"][k.nodes[0]][4] if spec is None else None
+    if node_ops is not None and getattr(k, "epilogue", None) is not None:
+        node_ops = list(node_ops) + list(k.epilogue.operands)      # a matmul's epilogue reads
     for pos, bind in enumerate(k.inputs):
         if spec is not None:
             strides, dt = k.loop_strides[pos] if k.loop_strides else spec.inputs[pos][1], spec.inputs[pos][0]

@@ -26,8 +26,9 @@ from ..errors import SchedulerError
 from ..layout import contiguous_strides, merge_dims
 from . import rows
 from .graph import Capture
+from .epilogue import epilogue_kernel, fuse_epilogues
 from .kernels import EwSpec, RedSpec, runtime_sizes, stride_class, tile_dim
-from .ops import ELEMENTWISE, REDUCE
+from .ops import ELEMENTWISE, MATMUL, REDUCE
 
 # Ops fused into one kernel at most.  LLVM's optimiser is superlinear in the size of one
 # function (one kernel of 256 / 1,024 / 4,096 cheap ops: 0.25 / 1.4 / 18 s in compile_ir), while a
@@ -50,6 +51,7 @@ class Kernel:
     loop_strides: tuple = ()        # fused kernels: each input's strides over loop_shape
     sizes: tuple = ()               # fused kernels: the runtime `sizes` argument
     why: list = field(default_factory=list)      # notes on fusion decisions (for the dump)
+    epilogue: object = None         # matmul kernels: the fused consumers (ir/epilogue.py)
 
 
 def _identity_read(o, shape) -> bool:
@@ -144,6 +146,7 @@ def group_nodes(cap: Capture):
             _absorb_producers(gr, nodes, j, ops[0], notes)
         elif n.op.category == ELEMENTWISE:
             _fuse_elementwise(gr, nodes, j, ops, notes)
+    fuse_epilogues(gr, nodes, operands, consumers, targets, notes)
     groups = {g: sorted(m) for g, m in gr.members.items()}
     order = _order_groups(cap, groups, gr.of)
     row_groups = rows.fuse_rows(cap, groups, order, gr.of, notes)
@@ -214,7 +217,9 @@ def _order_groups(cap: Capture, groups, group_of, row_groups=()):
             if h == g:
                 cat = nodes[j].op.category
                 fusable = cat == ELEMENTWISE or (cat == REDUCE and j == groups[g][-1])
-                if not (fusable and _register_read(nodes, o)):
+                epilogue = nodes[o.index].op.category == MATMUL and \
+                    _identity_read(o, nodes[o.index].shape) and o.shape == nodes[o.index].shape
+                if not (fusable and (_register_read(nodes, o) or epilogue)):
                     raise SchedulerError(f"scheduler put n{j} ({nodes[j].op.name}) in one kernel with n{o.index} "
                                          f"({nodes[o.index].op.name}), which it reads through a buffer; kernel: "
                                          f"{_describe(nodes, groups[g])}")
@@ -279,7 +284,10 @@ def bind_kernels(cap: Capture, groups, mat) -> list:
     kernels = []
     for g in groups:
         kind = cap.nodes[g[-1]].op.category
-        if kind in (ELEMENTWISE, REDUCE) and rows.is_row_group(cap, g):
+        mm = [j for j in g if cap.nodes[j].op.category == MATMUL]
+        if mm and len(g) > 1:
+            kernels.append(epilogue_kernel(cap, mm[0], g, mat, _fused_kernel, Kernel))
+        elif kind in (ELEMENTWISE, REDUCE) and rows.is_row_group(cap, g):
             kernels.append(rows.row_kernel(cap, g, mat))
         elif kind in (ELEMENTWISE, REDUCE):
             kernels.append(_fused_kernel(cap, g, mat))

@@ -54,6 +54,10 @@ def _load() -> dict:
                 fn.argtypes = [i, i, i, i, i, i, scalar, p, i, p, i, scalar, p, i]
                 fn.restype = None
                 st[f"{dt}gemm"] = fn
+                fv = _find(lib, f"scipy_cblas_{dt}gemv", f"cblas_{dt}gemv")
+                fv.argtypes = [i, i, i, i, scalar, p, i, p, i, scalar, p, i]
+                fv.restype = None
+                st[f"{dt}gemv"] = fv
                 fb = _find(lib, f"scipy_cblas_{dt}gemm_batch_strided", f"cblas_{dt}gemm_batch_strided")
                 if fb is not None:
                     fb.argtypes = [i, i, i, i, i, i, scalar, p, i, i, p, i, i, scalar, p, i, i, i]
@@ -106,6 +110,9 @@ def set_num_threads(n: int) -> None:
 def single_threaded():
     """BLAS calls of the block run single-threaded inside the library (lazycandle's pool runs
     them in parallel); the library's count goes back to lazycandle's setting afterwards."""
+    if config.get_num_threads() == 1 and _state.get("current") == 1:
+        yield           # already single-threaded: no lock, no library calls (small GEMMs)
+        return
     with _lock:
         set_num_threads(1)
         try:
@@ -119,6 +126,13 @@ def gemm(kind: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: int
     """Row-major C = op(A) @ op(B) (+ beta*C); kind "s" (f32) or "d" (f64); raw addresses."""
     _load()[f"{kind}gemm"](ROW_MAJOR, TRANS if trans_a else NO_TRANS, TRANS if trans_b else NO_TRANS,
                            m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
+
+
+def gemv(kind: str, trans: bool, rows: int, cols: int, a: int, lda: int, x: int, incx: int,
+         y: int, incy: int) -> None:
+    """Row-major y = op(A) @ x for a rows x cols A; kind "s" or "d"; raw addresses.  A GEMM
+    with one output row or column: OpenBLAS's gemm on m == 1 runs its packing for one row."""
+    _load()[f"{kind}gemv"](ROW_MAJOR, TRANS if trans else NO_TRANS, rows, cols, 1.0, a, lda, x, incx, 0.0, y, incy)
 
 
 def has_batch_strided(kind: str) -> bool:

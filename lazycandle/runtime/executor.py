@@ -12,7 +12,7 @@ import numpy as np
 
 from ..layout import Layout
 from . import pool
-from .steps import STEPS, NodeStep
+from .steps import STEPS, NodeStep, run_step
 
 
 def pack_scalars(scalars) -> np.ndarray:
@@ -234,10 +234,7 @@ class Plan:
                 bufs[j] = alloc(numels[j], dtypes[j])
             t0 = perf_counter() if seconds is not None else 0.0
             if isinstance(step, NodeStep):
-                if step.binds_layouts:
-                    step.run_node(in_bufs, offsets, bufs, sized)
-                else:
-                    step.run_node(in_bufs, offsets, bufs)
+                run_step(step, in_bufs, offsets, bufs, sized, packed)
             elif sized[1]:
                 step.run(self._kernel_addrs(k, in_bufs, offsets, bufs, read_offsets), packed, sized)
             if seconds is not None:

@@ -23,11 +23,11 @@ from math import gcd, prod
 import numpy as np
 
 from .. import caches, config
-from ..codegen import gemm, gemm_copy
+from ..codegen import gemm, gemm_copy, gemm_epilogue
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
-from . import blas, pool
+from . import blas, matmul_auto, pool
 
 PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (~30-40 us here) costs more than it saves
 
@@ -40,9 +40,6 @@ def _machine_cpus() -> int:
 
 
 BLAS_PARTS = _machine_cpus()   # BLAS pieces per problem: the machine's size, not the thread setting
-AUTO_TILED_MAX_FLOPS = 2.0 * 160 ** 3   # "auto": smaller GEMMs run tiled ...
-AUTO_TILED_BATCH_FLOPS = 2.0 * 512 ** 3  # ... and so do batches of GEMMs up to this size
-AUTO_THIN_BLAS_FLOPS = 2.0 * 64 ** 3     # thin GEMMs (tile mostly padding) from this size: BLAS
 W_BYTES, W_MAX_ROWS = 4 << 20, 1024      # tiled scratch for 16/8-bit partial sums, per thread
 A_KEEP_BYTES = 2 << 20                   # tiled: keep a task's packed A up to this size
 
@@ -65,6 +62,7 @@ class Geometry:
     bsa: tuple
     bsb: tuple
     bso: tuple
+    ep: tuple = ()      # epilogue operands over the output: (row stride, col stride, batch strides)
 
     @property
     def nbatch(self) -> int:
@@ -85,7 +83,9 @@ def _canon(rows: int, cols: int, rs: int, cs: int) -> tuple:
     return rs, cs
 
 
-def geometry(a_layout: Layout, b_layout: Layout, dtype: DType) -> Geometry:
+def geometry(a_layout: Layout, b_layout: Layout, dtype: DType, ep_layouts=()) -> Geometry:
+    """The problem of a_layout @ b_layout; `ep_layouts`: the epilogue's operands as layouts over
+    the (*batch, m, n) output (their batch dims merge along with the operands')."""
     *batch, m, k = a_layout.shape
     *batch_b, k2, n = b_layout.shape
     if tuple(batch) != tuple(batch_b) or k != k2:
@@ -94,12 +94,15 @@ def geometry(a_layout: Layout, b_layout: Layout, dtype: DType) -> Geometry:
     rsb, csb = _canon(k, n, *b_layout.strides[-2:])
     so = contiguous_strides((*batch, m, n))[:-2]
     if batch:
-        bshape, (bsa, bsb, bso) = merge_dims(tuple(batch), [a_layout.strides[:-2], b_layout.strides[:-2], so])
+        bshape, (bsa, bsb, bso, *bse) = merge_dims(tuple(batch), [a_layout.strides[:-2], b_layout.strides[:-2], so]
+                                                   + [e.strides[:-2] for e in ep_layouts])
     else:
-        bshape, bsa, bsb, bso = (1,), (0,), (0,), (0,)
+        bshape, bsa, bsb, bso, bse = (1,), (0,), (0,), (0,), [(0,)] * len(ep_layouts)
     if prod(batch) == 0:
-        bshape, bsa, bsb, bso = (0,), (0,), (0,), (0,)
-    return Geometry(dtype, m, n, k, rsa, csa, rsb, csb, n, bshape, bsa, bsb, bso)
+        bshape, bsa, bsb, bso, bse = (0,), (0,), (0,), (0,), [(0,)] * len(ep_layouts)
+    ep = tuple((e.strides[-2] if m > 1 else 0, e.strides[-1] if n > 1 else 0, tuple(bs))
+               for e, bs in zip(ep_layouts, bse))
+    return Geometry(dtype, m, n, k, rsa, csa, rsb, csb, n, bshape, bsa, bsb, bso, ep)
 
 
 def _round_up(x: int, mult: int) -> int:
@@ -189,8 +192,6 @@ def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
 
 
 # parameter block positions (a plan is built per new GEMM shape: keep its construction cheap)
-_PARAM_AT = {name: gemm.param_index(name) for name in gemm.FIELDS + gemm.BATCH_ARRAYS}
-_ABO_SLOTS = tuple(gemm.param_index(f) for f in ("a", "b", "o"))
 _tile_kernels: dict = caches.register("tiled gemm kernels by dtype", {})
 
 
@@ -219,7 +220,7 @@ class TiledPlan:
     size per thread."""
     backend = "tiled"
 
-    def __init__(self, g: Geometry, threads: int):
+    def __init__(self, g: Geometry, threads: int, epilogue: gemm_epilogue.Epilogue | None = None):
         self.g, self.threads = g, threads
         spec, self.fn, ab, needs_w = _tile_kernel(g.dtype)
         mc, kc, nc = _blocking(spec, ab, g.k)
@@ -243,17 +244,25 @@ class TiledPlan:
         self.ws_bytes = (w_off + w_elems) * ab
         # batch dims beyond the kernel's limit (only with > 8 unmergeable dims) loop here
         lead = max(0, len(g.bshape) - gemm.MAX_BATCH_RANK)
-        self.outer = _batch_offsets(g.bshape[:lead], g.bsa[:lead], g.bsb[:lead], g.bso[:lead])
+        self.outer = _batch_offsets(g.bshape[:lead], g.bsa[:lead], g.bsb[:lead], g.bso[:lead],
+                                    *(bs[:lead] for _, _, bs in g.ep))
         inner = slice(lead, len(g.bshape))
         params = [0] * gemm.NPARAMS
         vals = dict(m=g.m, n=g.n, k=g.k, rsa=g.rsa, csa=g.csa, rsb=g.rsb, csb=g.csb, ldo=g.ldo,
                     mc=mc, kc=kc, nc=nc, mchunk=mchunk, nchunk=nchunk, mtasks=mtasks, ntasks=ntasks,
                     bp_off=bp_off, w_off=w_off, rank=len(g.bshape) - lead, a_keep=int(a_keep), a_rows=a_rows)
         for name, v in vals.items():
-            params[_PARAM_AT[name]] = v
-        for arr, src in zip(gemm.BATCH_ARRAYS, (g.bshape, g.bsa, g.bsb, g.bso)):
-            at = _PARAM_AT[arr]
-            params[at:at + len(src[inner])] = src[inner]
+            params[gemm.param_index(name)] = v
+        for arr, src in zip(gemm.BATCH_ARRAYS, (g.bshape, g.bsa, g.bsb, g.bso) + tuple(bs for _, _, bs in g.ep)):
+            for i, v in enumerate(src[inner]):
+                params[gemm.param_index(arr, i)] = v
+        for k, (rs, cs, _) in enumerate(g.ep):
+            params[gemm.param_index(f"rse{k}")], params[gemm.param_index(f"cse{k}")] = rs, cs
+        if epilogue is not None:
+            self.ep_fn = gemm_epilogue.address(epilogue)        # compiled here, once per plan
+            params[gemm.param_index("ep_fn")] = self.ep_fn
+            for k, x in enumerate(epilogue.extras):
+                params[gemm.param_index(f"esz{k}")] = DType.from_name(epilogue.ew.inputs[x][0]).size_in_bytes
         self.params = (ctypes.c_int64 * gemm.NPARAMS)(*params)
         self.params_addr = ctypes.addressof(self.params)
         self.busy = threading.Lock()     # guards self.params; a concurrent caller copies it
@@ -261,9 +270,14 @@ class TiledPlan:
         self.cost = g.flops * nb / max(self.ntask * len(self.outer), 1)
         self.esz = g.dtype.size_in_bytes
         self.out_elems = nb * g.m * g.n
-        self.slots = _ABO_SLOTS
+        self.slots = tuple(gemm.param_index(f) for f in ("a", "b", "o"))
+        self.ep_slots = tuple(gemm.param_index(f"e{k}") for k in range(len(g.ep)))
+        self.ep_esz = tuple(g.dtype.size_in_bytes if epilogue is None else
+                            DType.from_name(epilogue.ew.inputs[k][0]).size_in_bytes
+                            for k in (epilogue.extras if epilogue else ()))
 
-    def run(self, a: int, b: int, o: int) -> None:
+    def run(self, a: int, b: int, o: int, extras=(), scalars: int = 0) -> None:
+        """extras: addresses of the epilogue's operands; scalars: address of its i64 scalars."""
         if self.out_elems == 0:
             return
         own = self.busy.acquire(blocking=False)
@@ -277,8 +291,11 @@ class TiledPlan:
 
             ia, ib, io = self.slots
             esz = self.esz
-            for oa, ob, oo in self.outer:
+            params[gemm.param_index("escal")] = scalars
+            for oa, ob, oo, *oe in self.outer:
                 params[ia], params[ib], params[io] = a + oa * esz, b + ob * esz, o + oo * esz
+                for slot, addr, off, ee in zip(self.ep_slots, extras, oe, self.ep_esz):
+                    params[slot] = addr + off * ee      # the driver adds the batch offsets
                 _run_tasks(chunk, self.ntask, self.cost, self.threads)
         finally:
             if own:
@@ -460,7 +477,14 @@ class BlasPlan:
 
         def run(lo, hi):
             for ta, tb, m, n, k, ja, lda, jb, ldb, jc, ldc in jobs[lo:hi]:
-                blas.gemm(kind, ta, tb, m, n, k, a + ja * ea, lda, b + jb * eb, ldb, o + jc * eo, ldc)
+                if m == 1:      # y[n] = op(B)^T x: x is A's row, B is k x n (or n x k, transposed)
+                    blas.gemv(kind, not tb, *((n, k) if tb else (k, n)), b + jb * eb, ldb, a + ja * ea,
+                              lda if ta else 1, o + jc * eo, 1)
+                elif n == 1:    # y[m] = op(A) x: x is B's column
+                    blas.gemv(kind, ta, *((k, m) if ta else (m, k)), a + ja * ea, lda, b + jb * eb,
+                              1 if tb else ldb, o + jc * eo, ldc)
+                else:
+                    blas.gemm(kind, ta, tb, m, n, k, a + ja * ea, lda, b + jb * eb, ldb, o + jc * eo, ldc)
 
         with blas.single_threaded():
             _run_tasks(run, len(jobs), self.job_flops, self.threads)
@@ -474,24 +498,26 @@ def _blas_ok(g: Geometry) -> bool:
             and max(g.k, g.nbatch * g.m, g.nbatch * g.n) <= blas.BLASINT_MAX)
 
 
-def choose_backend(g: Geometry, backend: str) -> str:
-    """"tiled" for integers, k == 0 and anything BLAS cannot take.  "auto" (measured on a 2-core
-    AVX2 machine, see bench/bench_matmul.py): tiled for 16/8-bit floats (converted while packing,
-    no f32 copies; faster than copy + sgemm), for small GEMMs (one native call covers all
-    batches where BLAS costs a Python-level call per GEMM) and for batches of medium ones;
-    BLAS for big single f32/f64 GEMMs and for thin (gemv-like) shapes the register tile would
-    mostly pad."""
+def choose_backend(g: Geometry, backend: str, threads: int) -> str:
+    """"tiled" for integers, k == 0 and anything BLAS cannot take; "auto": whichever of the two
+    measured faster on a problem of g's bucket at this thread count (runtime/matmul_auto.py)."""
     if backend == "tiled" or not _blas_ok(g):
         return "tiled"
     if backend == "blas":
         return "blas"
-    mr, nv, vw = _tile_of(g.dtype)
-    used = g.m / _round_up(g.m, mr) * g.n / _round_up(g.n, nv * vw)
-    if used < 0.5 and g.flops >= AUTO_THIN_BLAS_FLOPS:
-        return "blas"
-    if g.dtype.codec or g.flops < AUTO_TILED_MAX_FLOPS or (g.nbatch > 1 and g.flops < AUTO_TILED_BATCH_FLOPS):
-        return "tiled"
-    return "blas"
+    return matmul_auto.choose(g, threads, lambda p: {"blas": BlasPlan(p, threads), "tiled": TiledPlan(p, threads)})
+
+
+def epilogue_spec(epilogue, g: Geometry) -> gemm_epilogue.Epilogue:
+    """The codegen epilogue of (ew spec, index of the product among its inputs) on geometry g:
+    the kernel is compiled for each operand's column stride class."""
+    ew, mm_input = epilogue
+    extras = [k for k in range(len(ew.inputs)) if k != mm_input]
+    cols = [0] * len(ew.inputs)
+    for k, (_, cs, _) in zip(extras, g.ep):
+        cols[k] = gemm_epilogue.col_class(cs)
+    inputs = tuple((dt, (gemm_epilogue.RUNTIME, c)) for (dt, _), c in zip(ew.inputs, cols))
+    return gemm_epilogue.Epilogue(replace(ew, rank=2, inputs=inputs, tile=None), mm_input, tuple(cols))
 
 
 _addrs: dict = {}
@@ -517,12 +543,20 @@ caches.renew_lock_after_fork(sys.modules[__name__], "_plans_lock")
 _MAX_PLANS = 512
 
 
-def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, threads: int):
-    key = (dtype.name, a_layout.shape, a_layout.strides, b_layout.shape, b_layout.strides, backend, threads)
+def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, threads: int,
+             epilogue=None, ep_layouts=()):
+    """The cached plan of one problem.  With `epilogue` (an ir/kernels.EwSpec over the output,
+    and which of its inputs is the product: see `epilogue_spec`) and its other operands'
+    layouts, a tiled plan applies it in the micro-kernel; a BLAS plan leaves it to the caller."""
+    key = (dtype.name, a_layout.shape, a_layout.strides, b_layout.shape, b_layout.strides, backend, threads,
+           epilogue, tuple((e.shape, e.strides) for e in ep_layouts))
     plan = _plans.get(key)
     if plan is None:
-        g = geometry(a_layout, b_layout, dtype)
-        plan = (BlasPlan if choose_backend(g, backend) == "blas" else TiledPlan)(g, threads)
+        g = geometry(a_layout, b_layout, dtype, ep_layouts)
+        if choose_backend(g, backend, threads) == "blas":
+            plan = BlasPlan(g, threads)
+        else:
+            plan = TiledPlan(g, threads, epilogue_spec(epilogue, g) if epilogue else None)
         with _plans_lock:
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
@@ -539,9 +573,17 @@ def matmul(a: np.ndarray, a_layout: Layout, b: np.ndarray, b_layout: Layout, out
     if backend not in ("auto", "blas", "tiled"):
         raise ValueError(f"matmul: unknown backend {backend!r}; expected 'auto', 'blas' or 'tiled'")
     plan = plan_for(a_layout, b_layout, dtype, backend, config.get_num_threads())
+    run_plan(plan, a, a_layout.offset, b, b_layout.offset, out)
+    return plan.backend
+
+
+def run_plan(plan, a: np.ndarray, a_offset: int, b: np.ndarray, b_offset: int, out: np.ndarray,
+             *epilogue) -> None:
+    """Run a plan of `plan_for` on storage buffers (operand offsets in elements): the executor
+    keeps its step's plan and calls this, skipping the plan lookup.  `epilogue`: (operand
+    addresses, scalars address) for a tiled plan made with one."""
     if out.size < plan.out_elems:
         g = plan.g
         raise ValueError(f"matmul: output buffer of {out.size} elements for {g.nbatch} x {g.m} x {g.n}")
-    esz = dtype.size_in_bytes
-    plan.run(_address(a) + a_layout.offset * esz, _address(b) + b_layout.offset * esz, _address(out))
-    return plan.backend
+    esz = plan.g.dtype.size_in_bytes
+    plan.run(_address(a) + a_offset * esz, _address(b) + b_offset * esz, _address(out), *epilogue)

@@ -26,7 +26,7 @@ import numpy as np
 from . import native_pool
 from .buffers import alloc
 from ..codegen.program import segment_names
-from .steps import NodeStep
+from .steps import NodeStep, run_step
 
 ARENA_KEEP_BYTES = 256 << 10      # a plan keeps its arena up to this size (512 cached plans: <= 128 MiB)
 MIN_PARALLEL_COST = 65536.0       # as runtime/pool.py: smaller kernels run on the calling thread
@@ -95,7 +95,7 @@ class NativePlan:
         self.lock = threading.Lock()
         _live.add(self)
         self.steps_of = {}                 # call label -> plan step (to raise its error)
-        refs, sizes, items = [], [], []    # items: ("native", [(call, regions)]) | ("python", (step, layouts or None))
+        refs, sizes, items = [], [], []    # items: ("native", [(call, regions)]) | ("python", (step, its binding layouts))
         imports, names = {}, {}
         status_words = 0
         for i, (step, k) in enumerate(zip(plan.steps, plan.kernels)):
@@ -104,7 +104,7 @@ class NativePlan:
                 continue                    # nothing to compute at these sizes
             call = self._call_of(i, step, k, refs, sizes, imports, names, status_words)
             if call is None:
-                items.append(("python", (step, sized if step.binds_layouts else None)))
+                items.append(("python", (step, sized)))
                 continue
             status_words += call.status_at is not None
             self.steps_of[call.label] = step
@@ -298,11 +298,7 @@ class NativePlan:
                 else:
                     if bufs is None:
                         bufs = self._node_buffers(arena, outs)
-                    step, layouts = what
-                    if layouts is None:
-                        step.run_node(in_bufs, offsets, bufs)
-                    else:
-                        step.run_node(in_bufs, offsets, bufs, layouts)
+                    run_step(what[0], in_bufs, offsets, bufs, what[1], packed)
         return [outs[t] for t in self.returned]
 
     def _node_buffers(self, arena, outs):

@@ -5,6 +5,9 @@ Kernel: what the dump tool shows of it (reads, module, detail, backend) lives on
 from __future__ import annotations
 
 from dataclasses import replace
+from math import prod
+
+import numpy as np
 
 from .. import config
 from ..layout import Layout
@@ -23,10 +26,12 @@ def register(*op_names):
 class NodeStep:
     """Base: resolves the node's operands to (buffer, Layout) at run time.  A step whose
     `binds_layouts` is true takes its operand Layouts from the plan's Binding at each run
-    (`run_node(..., layouts)`), so one plan serves every size of its size class; the others
-    bake their sizes into a kernel spec at setup."""
+    (`run_node(..., layouts=)`), so one plan serves every size of its size class; the others
+    bake their sizes into a kernel spec at setup.  A step with `takes_scalars` also gets the
+    plan's packed scalars (`run_node(..., scalars=)`); `run_step` passes each what it takes."""
 
     binds_layouts = False
+    takes_scalars = False
 
     def __init__(self, kernel, cap):
         j = kernel.nodes[0]
@@ -57,26 +62,97 @@ class NodeStep:
         raise NotImplementedError
 
 
+MATMUL_PLANS_KEPT = 16      # a step's matmul plans (one per backend, threads and bound shape)
+
+
+def run_step(step, in_bufs, offsets, bufs, layouts, scalars) -> None:
+    """Run node step `step` with what it takes: the binding's layouts, the packed scalars."""
+    kw = {}
+    if step.binds_layouts:
+        kw["layouts"] = layouts
+    if step.takes_scalars:
+        kw["scalars"] = scalars
+    step.run_node(in_bufs, offsets, bufs, **kw)
+
+
 @register("matmul")
 class MatmulStep(NodeStep):
-    """BLAS or the tiled GEMM, chosen at run time by the backend setting."""
-
-    binds_layouts = True
+    """BLAS or the tiled GEMM, chosen at run time by the backend setting.  With an epilogue
+    (the kernel's fused elementwise consumers, ir/epilogue.py) the tiled GEMM applies it as it
+    stores; after a BLAS GEMM it runs as the consumers' elementwise kernel, in place."""
+    takes_scalars = True
 
     def setup(self, cap):
         from .matmul import choose_backend, geometry
         la, lb = self.operands[0][3], self.operands[1][3]
+        self.out = self.kernel.outputs[0]
+        ep = self.kernel.epilogue
+        self.binds_layouts = ep is None       # an epilogue's operand layouts are baked at setup
+        self.ep_key, self.ep_layouts, self.ep_reads, self.ep_step = None, (), (), None
+        if ep is not None:
+            self.ep_key = (ep.spec, ep.mm_input)
+            self.ep_layouts = tuple(Layout(o.shape, o.strides, o.offset) for o in ep.operands)
+            self.ep_reads = tuple((o.kind, o.src if o.kind == "in" else o.index, o.index, o.offset)
+                                  for o in ep.operands)
         setting = config.get_matmul_backend()
         try:
-            picked = choose_backend(geometry(la, lb, self.dtype), setting)
+            picked = choose_backend(geometry(la, lb, self.dtype, self.ep_layouts), setting, config.get_num_threads())
         except Exception:   # the runtime decides again at each call
             picked = setting
-        self.backend = picked if setting != "auto" else f"auto -> {picked}"
+        self._describe(picked, setting)
+        self.plans = {}       # (backend setting, threads) -> runtime.matmul plan
+        self.last_plan = None
 
-    def run_node(self, in_bufs, offsets, bufs, layouts=None):
-        from .matmul import matmul
-        a, la = self.operand(0, in_bufs, offsets, bufs, layouts)
-        b, lb = self.operand(1, in_bufs, offsets, bufs, layouts)
-        setting = config.get_matmul_backend()
-        used = matmul(a, la, b, lb, bufs[self.out], self.dtype, setting)
+    def _describe(self, used, setting):
         self.backend = used if setting != "auto" else f"auto -> {used}"
+        ep = self.kernel.epilogue
+        if ep is not None:
+            where = "in the tiled GEMM's store" if used == "tiled" else "as an in-place pass after the BLAS GEMM"
+            self.detail = f"epilogue {', '.join(ep.ops)} applied {where}"
+
+    def _epilogue_step(self):
+        """The consumers' elementwise kernel, compiled on the first BLAS run."""
+        if self.ep_step is None:
+            from .executor import Step
+            k = self.kernel.epilogue.kernel
+            sizes = tuple(k.sizes)
+            extent = k.spec.extent(sizes)
+            self.ep_step = (Step(k, k.spec.rank == 1 and k.spec.tile is None),
+                            (np.array(sizes, np.int64), extent, k.spec.cost(sizes) / (extent or 1)))
+        return self.ep_step
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None, scalars=None):
+        from .matmul import plan_for, run_plan
+        (ka, ia, sa, la, _), (kb, ib, sb, lb, _) = self.operands
+        if layouts is not None:             # this run's sizes (a plan bound to another size)
+            la, lb = layouts[0], layouts[1]
+        key = (config.get_matmul_backend(), config.get_num_threads(), la.shape, la.strides, lb.shape, lb.strides)
+        plan = self.plans.get(key)
+        if plan is None:
+            if len(self.plans) >= MATMUL_PLANS_KEPT:
+                self.plans.clear()
+            plan = self.plans[key] = plan_for(la, lb, self.dtype, key[0], key[1], self.ep_key, self.ep_layouts)
+        a, oa = (in_bufs[sa], offsets[ia]) if ka == "in" else (bufs[ia], la.offset)
+        b, ob = (in_bufs[sb], offsets[ib]) if kb == "in" else (bufs[ib], lb.offset)
+        out = bufs[self.out]
+        if plan is not self.last_plan:
+            self.last_plan = plan
+            self._describe(plan.backend, key[0])
+        if self.ep_key is None:
+            run_plan(plan, a, oa, b, ob, out)
+            return
+        extras = []
+        for kind, buf, slot, offset in self.ep_reads:
+            arr = in_bufs[buf] if kind == "in" else bufs[buf]
+            extras.append(arr.ctypes.data + (offsets[slot] if kind == "in" else offset) * arr.itemsize)
+        ek = self.kernel.epilogue.kernel
+        if plan.backend == "tiled":
+            scal = scalars[np.array(ek.scalars, np.intp)] if ek.scalars else np.zeros(1, np.int64)
+            run_plan(plan, a, oa, b, ob, out, extras, scal.ctypes.data)
+            return
+        run_plan(plan, a, oa, b, ob, out)
+        step, sized = self._epilogue_step()
+        if sized[1]:
+            addrs = list(extras)
+            addrs.insert(self.kernel.epilogue.mm_input, out.ctypes.data)
+            step.run(addrs + [out.ctypes.data], scalars, sized)

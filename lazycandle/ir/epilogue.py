@@ -1,0 +1,104 @@
+"""Matmul epilogue fusion (a scheduler pass): a matmul joins the elementwise kernel that
+consumes it, so bias, activation and residual are applied as the tiled GEMM stores each output
+tile (codegen/gemm_epilogue.py) and `(x @ w + b).gelu()` is one kernel, one pass over the output.
+
+A matmul M fuses with the elementwise group G that reads it when
+  * M is no target and every read of M is G's, element for element (same shape, contiguous),
+  * G writes one buffer (its last value), of M's dtype: the GEMM accumulates its partial sums
+    in that buffer, so M's own value never needs one,
+  * G reads at most MAX_INPUTS other operands (row vectors, broadcasts, a same-shape residual,
+    any strides) and has at most MAX_EPILOGUE_OPS ops.
+The merge cannot close a cycle: M's only consumer is G, so no path leaves M but through G.
+When the BLAS path runs instead (runtime/steps.MatmulStep), the epilogue is the same fused
+elementwise kernel, run in place over the output after the GEMM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .kernels import EwSpec
+from .ops import ELEMENTWISE, MATMUL
+
+MAX_INPUTS = 4             # operands besides the product (each takes 3 GEMM parameter slots)
+MAX_EPILOGUE_OPS = 32      # epilogue code is emitted twice per micro-kernel (full tile, edge)
+
+
+@dataclass(frozen=True)
+class MatmulEpilogue:
+    """What a matmul kernel applies to its product: `kernel` is the consumers' elementwise
+    Kernel (its input `mm_input` reads the product); `operands` are the capture operands of its
+    other inputs, in input order, with their layouts over the output."""
+    kernel: object
+    mm_input: int
+    operands: tuple
+
+    @property
+    def spec(self) -> EwSpec:
+        return self.kernel.spec
+
+    @property
+    def ops(self) -> list:
+        return [ins[0] for ins in self.kernel.spec.instrs]
+
+
+def _reads_identity(o, shape) -> bool:
+    from .schedule import _identity_read
+    return o.shape == shape and _identity_read(o, shape)
+
+
+def fuse_epilogues(gr, nodes, operands, consumers, targets, notes) -> None:
+    """Merge each matmul's group with its consumers' elementwise group where allowed."""
+    for j, n in enumerate(nodes):
+        if n.op.category != MATMUL or j in targets or not consumers[j]:
+            continue
+        groups = {gr.of[c] for c in consumers[j]}
+        g = next(iter(groups))
+        why = None
+        if len(groups) > 1:
+            why = "it is read by more than one kernel"
+        elif any(nodes[y].op.category != ELEMENTWISE for y in gr.members[g]):
+            why = "its consumer is not elementwise"
+        elif not all(_reads_identity(o, n.shape) for c in consumers[j] for o in operands[c]
+                     if o.kind == "node" and o.index == j):
+            why = "a consumer reads it through a view"
+        else:
+            members = set(gr.members[g])
+            outs = [y for y in members if y in targets or any(gr.of[c] != g for c in consumers[y])]
+            extra = {(o.kind, o.index, o.strides, o.offset) for y in members for o in operands[y]
+                     if o.kind == "in" or (o.kind == "node" and o.index != j and o.index not in members)}
+            if len(outs) != 1 or nodes[outs[0]].dtype is not n.dtype:
+                why = "the consumers write more than one buffer, or another dtype"
+            elif len(extra) > MAX_INPUTS:
+                why = f"the consumers read more than {MAX_INPUTS} other operands"
+            elif len(members) > MAX_EPILOGUE_OPS:
+                why = f"the consumers have more than {MAX_EPILOGUE_OPS} ops"
+        if why:
+            notes.append(f"n{j} (matmul) keeps its own kernel: {why}")
+            continue
+        g = gr.merge([gr.of[j], g], len(consumers[j]))
+        notes.append(f"n{j} (matmul) fuses its consumers as an epilogue ({len(gr.members[g]) - 1} ops)")
+
+
+def epilogue_kernel(cap, j, group, mat, fused_kernel, kernel_cls):
+    """The Kernel of the group of matmul j and its epilogue (the other members, which may be
+    older than j when they read only inputs): it reads the matmul's two operands and the
+    epilogue's other inputs, and writes the epilogue's output."""
+    rest = [y for y in group if y != j]
+    ew = fused_kernel(cap, rest, mat)
+    members, seen, order = set(rest), set(), []
+    for y in rest:                      # the capture operand behind each input, in ew's order
+        for o in cap.operands[y]:
+            if o.kind == "const" or (o.kind == "node" and o.index in members and _reads_identity(o, cap.nodes[o.index].shape)):
+                continue
+            key = (("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset), o.strides)
+            if key not in seen:
+                seen.add(key)
+                order.append(o)
+    mm_input = next(k for k, o in enumerate(order) if o.kind == "node" and o.index == j)
+    extras = tuple(o for k, o in enumerate(order) if k != mm_input)
+    reads = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)
+             for o in cap.operands[j] if o.kind != "const"]
+    kernel = kernel_cls("matmul", [j] + rest, list(ew.outputs),
+                        reads + [b for k, b in enumerate(ew.inputs) if k != mm_input])
+    kernel.epilogue = MatmulEpilogue(ew, mm_input, extras)
+    return kernel

@@ -1,0 +1,98 @@
+"""The "auto" matmul backend: BLAS or the tiled GEMM, whichever measured faster on this host.
+
+The first problem of a bucket (dtype, threads, operand forms, and the power-of-two size class
+of m, n, k and the batch count) times both plans on scratch operands of its geometry, in
+alternating rounds, and the faster one serves every later problem of the bucket.  A measurement
+and not a table: the crossover moves with the ISA (register tile), the BLAS build, the core
+count and the shape (thin, batched, transposed), and one calibration costs a few ms per bucket
+(problems above CALIBRATE_MAX_FLOPS are timed on a proxy with m, n, k cut to PROXY_DIM, where
+both kernels are compute bound and keep their ratio).  The choices live in a registered cache,
+so lc.clear_caches() forgets them.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from .. import caches
+
+CALIBRATE_MAX_FLOPS = 2.0 * 1024 ** 3    # larger problems are timed on a proxy ...
+PROXY_DIM = 1024                         # ... with m, n, k at most this
+ROUNDS = (3, 15)                         # alternating timed calls of each plan (the minimum counts) ...
+BUDGET_S = 0.06                          # ... more of them, up to this time, on a small problem
+
+_choices: dict = caches.register("matmul auto choices", {})
+_lock = threading.Lock()
+caches.renew_lock_after_fork(sys.modules[__name__], "_lock")
+
+
+def _size_class(x: int) -> int:
+    return max(0, int(x)).bit_length()
+
+
+def bucket(g, threads: int) -> tuple:
+    """Problems that share a choice: same dtype, threads, operand forms (transposed or not,
+    broadcast batch), and power-of-two class of each size."""
+    forms = (g.csa == 1, g.csb == 1, any(s == 0 for s in g.bsa), any(s == 0 for s in g.bsb))
+    return (g.dtype.name, threads, forms, _size_class(g.m), _size_class(g.n), _size_class(g.k),
+            _size_class(g.nbatch))
+
+
+def _proxy(g):
+    """g, or for a problem above CALIBRATE_MAX_FLOPS one GEMM of it cut to PROXY_DIM."""
+    if g.flops * g.nbatch <= CALIBRATE_MAX_FLOPS:
+        return g
+    m, n, k = (min(x, PROXY_DIM) for x in (g.m, g.n, g.k))
+    return replace(g, m=m, n=n, k=k, ldo=n, bshape=(1,), bsa=(0,), bsb=(0,), bso=(0,), ep=())
+
+
+def _span(rows, cols, rs, cs, bshape, bs) -> int:
+    """Elements an operand's layout reaches (its scratch buffer size)."""
+    return 1 + (rows - 1) * abs(rs) + (cols - 1) * abs(cs) + sum((d - 1) * abs(s) for d, s in zip(bshape, bs))
+
+
+def _time(run) -> float:
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+def measure(g, threads: int, make_plans) -> dict:
+    """{backend: best seconds} of both plans on zeroed scratch operands of g's proxy;
+    make_plans(geometry) -> {backend: plan}."""
+    p = _proxy(g)
+    esz = g.dtype.size_in_bytes
+    sa = _span(p.m, p.k, p.rsa, p.csa, p.bshape, p.bsa)
+    sb = _span(p.k, p.n, p.rsb, p.csb, p.bshape, p.bsb)
+    so = p.nbatch * p.m * p.n
+    bufs = [np.zeros(s * esz + 64, np.uint8) for s in (sa, sb, so)]
+    addrs = [(x.ctypes.data + 63) & ~63 for x in bufs]
+    plans = make_plans(p)
+    best = {}
+    for name, plan in plans.items():          # untimed first call: compiles, faults pages in
+        plan.run(*addrs)
+        best[name] = float("inf")
+    t0 = time.perf_counter()
+    for r in range(ROUNDS[1]):
+        if r >= ROUNDS[0] and time.perf_counter() - t0 > BUDGET_S:
+            break
+        for name, plan in plans.items():
+            best[name] = min(best[name], _time(lambda: plan.run(*addrs)))
+    return best
+
+
+def choose(g, threads: int, make_plans) -> str:
+    """"blas" or "tiled" for g at `threads`, measured once per bucket."""
+    key = bucket(g, threads)
+    hit = _choices.get(key)
+    if hit is None:
+        # measured without a lock: a caller on a pool worker may need the other workers
+        # (two threads measuring one bucket at once both store a valid choice)
+        best = measure(g, threads, make_plans)
+        with _lock:
+            hit = _choices.setdefault(key, min(best, key=best.get))
+    return hit
