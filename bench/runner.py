@@ -165,18 +165,21 @@ def _timed_with_retries(fns: dict, repeats: int, row: dict) -> dict:
     """time_alternating, run again (up to RETRIES times) while some implementation's samples
     spread over MAX_SPREAD: a burst of load from another process distorts such a round.  The
     round with the smallest spread is kept; the row notes the reruns and keeps their load."""
-    best = None
+    best, spreads = None, []
     for attempt in range(1 + RETRIES):
         stats = time_alternating(fns, repeats=repeats, warmup=1)
         sp, who = spread(stats)
         if best is None or sp < best[0]:
-            best = (sp, who, stats)
+            best = (sp, stats)
         if sp <= MAX_SPREAD:
             break
-        row["notes"].append(f"t={row['threads']}: {who}'s samples spread {sp:.1f}x (load "
-                            f"{os.getloadavg()[0]:.1f}), timed again")
+        spreads.append(f"{who} {sp:.1f}x at load {os.getloadavg()[0]:.1f}")
+    if spreads:
+        row["notes"].append(f"t={row['threads']}: timed {len(spreads) + (best[0] <= MAX_SPREAD)} times, "
+                            f"samples spread over {MAX_SPREAD:g}x ({'; '.join(spreads)}); kept the "
+                            f"round with spread {best[0]:.1f}x")
     row["spread"] = best[0]
-    return best[2]
+    return best[1]
 
 
 def _derive(row: dict, stats: dict) -> None:

@@ -149,7 +149,7 @@ def test_widely_spread_samples_are_timed_again():
     stats = _timed_with_retries({"f": jumpy}, 4, row)
     assert len(calls) > 5 + 4                                        # a second round ran
     assert row["spread"] <= MAX_SPREAD and stats["f"].n == 4
-    assert any("timed again" in n for n in row["notes"])
+    assert any("timed 2 times" in n for n in row["notes"])
 
 
 def test_fair_env_keeps_the_users_setting_and_names_the_rest():
