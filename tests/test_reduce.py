@@ -191,3 +191,22 @@ def test_hypothesis_sum_max(shape, data):
     d = dims[0]
     np.testing.assert_array_equal(tv.max(d).numpy(), xv.max(d))
     np.testing.assert_array_equal(tv.argmax(d).numpy(), xv.argmax(d).astype(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean", "max", "min", "prod", "argmax"])
+@pytest.mark.parametrize("shape,dim", [((37, 1100), 0), ((5, 3, 1547), 1), ((6, 2, 1030), (0, 1)),
+                                       ((9, 517), 0), ((3, 7), 0)])
+def test_leading_dim_reductions_split_into_strips_cover_every_output(kind, shape, dim):
+    """Inner-output reductions run one unit per strip of the kept last dim (odd widths, several
+    strips, a last strip shorter than the others): every output is right at 1 and 2 threads."""
+    dt = np.int32 if kind == "prod" else np.float32
+    x = (rng.integers(1, 3, shape) if kind == "prod" else rng.standard_normal(shape)).astype(dt)
+    dims = dim if isinstance(dim, tuple) else (dim,)
+    if kind not in ("sum", "mean") and len(dims) > 1:
+        pytest.skip("only sum and mean take several dims")
+    want = _ref(kind, x, dims, False)
+    for n in (1, 2):
+        with lc.num_threads(n):
+            t = lc.tensor(x)
+            got = getattr(t, kind)(dims[0] if len(dims) == 1 else dims).numpy()
+        _check(got, want, dt)

@@ -49,6 +49,16 @@ class EwSpec:
     tile: int | None        # the dim tiled with the inner dim (tile_dim), or None
 
 
+OUTPUT_STRIP = 512       # inner-output reductions: at most this many outputs (of the last dim) per unit
+
+
+def output_strips(m: int) -> int:
+    """Units an inner-output row of m outputs splits into: ceil(m / OUTPUT_STRIP), made even
+    when above 1 so two threads get equal halves (codegen/reduce.py computes the same)."""
+    s = max(1, -(-m // OUTPUT_STRIP))
+    return s + (s & 1) if s > 1 else s
+
+
 @dataclass(frozen=True)
 class RedSpec:
     """A reduction with its fused elementwise producers (the reduced value is the last instr)."""
@@ -71,7 +81,9 @@ class RedSpec:
         return tuple(d for d, r in zip(shape, self.red) if not r)
 
     def parallel_extent(self, shape) -> int:
+        """Units of work: one per output element (inner-reduce); one per strip of the last
+        dim's outputs (inner-output, see output_strips), so sum(0) splits over threads."""
         out = self.out_shape(shape)
         if self.inner_reduce:
             return max(1, prod(out))
-        return max(1, prod(out[:-1]))
+        return max(1, prod(out[:-1]) * output_strips(out[-1]))
