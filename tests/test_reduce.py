@@ -195,7 +195,7 @@ def test_hypothesis_sum_max(shape, data):
 
 @pytest.mark.parametrize("kind", ["sum", "mean", "max", "min", "prod", "argmax"])
 @pytest.mark.parametrize("shape,dim", [((37, 1100), 0), ((5, 3, 1547), 1), ((6, 2, 1030), (0, 1)),
-                                       ((9, 517), 0), ((3, 7), 0)])
+                                       ((9, 517), 0), ((3, 4500), 0), ((3, 7), 0)])
 def test_leading_dim_reductions_split_into_strips_cover_every_output(kind, shape, dim):
     """Inner-output reductions run one unit per strip of the kept last dim (odd widths, several
     strips, a last strip shorter than the others): every output is right at 1 and 2 threads."""

@@ -28,7 +28,7 @@ import contextlib
 import llvmlite.ir as ir
 
 from .. import dtype as D
-from ..ir.kernels import OUTPUT_STRIP, RedSpec
+from ..ir.kernels import MIN_STRIP, OUTPUT_STRIP, RedSpec
 from ..ir.ops import reduction
 from . import jit
 from .elementwise import _Kernel, _emit_instrs, _bits
@@ -217,7 +217,8 @@ class _RedKernel(_Kernel):
         shorter or empty)."""
         b, W = self.b, self.W
         s = b.udiv(b.add(m, I64(OUTPUT_STRIP - 1)), I64(OUTPUT_STRIP))
-        s = b.select(b.icmp_unsigned("<", s, I64(1)), I64(1), s)
+        least = b.select(b.icmp_signed(">=", m, I64(2 * MIN_STRIP)), I64(2), I64(1))
+        s = b.select(b.icmp_unsigned("<", s, least), least, s)
         s = b.select(b.icmp_unsigned(">", s, I64(1)), b.add(s, b.and_(s, I64(1))), s)
         width = b.udiv(b.add(m, b.sub(s, I64(1))), s)
         width = b.mul(b.udiv(b.add(width, I64(W - 1)), I64(W)), I64(W))

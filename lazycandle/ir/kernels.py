@@ -49,13 +49,15 @@ class EwSpec:
     tile: int | None        # the dim tiled with the inner dim (tile_dim), or None
 
 
-OUTPUT_STRIP = 512       # inner-output reductions: at most this many outputs (of the last dim) per unit
+OUTPUT_STRIP = 2048       # inner-output reductions: at most this many outputs (of the last dim) per unit
+MIN_STRIP = 256           # rows of at least 2 x this many outputs split in two or more strips
 
 
 def output_strips(m: int) -> int:
-    """Units an inner-output row of m outputs splits into: ceil(m / OUTPUT_STRIP), made even
-    when above 1 so two threads get equal halves (codegen/reduce.py computes the same)."""
-    s = max(1, -(-m // OUTPUT_STRIP))
+    """Units an inner-output row of m outputs splits into: ceil(m / OUTPUT_STRIP), at least 2
+    once m >= 2 MIN_STRIP (so sum(0) of one row of outputs runs on two threads), made even when
+    above 1 so two threads get equal halves (codegen/reduce.py computes the same)."""
+    s = max(-(-m // OUTPUT_STRIP), 2 if m >= 2 * MIN_STRIP else 1)
     return s + (s & 1) if s > 1 else s
 
 
