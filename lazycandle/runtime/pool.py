@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 from .. import config
 
@@ -88,18 +87,13 @@ class _Batch:
             self.done.release()
 
     def wait(self):
-        # Yield the GIL a few times before parking: a worker finishing its chunk needs the GIL
-        # for the last Python lines, and waking a parked caller costs more than the chunk tail.
-        for _ in range(SPIN_YIELDS):
-            if not self.left:
-                break
-            time.sleep(0)
+        # (Yielding the GIL in a spin before parking was tried: under load it hands the core
+        # to other processes and doubles the round trip.)
         self.done.acquire()
         if self.error is not None:
             raise self.error
 
 
-SPIN_YIELDS = 50
 MAX_WORKERS = 4 * (os.cpu_count() or 1)
 _pool = _Pool()
 _in_worker = threading.local()
