@@ -193,3 +193,13 @@ def test_progress_lines_name_the_sizes_that_run(capsys):
     line = next(ln for ln in err.splitlines() if ln.startswith("[1/1]"))
     n = case.sizes["tiny"]
     assert f"{n}x{n}" in line and "1024" not in line, line
+
+
+def test_stream_peak_kernel_reads_every_block():
+    from bench.bandwidth import BLOCK, Stream
+    x = np.zeros(5 * BLOCK, np.float32).view(np.int32)
+    x[3 * BLOCK + BLOCK - 1] = 6                       # the last word of block 3
+    x[1 * BLOCK] = 1
+    out = np.full(5, -1, np.int32)
+    Stream().run(x, out, threads=2)
+    assert out.tolist() == [0, 1, 0, 6, 0]
