@@ -210,3 +210,13 @@ def test_leading_dim_reductions_split_into_strips_cover_every_output(kind, shape
             t = lc.tensor(x)
             got = getattr(t, kind)(dims[0] if len(dims) == 1 else dims).numpy()
         _check(got, want, dt)
+
+
+def test_leading_dim_sum_of_an_expression_with_scalars():
+    """An inner-output f32 sum evaluates its producers at twice the vector width: runtime
+    scalars (the constants of a plan) must be available at that width too."""
+    x = rng.standard_normal((40, 600)).astype(np.float32)
+    for c in (2.5, -1.25):
+        got = (lc.tensor(x) * c + 1.0).sum(0).numpy()
+        want = (x.astype(np.float64) * c + 1.0).sum(0)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)

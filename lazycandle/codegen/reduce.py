@@ -70,6 +70,8 @@ class _RedKernel(_Kernel):
             if r:
                 count = b.mul(count, self.dims[d])
         self.count_f = b.sitofp(count, self.acc_t) if self.is_float else None
+        # reduce_strip evaluates f32 sums at 2W lanes: runtime scalars need splats at that width
+        self.scalar_splats.update({(k, 2 * self.W): splat(b, v, 2 * self.W) for k, v in enumerate(self.scalar_vals)})
 
     # -- the combine step -----------------------------------------------------------------
     def value(self, offs, strides, w, given=None, widen=True):
