@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-__all__ = ["main"]
+__all__ = ["main", "run_cli"]
 
 DEFAULT_REPEATS = {"full": 9, "quick": 5, "tiny": 2}
 EXTRA_SUITES = ("bench_vmath", "bench_matmul")
@@ -83,6 +83,14 @@ def _extra_suites(quick: bool) -> tuple[list, list]:
                                            for k in keys) + " |")
         lines.append("")
     return lines, notes
+
+
+def run_cli(argv) -> int:
+    """The command line's entry: first make the peers' idle threads yield (peers.fair_env_reexec
+    restarts the process with the right environment if needed), then `main`."""
+    from .peers import fair_env_reexec
+    fair_env_reexec(list(argv))
+    return main(argv)
 
 
 def main(argv=None, cases=None, sizes=None, lc_impls=None) -> int:

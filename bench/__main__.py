@@ -1,6 +1,6 @@
 """`python -m bench` from the repo root runs the suite (same flags as `lazycandle bench`)."""
 import sys
 
-from . import main
+from . import run_cli
 
-sys.exit(main())
+sys.exit(run_cli(sys.argv[1:]))

@@ -138,6 +138,40 @@ def _layer_norm_ref(xp, x, g, b):
     return xc / xp.sqrt(var + LN_EPS) * g + b
 
 
+def _log_softmax_ref(xp, x):
+    s = x - x.max(-1, keepdims=True)
+    return s - xp.log(xp.exp(s).sum(-1, keepdims=True))
+
+
+def _rms_norm_ref(xp, x, g):
+    return x / xp.sqrt((x * x).mean(-1, keepdims=True) + LN_EPS) * g
+
+
+def _rms_norm_make(rng, size):
+    r, c = size
+    return {"x": _normal(rng, (r, c), scale=2.0), "g": _normal(rng, (c,))}
+
+
+ATTN_SCALE = 0.125       # 1/sqrt(64), a GPT-2 head
+
+
+def _attn_make(rng, size):
+    """Attention scores (heads, L, L) and the causal mask (True above the diagonal = masked)."""
+    h, n = size
+    return {"x": _normal(rng, (h, n, n), scale=8.0), "m": np.triu(np.ones((n, n), bool), 1)}
+
+
+def _attn_ref(xp, x, m):
+    s = xp.where(m != 0, -np.inf, x * ATTN_SCALE)
+    e = xp.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _attn_work(size):
+    h, n = size
+    return (h * n * n, 4 * 2 * h * n * n + n * n)
+
+
 def _layer_norm_make(rng, size):
     r, c = size
     return {"x": _normal(rng, (r, c), scale=2.0) + np.float32(0.5),
@@ -154,6 +188,7 @@ def _rows_work(passes_out):
 
 
 _ROWS = {"full": (4096, 1024), "quick": (1024, 1024), "tiny": (7, 33)}
+_ATTN = {"full": (16, 512), "quick": (8, 256), "tiny": (2, 9)}
 _T2D = {"full": 2048, "quick": 1024, "tiny": 33}
 _BMM = {"full": (16, 256), "quick": (8, 128), "tiny": (3, 8)}
 
@@ -192,6 +227,10 @@ FUSION_CASES = [
     Case(name="sum_last", group="fusion", title=lambda s: f"sum(-1), {s[0]}x{s[1]} f32", sizes=_ROWS,
          make=lambda rng, s: {"x": _normal(rng, s)}, lc=lambda lc, x: x.sum(-1),
          ref=lambda xp, x: x.sum(-1), work=_rows_work(False), rtol=1e-5, atol=1e-5),
+    Case(name="sum_first", group="fusion", title=lambda s: f"sum(0), {s[0]}x{s[1]} f32", sizes=_ROWS,
+         make=lambda rng, s: {"x": _normal(rng, s)}, lc=lambda lc, x: x.sum(0),
+         ref=lambda xp, x: x.sum(0), work=lambda s: (s[0] * s[1], 4 * (s[0] * s[1] + s[1])),
+         rtol=1e-5, atol=1e-5),
     Case(name="softmax", group="fusion", title=lambda s: f"softmax(-1), {s[0]}x{s[1]} f32", sizes=_ROWS,
          make=lambda rng, s: {"x": _normal(rng, s, scale=3.0)}, lc=lambda lc, x: lc.nn.softmax_last_dim(x),
          ref=_softmax_ref, work=_rows_work(True), rtol=1e-5, atol=1e-6,
@@ -202,6 +241,23 @@ FUSION_CASES = [
          ref=_layer_norm_ref, work=_rows_work(True), rtol=1e-4, atol=1e-5,
          torch=lambda torch, x, g, b: torch.nn.functional.layer_norm(x, (x.shape[-1],), g, b, LN_EPS),
          note="lc.nn.layer_norm, eps 1e-5; torch: F.layer_norm"),
+    Case(name="log_softmax", group="fusion", title=lambda s: f"log_softmax(-1), {s[0]}x{s[1]} f32",
+         sizes=_ROWS, make=lambda rng, s: {"x": _normal(rng, s, scale=3.0)},
+         lc=lambda lc, x: lc.nn.log_softmax(x, -1), ref=_log_softmax_ref, work=_rows_work(True),
+         rtol=1e-5, atol=1e-5,
+         torch=lambda torch, x: torch.log_softmax(x, -1), jax=lambda jax, x: jax.nn.log_softmax(x, axis=-1),
+         note="lc.nn.log_softmax; torch: torch.log_softmax; jax: jax.nn.log_softmax"),
+    Case(name="rms_norm", group="fusion", title=lambda s: f"rms_norm, {s[0]}x{s[1]} f32", sizes=_ROWS,
+         make=_rms_norm_make, lc=lambda lc, x, g: lc.nn.rms_norm(x, g, LN_EPS),
+         ref=_rms_norm_ref, work=_rows_work(True), rtol=1e-4, atol=1e-5,
+         torch=lambda torch, x, g: torch.nn.functional.rms_norm(x, (x.shape[-1],), g, LN_EPS),
+         note="lc.nn.rms_norm, eps 1e-5; torch: F.rms_norm"),
+    Case(name="attn_softmax", group="fusion",
+         title=lambda s: f"causal softmax(x*{ATTN_SCALE}), {s[0]}x{s[1]}x{s[1]} f32", sizes=_ATTN,
+         make=_attn_make, lc=lambda lc, x, m: lc.nn.softmax((x * ATTN_SCALE).masked_fill(m, float("-inf")), -1),
+         ref=_attn_ref, work=_attn_work, rtol=1e-5, atol=1e-6,
+         torch=lambda torch, x, m: torch.softmax((x * ATTN_SCALE).masked_fill(m, float("-inf")), -1),
+         note="attention's scale + causal mask + softmax over the last dim (mask: a (L, L) bool input)"),
     Case(name="bmm", group="fusion", title=lambda s: f"bmm ({s[0]},{s[1]},{s[1]})@({s[0]},{s[1]},{s[1]}) f32",
          sizes=_BMM, make=_bmm_make(False), lc=lambda lc, a, b: a.matmul(b), ref=lambda xp, a, b: a @ b,
          work=_bmm_work, metric="flops", rtol=1e-4, atol=1e-4),

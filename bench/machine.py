@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 
-BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+            "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "OPENBLAS_THREAD_TIMEOUT")
 
 METHOD = """\
 - **Timing**: like the seed: one warm-up call, then the median of {repeats} calls with min–max; every
@@ -21,6 +22,12 @@ METHOD = """\
   kernels and the output buffer are all inside the timing; compilation happens in the warm-up,
   shown as "1st call"). NumPy and the peers get their inputs ready-made (jax: already on device,
   its function `jax.jit`-compiled in the warm-up).
+- **Fairness**: the suite runs with OMP_WAIT_POLICY=PASSIVE, KMP_BLOCKTIME=0 and
+  OPENBLAS_THREAD_TIMEOUT=4 (set before any library loads; the command restarts itself to set them),
+  so the peers' idle OpenMP / OpenBLAS threads sleep instead of spinning on a core the next timed
+  call needs. "load" is the 1-minute load average when the case was timed; a case where some
+  implementation's samples spread over {max_spread:g}× (max/min) is timed again (up to {retries}
+  times) and the round with the smallest spread is kept.
 - **Check**: before timing, every result is compared with the same NumPy code run in float64
   (`exact`): an element passes if |x − exact| ≤ rtol·|exact| + atol·rms(exact) + 2·|NumPy − exact|
   (i.e. within twice NumPy's own error plus a small margin). A failing lazycandle result is
@@ -186,7 +193,8 @@ class Peaks:
         return (self.bw if metric == "bytes" else self.fma).get(threads, float("nan"))
 
     def method(self, repeats: int) -> str:
-        return METHOD.format(repeats=repeats, bw_n=self.bw_n, bw_mb=self.bw_n * 4 / 2 ** 20, peak_reps=self.reps,
+        from .runner import MAX_SPREAD, RETRIES
+        return METHOD.format(repeats=repeats, max_spread=MAX_SPREAD, retries=RETRIES, bw_n=self.bw_n, bw_mb=self.bw_n * 4 / 2 ** 20, peak_reps=self.reps,
                              fma_w=FMA_W, fma_r=self.fma_r, fma_p=self.fma_p, fma_k=self.fma_k)
 
 

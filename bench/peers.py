@@ -8,6 +8,42 @@ import os
 
 PEER_NAMES = ("numexpr", "torch", "jax")
 
+# Idle worker threads of the peers must sleep, not spin: a spinning OpenMP team (torch) or OpenBLAS
+# pool keeps a core busy after its call returns and steals it from whatever is timed next.  These
+# are read when each library loads, so `fair_env_reexec` sets them before anything is imported.
+FAIR_ENV = {
+    "OMP_WAIT_POLICY": "PASSIVE",       # libgomp (torch's OpenMP): idle threads block at once
+    "KMP_BLOCKTIME": "0",               # the same for Intel's OpenMP runtime, if a peer brings it
+    "OPENBLAS_THREAD_TIMEOUT": "4",     # OpenBLAS threads sleep after 2^4 cycles of idling
+}
+_FAIR_MARK = "LAZYCANDLE_BENCH_FAIR_ENV"
+
+
+def fair_env_missing(environ=os.environ) -> dict:
+    """The FAIR_ENV settings the environment lacks (a setting the user made is kept)."""
+    return {k: v for k, v in FAIR_ENV.items() if k not in environ}
+
+
+def fair_env_reexec(argv: list) -> None:
+    """Restart `python -m lazycandle bench argv` with FAIR_ENV in the environment when some of
+    it is missing (NumPy's OpenBLAS has read its settings by the time bench/ is imported).
+    Returns only when the environment is already fair (or after one restart failed)."""
+    import sys
+    missing = fair_env_missing()
+    if not missing or os.environ.get(_FAIR_MARK):
+        return
+    import lazycandle
+    env = dict(os.environ, **missing, **{_FAIR_MARK: "1"})
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(lazycandle.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", "lazycandle", "bench", *argv], env)
+    except OSError as e:
+        print(f"lazycandle bench: could not restart with {missing} ({e}); peers' idle threads may spin",
+              file=sys.stderr)
+
 
 def load_peers(wanted=PEER_NAMES) -> tuple[dict, list]:
     """Import the wanted peers that are installed.  Returns ({name: module}, notes); for jax the

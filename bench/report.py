@@ -95,18 +95,18 @@ def full_table(rows: list, peer_names: list, peaks) -> list:
     """Every case at every thread count, lazycandle beside NumPy and each peer."""
     head = ["case", "thr", "lazycandle ms median (min–max)", "1st call ms", "NumPy ms"]
     head += [f"{p} ms" for p in peer_names]
-    head += ["× NumPy", "× best peer", "lazycandle rate", "% peak"]
+    head += ["× NumPy", "× best peer", "lazycandle rate", "% peak", "load"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r["status"] != "ok":
             cells = [r["title"], str(r["threads"]), f"**{r['status']}**", "", ""] + [""] * len(peer_names) \
-                + ["", "", "", ""]
+                + ["", "", "", "", ""]
         else:
             cells = [r["title"], str(r["threads"]), _lc_cell(r), _ms(r["impls"]["lazycandle"]["first_ms"]),
                      _impl_cell(r, "numpy")]
             cells += [_impl_cell(r, p) for p in peer_names]
             cells += [f"**{r['x_numpy']:.2f}×**", f"{r['x_best_peer']:.2f}× ({r['best_peer']})", _rate(r),
-                      _pct(r, peaks)]
+                      _pct(r, peaks), f"{r['loadavg']:.1f}" if "loadavg" in r else "—"]
         out.append("| " + " | ".join(cells) + " |")
     return out
 

@@ -4,6 +4,7 @@ gives status ERROR, a wrong result status WRONG (and no timing)."""
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 import traceback
@@ -14,6 +15,8 @@ from .cases import Case
 from .timing import time_alternating
 
 SEED = 1234
+MAX_SPREAD = 2.0        # max/min of one implementation's samples above this: the case is timed again
+RETRIES = 2
 
 
 def _as_f64(arrays: dict) -> dict:
@@ -143,11 +146,40 @@ def run_case(case: Case, size, threads: int, mods: dict, repeats: int = 9, lc_im
                 row["notes"].append(f"{name}: result differs from NumPy ({pdetail}); left out")
         except Exception as e:
             row["notes"].append(f"{name}: failed ({type(e).__name__}: {str(e).splitlines()[0][:120]}); left out")
-    stats = time_alternating(fns, repeats=repeats, warmup=1)
+    row["loadavg"] = os.getloadavg()[0]
+    stats = _timed_with_retries(fns, repeats, row)
     stats["lazycandle"].first = first
     row["impls"] = {k: v.as_dict() for k, v in stats.items()}
     _derive(row, stats)
     return row
+
+
+def spread(stats: dict) -> tuple[float, str]:
+    """The worst max/min ratio over the implementations' samples, and whose it is."""
+    worst = max(stats, key=lambda k: stats[k].max / stats[k].min if stats[k].n > 1 else 1.0)
+    st = stats[worst]
+    return (st.max / st.min if st.n > 1 else 1.0), worst
+
+
+def _timed_with_retries(fns: dict, repeats: int, row: dict) -> dict:
+    """time_alternating, run again (up to RETRIES times) while some implementation's samples
+    spread over MAX_SPREAD: a burst of load from another process distorts such a round.  The
+    round with the smallest spread is kept; the row notes the reruns and keeps their load."""
+    best, spreads = None, []
+    for attempt in range(1 + RETRIES):
+        stats = time_alternating(fns, repeats=repeats, warmup=1)
+        sp, who = spread(stats)
+        if best is None or sp < best[0]:
+            best = (sp, stats)
+        if sp <= MAX_SPREAD:
+            break
+        spreads.append(f"{who} {sp:.1f}x at load {os.getloadavg()[0]:.1f}")
+    if spreads:
+        row["notes"].append(f"t={row['threads']}: timed {len(spreads) + (best[0] <= MAX_SPREAD)} times, "
+                            f"samples spread over {MAX_SPREAD:g}x ({'; '.join(spreads)}); kept the "
+                            f"round with spread {best[0]:.1f}x")
+    row["spread"] = best[0]
+    return best[1]
 
 
 def _derive(row: dict, stats: dict) -> None:

@@ -82,7 +82,7 @@ def _bench(argv) -> int:
     except ImportError:
         print("lazycandle bench: the bench/ suite is not importable (run from a source checkout)", file=sys.stderr)
         return 2
-    return bench.main(argv)
+    return bench.run_cli(argv)
 
 
 def main(argv=None) -> int:

@@ -171,3 +171,30 @@ def test_fork_while_another_thread_holds_the_engine_locks():
     """Every module lock is renewed in a forked child, so a lock held by a thread that does not
     exist there cannot hang the child's first realize, matmul, set_num_threads or clear_caches."""
     assert "ok" in _probe(HELD_LOCKS, timeout=90)
+
+
+def test_parallel_for_runs_every_chunk_when_no_worker_is_free(monkeypatch):
+    from lazycandle.runtime import pool
+    monkeypatch.setattr(pool, "_pool", pool._Pool())
+    monkeypatch.setattr(pool, "MAX_WORKERS", 1)
+    seen = []
+    pool.parallel_for(lambda a, b: seen.append((a, b)), 0, 4, min_cost=0, threads=4)
+    assert sorted(seen) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert pool._pool.workers == 1 and len(pool._pool.idle) == 1        # the worker came back
+
+
+def test_parallel_for_from_many_threads_at_once_covers_each_range_once():
+    import threading
+    from lazycandle.runtime import pool
+    out = [[] for _ in range(6)]
+
+    def caller(k):
+        for _ in range(50):
+            pool.parallel_for(lambda a, b: out[k].append((a, b)), 0, 8, min_cost=0, threads=3)
+    ts = [threading.Thread(target=caller, args=(k,)) for k in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for got in out:
+        assert len(got) == 150 and sorted(set(got)) == [(0, 2), (2, 5), (5, 8)]

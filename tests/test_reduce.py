@@ -193,3 +193,32 @@ def test_hypothesis_sum_max(shape, data):
     d = dims[0]
     np.testing.assert_array_equal(tv.max(d).numpy(), xv.max(d))
     np.testing.assert_array_equal(tv.argmax(d).numpy(), xv.argmax(d).astype(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean", "max", "min", "prod", "argmax"])
+@pytest.mark.parametrize("shape,dim", [((37, 1100), 0), ((5, 3, 1547), 1), ((6, 2, 1030), (0, 1)),
+                                       ((9, 517), 0), ((3, 4500), 0), ((3, 7), 0)])
+def test_leading_dim_reductions_split_into_strips_cover_every_output(kind, shape, dim):
+    """Inner-output reductions run one unit per strip of the kept last dim (odd widths, several
+    strips, a last strip shorter than the others): every output is right at 1 and 2 threads."""
+    dt = np.int32 if kind == "prod" else np.float32
+    x = (rng.integers(1, 3, shape) if kind == "prod" else rng.standard_normal(shape)).astype(dt)
+    dims = dim if isinstance(dim, tuple) else (dim,)
+    if kind not in ("sum", "mean") and len(dims) > 1:
+        pytest.skip("only sum and mean take several dims")
+    want = _ref(kind, x, dims, False)
+    for n in (1, 2):
+        with lc.num_threads(n):
+            t = lc.tensor(x)
+            got = getattr(t, kind)(dims[0] if len(dims) == 1 else dims).numpy()
+        _check(got, want, dt)
+
+
+def test_leading_dim_sum_of_an_expression_with_scalars():
+    """An inner-output f32 sum evaluates its producers at twice the vector width: runtime
+    scalars (the constants of a plan) must be available at that width too."""
+    x = rng.standard_normal((40, 600)).astype(np.float32)
+    for c in (2.5, -1.25):
+        got = (lc.tensor(x) * c + 1.0).sum(0).numpy()
+        want = (x.astype(np.float64) * c + 1.0).sum(0)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)

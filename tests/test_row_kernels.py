@@ -291,12 +291,14 @@ def test_row_kernel_writes_full_rows_and_per_row_values_together():
 
 def test_row_fusion_refuses_a_merge_that_would_close_a_cycle():
     """x / s + s @ w: the matmul reads the row sum and feeds the consumer, so the consumer
-    cannot join the sum's kernel; the schedule says why and the value is right."""
+    cannot join the sum's kernel; the schedule says why and the value is right.  The product
+    is also a result, so the consumer stays out of the matmul's epilogue."""
     rng = rng_for("row_cycle")
     x, w = rng.normal(size=(8, 24)).astype(np.float32), rng.normal(size=(1, 24)).astype(np.float32)
     s = lc.tensor(x).sum_keepdim(-1)
-    out = lc.tensor(x).broadcast_div(s) + s.matmul(lc.tensor(w))
-    kernels, _, notes = schedule_capture(capture([out._node]))
+    product = s.matmul(lc.tensor(w))
+    out = lc.tensor(x).broadcast_div(s) + product
+    kernels, _, notes = schedule_capture(capture([out._node, product._node]))
     assert "row" not in [k.kind for k in kernels]
     assert any("not fused into the row kernel" in n and "feeds it" in n for n in notes)
     s64 = x.astype(np.float64).sum(-1, keepdims=True)

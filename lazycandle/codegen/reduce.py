@@ -6,13 +6,18 @@ Two loop shapes, chosen by where the innermost input dim lands:
   inner-reduce  (the last dim is reduced, e.g. sum(-1)): one unit per output element; the
                 innermost reduced dim runs W-wide with U vector accumulators, then a
                 horizontal combine;
-  inner-output  (the last dim is kept, e.g. sum(0)): one unit per row of outputs; U vectors of
-                W outputs stay in registers while the reduced dims are walked.
+  inner-output  (the last dim is kept, e.g. sum(0)): one unit per strip of at most
+                OUTPUT_STRIP outputs of a row (so two threads share a single row of outputs);
+                the strip's accumulators sit in a stack array while the reduced dims are
+                walked ROW_BLOCK rows at a time, so every step reads contiguous runs of the
+                input (argmax / argmin keep U vectors of outputs and indices in registers).
 Like elementwise kernels, reduce kernels are compiled per shape class (sizes and strides other
 than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors at a time while
 4 W elements remain, then one vector at a time, then a scalar tail, so one kernel serves every
 length.
-Float sums and products accumulate in f64 (f32/f16/bf16 inputs), integer ones wrap in their dtype;
+Float sums and products accumulate in f64 (f32/f16/bf16 inputs; an inner-output sum first adds
+each block of ROW_BLOCK rows in the input's own precision at full vector width), integer ones
+wrap in their dtype;
 max/min propagate NaN like np.max; argmax/argmin keep the first index on ties (a NaN counts as
 the maximum / minimum, first one wins, like NumPy).
 """
@@ -23,7 +28,7 @@ import contextlib
 import llvmlite.ir as ir
 
 from .. import dtype as D
-from ..ir.kernels import RedSpec
+from ..ir.kernels import MIN_STRIP, OUTPUT_STRIP, RedSpec
 from ..ir.ops import reduction
 from . import jit, registry
 from .elementwise import _Kernel, _emit_instrs, _bits
@@ -41,6 +46,7 @@ def lanes(spec: RedSpec) -> int:
     return max(2, jit.vector_bits() // bits)
 
 
+ROW_BLOCK = 8   # inner-output: reduced rows combined per trip of an accumulator through L1
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
 
 
@@ -64,10 +70,13 @@ class _RedKernel(_Kernel):
             if r:
                 count = b.mul(count, self.dims[d])
         self.count_f = b.sitofp(count, self.acc_t) if self.is_float else None
+        # reduce_strip evaluates f32 sums at 2W lanes: runtime scalars need splats at that width
+        self.scalar_splats.update({(k, 2 * self.W): splat(b, v, 2 * self.W) for k, v in enumerate(self.scalar_vals)})
 
     # -- the combine step -----------------------------------------------------------------
-    def value(self, offs, strides, w, given=None):
-        """The reduced value at w lanes, in the accumulator type."""
+    def value(self, offs, strides, w, given=None, widen=True):
+        """The reduced value at w lanes, in the accumulator type (in its own computed type
+        when not `widen`)."""
         b = self.b
 
         def load(k):
@@ -77,7 +86,7 @@ class _RedKernel(_Kernel):
 
         v = _emit_instrs(b, self.spec, load, w, self.scalar, decode_outputs=True)[0]
         t = vec(self.acc_t, w)
-        if v.type != t:
+        if v.type != t and widen:
             v = b.fpext(v, t) if self.is_float else v
         return v
 
@@ -197,9 +206,30 @@ class _RedKernel(_Kernel):
                 in_base, _ = self.offsets(self.unravel(u, out_dims) if out_dims else {})
                 self.reduce_inner(in_base, u, red_dims)
             else:
-                in_base, _ = self.offsets(self.unravel(u, out_dims[:-1]) if len(out_dims) > 1 else {})
                 jd = out_dims[-1]
-                self.reduce_outer(in_base, b.mul(u, self.dims[jd]), red_dims, jd)
+                m = self.dims[jd]
+                outer, j_lo, j_hi = self.strip_of(u, m)
+                in_base, _ = self.offsets(self.unravel(outer, out_dims[:-1]) if len(out_dims) > 1 else {})
+                walk = self.reduce_outer if self.is_arg else self.reduce_strip
+                walk(in_base, b.mul(outer, m), red_dims, jd, j_lo, j_hi)
+
+    def strip_of(self, u, m):
+        """(outer row, first output, end output) of unit u: the row's m outputs split into
+        ir.kernels.output_strips(m) strips of equal width (a multiple of W; the last may be
+        shorter or empty)."""
+        b, W = self.b, self.W
+        s = b.udiv(b.add(m, I64(OUTPUT_STRIP - 1)), I64(OUTPUT_STRIP))
+        least = b.select(b.icmp_signed(">=", m, I64(2 * MIN_STRIP)), I64(2), I64(1))
+        s = b.select(b.icmp_unsigned("<", s, least), least, s)
+        s = b.select(b.icmp_unsigned(">", s, I64(1)), b.add(s, b.and_(s, I64(1))), s)
+        width = b.udiv(b.add(m, b.sub(s, I64(1))), s)
+        width = b.mul(b.udiv(b.add(width, I64(W - 1)), I64(W)), I64(W))
+        outer, strip = b.udiv(u, s), b.urem(u, s)
+
+        def clamp(v):
+            return b.select(b.icmp_signed("<", v, m), v, m)
+        j_lo = clamp(b.mul(strip, width))
+        return outer, j_lo, clamp(b.add(j_lo, width))
 
     def _step(self, acc_slot, idx_slot, offs, strides, w, pos):
         """acc <- combine(acc, value at offs); for arg kinds also track the index `pos`."""
@@ -257,13 +287,104 @@ class _RedKernel(_Kernel):
             s = self.combine(s, tail)
         self._store(out_off, si if self.is_arg else s, 1)
 
-    def reduce_outer(self, in_base, out_row, red_dims, jd):
-        """One row of outputs: U x W output lanes held in registers while the reduced dims are
-        walked; then a scalar tail of outputs."""
+    def reduce_strip(self, in_base, out_row, red_dims, jd, j_lo, j_hi):
+        """Outputs [j_lo, j_hi) of one row (at most OUTPUT_STRIP): their accumulators live in a
+        stack array (L1), and the reduced dims are walked outermost, so each step reads a run
+        of up to OUTPUT_STRIP contiguous inputs (a whole strip of a row for sum(0)) instead of
+        one or two cache lines per row, which the hardware prefetcher cannot follow."""
+        b, W, U = self.b, self.W, UNROLL
+        vt = vec(self.acc_t, W)
+        with b.goto_block(self.fn.entry_basic_block):
+            b.position_at_start(self.fn.entry_basic_block)
+            arr = b.alloca(ir.ArrayType(self.acc_t, OUTPUT_STRIP))
+            arr.align = 64
+        accp = b.bitcast(arr, self.acc_t.as_pointer())
+        n = b.sub(j_hi, j_lo)
+        nu = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
+        nv = b.mul(b.udiv(n, I64(W)), I64(W))
+        al = self.acc_t.width // 8 if isinstance(self.acc_t, ir.IntType) else (8 if self.acc_t == F64 else 4)
+
+        def at(jj, w):
+            p = b.gep(accp, [jj], inbounds=True)
+            return p if w == 1 else b.bitcast(p, vt.as_pointer())
+
+        with counted_loop(b, I64(0), nv, W, "ai") as jj:
+            b.store(self.init(W), at(jj, W), align=al)
+        with counted_loop(b, nv, n, 1, "at") as jj:
+            b.store(self.init(1), at(jj, 1), align=al)
+        sj = [s[jd] for s in self.strides]
+        base = [self.sadd(x, j_lo, s) for x, s in zip(in_base, sj)]
+
+        def step(rows, jj, w):
+            """acc[jj:jj+w] combined with the values of `rows` (one trip through L1 per block).
+            An f32 value summed into f64 is first summed over the block's rows in f32 (at most
+            ROW_BLOCK terms, so no accuracy is lost that matters), then widened once."""
+            p = at(jj, w)
+            acc = b.load(p, align=al)
+            vals = [self.value([self.sadd(x, jj, s) for x, s in zip(offs, sj)], sj, w, widen=False) for offs in rows]
+            if self.red.combine == "add" and self.acc_t == F64 and vals[0].type != acc.type:
+                part = vals[0]
+                for v in vals[1:]:
+                    part = b.fadd(part, v, flags=FM_REDUCE)
+                vals = [b.fpext(part, acc.type)]
+            for v in vals:
+                acc = self.combine(acc, v if v.type == acc.type else b.fpext(v, acc.type) if self.is_float else v)
+            b.store(acc, p, align=al)
+
+        narrow = self.red.combine == "add" and self.acc_t == F64 and self.val_dt.is_float
+
+        def step2(rows, jj):
+            """Two accumulator vectors from one 2W-lane partial sum of the rows in the value's
+            own (narrower) type: full-width loads and adds for f32 data."""
+            o = [[self.sadd(x, jj, s) for x, s in zip(offs, sj)] for offs in rows]
+            vals = [self.value(oo, sj, 2 * W, widen=False) for oo in o]
+            part = vals[0]
+            for v in vals[1:]:
+                part = b.fadd(part, v, flags=FM_REDUCE)
+            for h in range(2):
+                half = b.shuffle_vector(part, part, ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)]))
+                p = at(b.add(jj, I64(h * W)), W)
+                acc = b.load(p, align=al)
+                wide = half if half.type == acc.type else b.fpext(half, acc.type)
+                b.store(b.fadd(acc, wide, flags=FM_REDUCE), p, align=al)
+
+        def strip(rows):
+            with counted_loop(b, I64(0), nu, U * W, "su") as jj:
+                for k in range(0, U, 2) if narrow else range(U):
+                    if narrow:
+                        step2(rows, b.add(jj, I64(k * W)))
+                    else:
+                        step(rows, b.add(jj, I64(k * W)), W)
+            with counted_loop(b, nv, n, 1, "st") as jj:
+                step(rows, jj, 1)
+            with counted_loop(b, nu, nv, W, "sv") as jj:
+                step(rows, jj, W)
+
+        # the last reduced dim runs ROW_BLOCK rows at a time: each accumulator is loaded and
+        # stored once per block, not once per row
+        last = red_dims[-1]
+        nl = self.dims[last]
+        nlb = b.mul(b.udiv(nl, I64(ROW_BLOCK)), I64(ROW_BLOCK))
+        sl = [s[last] for s in self.strides]
+        with self.red_loops(red_dims[:-1], base) as (offs, _):
+            with counted_loop(b, I64(0), nlb, ROW_BLOCK, "rb") as i:
+                strip([[self.sadd(x, b.add(i, I64(r)), s) for x, s in zip(offs, sl)] for r in range(ROW_BLOCK)])
+            with counted_loop(b, nlb, nl, 1, "rr") as i:
+                strip([[self.sadd(x, i, s) for x, s in zip(offs, sl)]])
+        out0 = b.add(out_row, j_lo)
+        with counted_loop(b, I64(0), nv, W, "fo") as jj:
+            self._store(b.add(out0, jj), b.load(at(jj, W), align=al), W)
+        with counted_loop(b, nv, n, 1, "ft") as jj:
+            self._store(b.add(out0, jj), b.load(at(jj, 1), align=al), 1)
+
+    def reduce_outer(self, in_base, out_row, red_dims, jd, j_lo, j_hi):
+        """Outputs [j_lo, j_hi) of one row for argmax/argmin: U x W output lanes (and their
+        indices) held in registers while the reduced dims are walked; then a scalar tail."""
         b, W = self.b, self.W
-        m = self.dims[jd]
-        nvec = b.mul(b.udiv(m, I64(UNROLL * W)), I64(UNROLL * W))
-        m1 = b.mul(b.udiv(m, I64(W)), I64(W))
+        n = b.sub(j_hi, j_lo)
+        nvec = b.add(j_lo, b.mul(b.udiv(n, I64(UNROLL * W)), I64(UNROLL * W)))
+        m1 = b.add(j_lo, b.mul(b.udiv(n, I64(W)), I64(W)))
+        m = j_hi
         sj = [s[jd] for s in self.strides]
         accs = [self.slot(vec(self.acc_t, W)) for _ in range(UNROLL)]
         idxs = [self.slot(vec(I64, W)) for _ in range(UNROLL)] if self.is_arg else [None] * UNROLL
@@ -283,7 +404,7 @@ class _RedKernel(_Kernel):
                 v = b.load(idxs[k]) if self.is_arg else b.load(accs[k])
                 self._store(b.add(b.add(out_row, j0), I64(k * W)), v, W)
 
-        with counted_loop(b, I64(0), nvec, UNROLL * W, "jv") as j0:
+        with counted_loop(b, j_lo, nvec, UNROLL * W, "jv") as j0:
             block(j0, UNROLL)
         with counted_loop(b, nvec, m1, W, "j1") as j0:
             block(j0, 1)

@@ -123,6 +123,18 @@ class EwSpec(KernelSpec):
                 f"{len(self.outputs)} out, strides {[c for _, c in self.inputs]}{tiled}")
 
 
+OUTPUT_STRIP = 2048       # inner-output reductions: at most this many outputs (of the last dim) per unit
+MIN_STRIP = 256           # rows of at least 2 x this many outputs split in two or more strips
+
+
+def output_strips(m: int) -> int:
+    """Units an inner-output row of m outputs splits into: ceil(m / OUTPUT_STRIP), at least 2
+    once m >= 2 MIN_STRIP (so sum(0) of one row of outputs runs on two threads), made even when
+    above 1 so two threads get equal halves (codegen/reduce.py computes the same)."""
+    s = max(-(-m // OUTPUT_STRIP), 2 if m >= 2 * MIN_STRIP else 1)
+    return s + (s & 1) if s > 1 else s
+
+
 @dataclass(frozen=True)
 class RedSpec(KernelSpec):
     """A reduction with its fused elementwise producers (the reduced value is the last instr)."""
@@ -144,17 +156,12 @@ class RedSpec(KernelSpec):
     def out_shape(self, shape):
         return tuple(d for d, r in zip(shape, self.red) if not r)
 
-    def parallel_extent(self, shape) -> int:
-        out = self.out_shape(shape)
-        if self.inner_reduce:
-            return max(1, prod(out))
-        return max(1, prod(out[:-1]))
 
     def extent(self, sizes) -> int:
-        out = prod(d for d, r in zip(sizes, self.red) if not r)
-        if not out:
+        out = [d for d, r in zip(sizes, self.red) if not r]
+        if not prod(out):
             return 0
-        return out if self.red[-1] else max(1, out // sizes[self.rank - 1])
+        return prod(out) if self.red[-1] else max(1, prod(out[:-1]) * output_strips(out[-1]))
 
     def cost(self, sizes) -> float:
         return float(len(self.instrs) * prod(sizes[:self.rank]))
@@ -162,6 +169,7 @@ class RedSpec(KernelSpec):
     def describe(self) -> str:
         return (f"{self.kind} reduction rank {self.rank} reducing dims "
                 f"{[d for d, r in enumerate(self.red) if r]}, {len(self.instrs)} ops, {len(self.inputs)} in")
+
 
 @dataclass(frozen=True)
 class RowSpec(KernelSpec):

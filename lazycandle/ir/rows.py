@@ -149,7 +149,7 @@ def _refusal(cl, h, groups, group_of, succs, pos):
     members = groups[h]
     lv = {j: _level(cap, j, f, r) for j in members}
     if any(v is None for v in lv.values()):
-        return "" if cap.nodes[members[-1]].op.category not in (ELEMENTWISE, REDUCE) else \
+        return "" if any(cap.nodes[j].op.category not in (ELEMENTWISE, REDUCE) for j in members) else \
             f"its shape {cap.nodes[members[-1]].shape} is neither the row shape {f} nor {r}"
     from .schedule import MAX_FUSED_NODES
     if len(members) + len(cl.levels) > MAX_FUSED_NODES:

@@ -9,67 +9,92 @@ survives) the pool and its lock are replaced by fresh ones."""
 from __future__ import annotations
 
 import os
-import queue
 import threading
 
 from .. import config
 
 
-class _Pool:
-    """Worker threads taking (fn, lo, hi, batch) tasks from one queue."""
+class _Worker:
+    """One thread parked on its own `go` lock: the caller hands it one task by filling `task`
+    and releasing `go` (a single futex wake, no queue and no future in between)."""
+
+    __slots__ = ("go", "task")
 
     def __init__(self):
-        self.tasks = queue.SimpleQueue()
+        self.go = threading.Lock()
+        self.go.acquire()
+        self.task = None
+
+
+class _Pool:
+    """Idle workers on a stack; a parallel_for call takes the ones it needs and each worker puts
+    itself back before it reports its chunk done."""
+
+    def __init__(self):
+        self.idle = []
         self.workers = 0
         self.lock = threading.Lock()
 
-    def ensure(self, n: int) -> None:
-        if self.workers >= n:
-            return
+    def take(self, n: int) -> list:
+        """Up to n idle workers, starting new ones while the pool is below MAX_WORKERS (calls
+        from several Python threads at once each get their own)."""
         with self.lock:
-            while self.workers < n:
+            got = [self.idle.pop() for _ in range(min(n, len(self.idle)))]
+            while len(got) < n and self.workers < MAX_WORKERS:
                 self.workers += 1
-                threading.Thread(target=self._work, name=f"lazycandle-{self.workers}", daemon=True).start()
+                w = _Worker()
+                threading.Thread(target=self._work, args=(w,), name=f"lazycandle-{self.workers}",
+                                 daemon=True).start()
+                got.append(w)
+        return got
 
-    def _work(self):
+    def _work(self, w: _Worker):
         _in_worker.flag = True
-        tasks = self.tasks
+        idle, lock = self.idle, self.lock
         while True:
-            fn, lo, hi, batch = tasks.get()
+            w.go.acquire()
+            fn, lo, hi, batch = w.task
+            w.task = None
             try:
                 fn(lo, hi)
             except BaseException as e:  # handed to the caller, which re-raises it
                 batch.fail(e)
             finally:
-                batch.done()
+                with lock:
+                    idle.append(w)
+                batch.finish()
 
 
 class _Batch:
-    """Completion of one parallel_for call's pool chunks, and the first error they raised."""
+    """Completion of one parallel_for call's pool chunks: the last one to finish releases
+    `done`, on which the caller blocks; the first error they raised."""
 
-    __slots__ = ("left", "cond", "error")
+    __slots__ = ("left", "lock", "done", "error")
 
     def __init__(self, n: int):
-        self.left, self.cond, self.error = n, threading.Condition(threading.Lock()), None
+        self.left, self.lock, self.done, self.error = n, threading.Lock(), threading.Lock(), None
+        self.done.acquire()
 
     def fail(self, e):
         if self.error is None:
             self.error = e
 
-    def done(self):
-        with self.cond:
+    def finish(self):
+        with self.lock:
             self.left -= 1
-            if self.left == 0:
-                self.cond.notify_all()
+            last = self.left == 0
+        if last:
+            self.done.release()
 
     def wait(self):
-        with self.cond:
-            while self.left:
-                self.cond.wait()
+        # (Yielding the GIL in a spin before parking was tried: under load it hands the core
+        # to other processes and doubles the round trip.)
+        self.done.acquire()
         if self.error is not None:
             raise self.error
 
 
+MAX_WORKERS = 4 * (os.cpu_count() or 1)
 _pool = _Pool()
 _in_worker = threading.local()
 
@@ -102,7 +127,7 @@ def parallel_for(fn, lo: int, hi: int, *, cost_per_item: float = 1.0, align: int
                  min_cost: float = 65536.0, threads: int | None = None) -> None:
     """Run fn(a, b) over chunks of [lo, hi).  Work whose total cost (items x cost_per_item, in
     rough element-operations) is below `min_cost` stays on the calling thread: a pool round
-    trip costs ~20 us.  The thread count is read once, so a concurrent set_num_threads changes
+    trip costs ~10-20 us.  The thread count is read once, so a concurrent set_num_threads changes
     only later calls."""
     n = hi - lo
     if n <= 0:
@@ -115,12 +140,18 @@ def parallel_for(fn, lo: int, hi: int, *, cost_per_item: float = 1.0, align: int
     if len(chunks) == 1:
         fn(lo, hi)
         return
-    pool = _pool
-    pool.ensure(len(chunks) - 1)
-    batch = _Batch(len(chunks) - 1)
-    for a, b in chunks[1:]:
-        pool.tasks.put((fn, a, b, batch))
+    workers = _pool.take(len(chunks) - 1)
+    mine = chunks[:1] + chunks[1 + len(workers):]      # chunks no worker was free for run here too
+    if not workers:
+        for a, b in mine:
+            fn(a, b)
+        return
+    batch = _Batch(len(workers))
+    for w, (a, b) in zip(workers, chunks[1:]):
+        w.task = (fn, a, b, batch)
+        w.go.release()
     try:
-        fn(*chunks[0])
+        for a, b in mine:
+            fn(a, b)
     finally:
         batch.wait()        # never return while a chunk may still be writing

@@ -1,0 +1,133 @@
+"""The read-only stream peak of this machine: how fast one or two threads can read a large f32
+array, the ceiling of any reduction (sum, max, mean read their input once and write almost
+nothing).  Measured with a small generated kernel (no lazycandle graph in the way): each unit of
+BLOCK floats is read with 8 independent vector accumulators (integer OR, which costs nothing
+next to the load), and one word per unit is stored so the loads cannot be dropped.
+
+    python -m bench.bandwidth [--mb 256] [--threads 1,2] [--reps 9]
+
+Also reports `a + b` (two streams in, one out) the way machine.Peaks does, for comparison.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import time
+
+import llvmlite.ir as ir
+import numpy as np
+
+BLOCK = 4096          # floats per parallel unit (16 KiB)
+ACCS = 8
+
+
+def _stream_ir(lanes: int) -> str:
+    from lazycandle.codegen.llvmutil import I32, I64
+    from lazycandle.codegen.loops import arg_pointer, counted_loop, kernel_function, new_module, unit_range
+    m = new_module("stream")
+    fn, b = kernel_function(m, "stream")
+    src = arg_pointer(b, fn.args[0], 0, I32, "src")
+    dst = arg_pointer(b, fn.args[0], 1, I32, "dst")
+    vt = ir.VectorType(I32, lanes)
+    lo, hi = unit_range(fn)
+    with counted_loop(b, lo, hi, 1, "u") as u:
+        accs = [ir.Constant(vt, [I32(0)] * lanes)] * ACCS
+        base = b.mul(u, I64(BLOCK))
+        head = b.block
+        loop = fn.append_basic_block("i.body")
+        done = fn.append_basic_block("i.done")
+        b.branch(loop)
+        b.position_at_end(loop)
+        i = b.phi(I64)
+        i.add_incoming(I64(0), head)
+        phis = []
+        for a in accs:
+            p = b.phi(vt)
+            p.add_incoming(a, head)
+            phis.append(p)
+        new = []
+        for k, p in enumerate(phis):
+            off = b.add(base, b.add(i, I64(k * lanes)))
+            ptr = b.bitcast(b.gep(src, [off], inbounds=True), vt.as_pointer())
+            new.append(b.or_(p, b.load(ptr, align=4)))
+        nxt = b.add(i, I64(ACCS * lanes))
+        for p, v in zip(phis, new):
+            p.add_incoming(v, loop)
+        i.add_incoming(nxt, loop)
+        b.cbranch(b.icmp_signed("<", nxt, I64(BLOCK)), loop, done)
+        b.position_at_end(done)
+        acc = new[0]
+        for v in new[1:]:
+            acc = b.or_(acc, v)
+        word = b.extract_element(acc, I32(0))
+        for lane in range(1, lanes):
+            word = b.or_(word, b.extract_element(acc, I32(lane)))
+        b.store(word, b.gep(dst, [u], inbounds=True))
+    b.ret_void()
+    return str(m)
+
+
+class Stream:
+    """The compiled read-only stream kernel over an array of n_units * BLOCK f32."""
+
+    def __init__(self):
+        from lazycandle.codegen import jit
+        from lazycandle.codegen.loops import KERNEL_FN
+        lanes = max(4, jit.vector_bits() // 32)
+        assert BLOCK % (ACCS * lanes) == 0
+        cm = jit.compile_ir(_stream_ir(lanes), ["stream"], name="stream")
+        self._fn = KERNEL_FN(cm.address("stream"))
+        self._cm = cm
+
+    def run(self, x: np.ndarray, out: np.ndarray, threads: int) -> None:
+        from lazycandle.runtime.pool import parallel_for
+        bufs = (ctypes.c_void_p * 2)(x.ctypes.data, out.ctypes.data)
+        fn, addr = self._fn, ctypes.addressof(bufs)
+        parallel_for(lambda lo, hi: fn(addr, None, None, lo, hi), 0, out.size, min_cost=0, threads=threads)
+
+
+def measure(mb: int = 256, threads=(1, 2), reps: int = 9) -> dict:
+    """{threads: {"read": GB/s, "add": GB/s}}: median of `reps` after a warm-up."""
+    import lazycandle as lc
+    n_units = mb * 2 ** 20 // 4 // BLOCK
+    x = np.random.default_rng(0).random(n_units * BLOCK, dtype=np.float32)
+    y = x[::-1].copy()
+    out = np.empty(n_units, np.int32)
+    stream = Stream()
+    pa, pb = lc.placeholder("a", x.shape, lc.f32), lc.placeholder("b", x.shape, lc.f32)
+    add = lc.compile([pa + pb])
+    res = {}
+    for t in threads:
+        with lc.num_threads(t):
+            fns = {"read": (lambda: stream.run(x, out, t), x.nbytes),
+                   "add": (lambda: add.run(a=x, b=y), 3 * x.nbytes)}
+            for f, _ in fns.values():
+                f()
+            times = {k: [] for k in fns}
+            for _ in range(reps):
+                for k, (f, _) in fns.items():
+                    t0 = time.perf_counter()
+                    f()
+                    times[k].append(time.perf_counter() - t0)
+            res[t] = {k: fns[k][1] / statistics.median(v) / 1e9 for k, v in times.items()}
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.bandwidth", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mb", type=int, default=256, help="array size in MiB (default 256)")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--reps", type=int, default=9)
+    a = p.parse_args(argv)
+    res = measure(a.mb, [int(t) for t in a.threads.split(",")], a.reps)
+    print(f"read-only stream peak, {a.mb} MiB f32 (load average {os.getloadavg()[0]:.1f})")
+    print("| threads | read GB/s | a + b GB/s (3 streams) |\n|---|---|---|")
+    for t, r in res.items():
+        print(f"| {t} | {r['read']:.1f} | {r['add']:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
