@@ -50,7 +50,7 @@ _rule("sqrt")(lambda n, g, xs, out: (g * 0.5 / out,))
 _rule("recip")(lambda n, g, xs, out: (-(g * out.sqr()),))
 _rule("sqr")(lambda n, g, xs, out: (g * xs[0] * 2.0,))
 _rule("abs")(lambda n, g, xs, out: (g * xs[0].sign(),))
-_rule("relu")(lambda n, g, xs, out: (g * _mask(xs[0] > 0, g),))
+_rule("relu")(lambda n, g, xs, out: ((out > 0).where_cond(g, 0.0),))   # out: reuses the forward's buffer
 _rule("sigmoid")(lambda n, g, xs, out: (g * out * (1.0 - out),))
 _rule("copy")(lambda n, g, xs, out: (g,))
 _rule("affine")(lambda n, g, xs, out: (g * _scalar(n.arg),))
@@ -151,10 +151,25 @@ def _extreme(n, g, xs, out):
 
 
 # ---- matmul -------------------------------------------------------------------------------
+def _transposed(t) -> bool:
+    """Whether t's last two dims are swapped in memory (a linear layer's `w.t()`)."""
+    st = t._node.layout.strides
+    return t.rank >= 2 and st[-2] == 1 and st[-1] != 1
+
+
+def _matmul_as(lhs, rhs, like):
+    """lhs @ rhs, computed as (rhs^T @ lhs^T)^T when `like` (the input this gradient flows to)
+    is a transposed view: the gradient then lands in the base's own layout, so what reads it
+    (the view rule, an optimizer update) reads it contiguously instead of through a transpose."""
+    if _transposed(like):
+        return rhs.transpose(-2, -1).matmul(lhs.transpose(-2, -1)).transpose(-2, -1)
+    return lhs.matmul(rhs)
+
+
 @_rule("matmul")
 def _matmul(n, g, xs, out):
     a, b = xs
-    return (g.matmul(b.transpose(-2, -1)), a.transpose(-2, -1).matmul(g))
+    return (_matmul_as(g, b.transpose(-2, -1), a), _matmul_as(a.transpose(-2, -1), g, b))
 
 
 # ---- index ops ------------------------------------------------------------------------------
