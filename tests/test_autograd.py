@@ -415,4 +415,4 @@ def test_optimizer_steps_do_not_keep_earlier_graphs():
     opt = lc.optim.AdamW([w], lr=0.1)
     for _ in range(3):
         opt.backward_step((w * w).sum())
-    assert w._node.origin is None and all(t._node.origin is None for t in opt._m.values())
+    assert w._node.origin is None and all(t._node.origin is None for t in opt._state)
