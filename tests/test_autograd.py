@@ -386,3 +386,54 @@ def test_optimizer_steps_do_not_keep_earlier_graphs():
     for _ in range(3):
         opt.backward_step((w * w).sum())
     assert w._node.origin is None and all(t._node.origin is None for t in opt._state)
+
+
+# ---- special values: the gradient is as defined as the forward ------------------------------
+def test_prod_rule_handles_zeros_in_the_slice():
+    x = np.array([[0.0, 2.0, 3.0], [0.0, 0.0, 4.0], [1.0, -2.0, 3.0]])
+    check_grad(lambda t: t.prod(1), x)
+    g = lc.grad(lambda t: t.prod_keepdim(1).sum())(lc.tensor(x)).numpy()
+    np.testing.assert_array_equal(g, [[6.0, 0.0, 0.0], [0.0, 0.0, 0.0], [-6.0, 3.0, -2.0]])
+
+
+def test_pow_rules_at_zero_are_zero_not_nan_like_torch():
+    gx, gy = lc.grad(lambda a, b: a.pow(b).sum(), (0, 1))(lc.tensor(np.array([0.0, 0.0, 2.0])),
+                                                     lc.tensor(np.array([2.0, 0.0, 0.0])))
+    np.testing.assert_array_equal(gx.numpy(), [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(gy.numpy(), [0.0, 0.0, np.log(2.0)])
+    g = lc.grad(lambda a: a.powf(0.0).sum())(lc.tensor([0.0, 3.0]))
+    np.testing.assert_array_equal(g.numpy(), [0.0, 0.0])
+
+
+def test_mod_rule_matches_finite_differences():
+    check_grad(lambda a, b: a % b, rnd(3, 4, lo=0.3, hi=3), rnd(3, 4, lo=0.7, hi=2))
+
+
+MASKED = {   # op, input: position 0 is one the forward's value does not depend on
+    "relu": (lambda t: t.relu(), [-1.0, 2.0]),
+    "clamp": (lambda t: t.clamp(-1.0, 1.0), [5.0, 0.5]),
+    "maximum": (lambda t: t.maximum(lc.tensor(np.array([3.0, -3.0]))), [1.0, 2.0]),
+    "max": (lambda t: t.max_keepdim(0).broadcast_as((2,)), [1.0, 2.0]),        # the max's gradient is inf
+}
+
+
+@pytest.mark.parametrize("name", sorted(MASKED))
+def test_infinite_upstream_gradient_stays_out_of_masked_positions(name):
+    fn, x = MASKED[name]
+    w = lc.tensor(np.array([np.inf, 1.0]))
+    g = lc.grad(lambda t: (fn(t) * w).sum())(lc.tensor(np.array(x))).numpy()
+    assert g[0] == 0.0          # a multiply by a 0/1 mask would give inf * 0 = NaN
+
+
+def test_inf_propagates_like_the_forward():
+    x = lc.Var(np.array([0.0, 1.0]))
+    g = x.log().sum().backward()[x].numpy()          # d log x = 1 / x: inf at 0, as the forward is -inf
+    assert np.isposinf(g[0]) and g[1] == 1.0
+    g = (x * np.inf).sum().backward()[x].numpy()
+    assert np.isposinf(g).all()
+
+
+def test_backward_of_an_integer_loss_raises():
+    x = lc.Var(np.array([1.0, 5.0, 2.0]))
+    with pytest.raises(lc.UnsupportedDTypeForOp, match="backward.*u32"):
+        x.argmax(0).backward()
