@@ -87,6 +87,29 @@ def test_unary_rule_matches_finite_differences(name):
     check_grad(fn, x, **({"eps": 1e-2, "tol": 1e-5} if name == "cast" else {}))
 
 
+LAYOUTS = {   # how the argument reaches the op: (wrap the op's input, the array given for an (r, c) input)
+    "transposed": (lambda x: x.t(), lambda a: a.T.copy()),
+    "step_sliced": (lambda x: x[::2], lambda a: np.repeat(a, 2, axis=0)),
+    "broadcast": (lambda x: x.broadcast_as((2,) + x.shape), lambda a: a),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_rule_on_strided_and_broadcast_inputs(name, layout):
+    fn, x = UNARY[name]
+    wrap, given = LAYOUTS[layout]
+    check_grad(lambda t: fn(wrap(t)), given(x), **({"eps": 1e-2, "tol": 1e-5} if name == "cast" else {}))
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_rule_on_a_zero_size_input(name):
+    fn, _ = UNARY[name]
+    x = lc.tensor(np.zeros((0, 3)))
+    g = lc.grad(lambda t: fn(t).sum())(x)
+    assert g.shape == (0, 3) and g.dtype == lc.f64
+
+
 BINARY = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
     "div": lambda a, b: a / b, "maximum": lambda a, b: a.maximum(b), "minimum": lambda a, b: a.minimum(b),
@@ -98,6 +121,14 @@ BINARY = {
 def test_binary_rule_matches_finite_differences(name):
     a, b = rnd(3, 4, lo=0.5, hi=2), rnd(3, 4, lo=0.5, hi=2)
     check_grad(BINARY[name], a, b)
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_rule_on_transposed_and_zero_size_operands(name):
+    a, b = rnd(4, 3, lo=0.5, hi=2), rnd(3, 4, lo=0.5, hi=2)
+    check_grad(lambda x, y: BINARY[name](x.t(), y), a, b)
+    ga, gb = lc.grad(lambda x, y: BINARY[name](x, y).sum(), (0, 1))(lc.tensor(np.zeros((2, 0))), lc.tensor(np.ones((2, 0))))
+    assert ga.shape == gb.shape == (2, 0)
 
 
 @pytest.mark.parametrize("name", ["add", "mul", "div", "sub"])
@@ -353,14 +384,19 @@ def test_deep_graph_is_walked_iteratively():
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-_GRAPH_OPS = [
+_IDS = lc.tensor(np.array([1, 1], np.int64))
+_GRAPH_OPS = [   # each maps two (2, 2) tensors to one: elementwise, views, reductions, matmul, index, nn
     lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a - b.tanh(),
     lambda a, b: a.sin() * b, lambda a, b: (a.sqr() + 1.0).sqrt() + b, lambda a, b: a.exp() * 0.1 + b.t().t(),
     lambda a, b: a.broadcast_mul(b.sum_keepdim(1)), lambda a, b: a.maximum(b * 0.5),
+    lambda a, b: a.matmul(b) * 0.5, lambda a, b: a.t() @ b.flip(0), lambda a, b: lc.nn.softmax(a, 1) * b,
+    lambda a, b: lc.cat([a.narrow(0, 1, 1), b.narrow(0, 0, 1)], 0), lambda a, b: a.index_select(_IDS, 0) + b,
+    lambda a, b: a.log_softmax(1) + b.mean_keepdim(1), lambda a, b: a.cumsum(1) * b.sigmoid(),
+    lambda a, b: lc.stack([a.sum(0), b.max(1)], 0), lambda a, b: (a * b).pad_with_zeros(1, 1, 0).narrow(1, 0, 2),
 ]
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, len(_GRAPH_OPS) - 1), st.integers(0, 10), st.integers(0, 10)),
                 min_size=1, max_size=6))
 def test_random_graphs_match_finite_differences(program):
