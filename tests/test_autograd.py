@@ -486,3 +486,13 @@ def test_backward_of_an_integer_loss_raises():
     x = lc.Var(np.array([1.0, 5.0, 2.0]))
     with pytest.raises(lc.UnsupportedDTypeForOp, match="backward.*u32"):
         x.argmax(0).backward()
+
+
+@pytest.mark.parametrize("low", ["f16", "bf16"])
+def test_to_dtype_gradient_casts_back_to_the_source_dtype(low):
+    x = lc.Var(np.array([0.5, -1.25, 3.0], np.float32))
+    g = (x.to_dtype(low).sqr() * 3.0).sum().backward()[x]      # a low-precision loss
+    assert g.dtype == lc.f32
+    np.testing.assert_array_equal(g.numpy(), np.array([3.0, -7.5, 18.0], np.float32))
+    g = (x.to_dtype(low) * 2.0).to_dtype("f64").sum().backward()[x]
+    assert g.dtype == lc.f32 and g.numpy().tolist() == [2.0, 2.0, 2.0]
