@@ -16,15 +16,16 @@ from .compiler import realize_nodes
 from .errors import ShapeMismatch
 
 
-def _check_lengths(op, params, grads, state, per_param, extra):
-    if len(grads) != len(params) or len(state) != per_param * len(params) + extra:
-        raise ShapeMismatch(f"{op}: {len(params)} params need {len(params)} grads and "
-                            f"{per_param * len(params) + extra} state tensors, got {len(grads)} and {len(state)}")
+def _check_lengths(opt, params, grads, state):
+    want = opt.per_param * len(params) + opt.shared
+    if len(grads) != len(params) or len(state) != want:
+        raise ShapeMismatch(f"{type(opt).__name__}.update: {len(params)} params need {len(params)} grads and "
+                            f"{want} state tensors, got {len(grads)} and {len(state)}")
 
 
 class _Optimizer:
     """The eager side: the optimizer keeps its variables and a realized functional state."""
-    per_param, extra = 0, 0          # state tensors: per parameter, and shared (at the end)
+    per_param, shared = 0, 0         # state tensors: per parameter, and shared (at the end)
 
     def __init__(self, vars, lr):
         self.vars = list(vars)
@@ -75,7 +76,7 @@ class SGD(_Optimizer):
         return tuple(zeros(p.shape, p.dtype) for p in params) if self.momentum else ()
 
     def update(self, params, grads, state) -> tuple:
-        _check_lengths("SGD.update", params, grads, state, self.per_param, 0)
+        _check_lengths(self, params, grads, state)
         new_p, new_s = [], []
         for i, (p, g) in enumerate(zip(params, grads)):
             if self.momentum:
@@ -88,7 +89,7 @@ class SGD(_Optimizer):
 class AdamW(_Optimizer):
     """candle-nn's AdamW: decoupled weight decay, bias-corrected moments.  Functional state:
     the first moments, the second moments, then beta1^t and beta2^t."""
-    per_param, extra = 2, 2
+    per_param, shared = 2, 2
 
     def __init__(self, vars=(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         super().__init__(vars, lr)
@@ -101,7 +102,7 @@ class AdamW(_Optimizer):
         return moments + moments + (ones((), "f64"), ones((), "f64"))
 
     def update(self, params, grads, state) -> tuple:
-        _check_lengths("AdamW.update", params, grads, state, 2, 2)
+        _check_lengths(self, params, grads, state)
         n = len(params)
         b1, b2 = self.beta1, self.beta2
         b1t, b2t = state[2 * n] * b1, state[2 * n + 1] * b2
