@@ -154,6 +154,9 @@ def gradients(loss: Tensor, wrt=(), grad: Tensor | None = None, keep_all: bool =
     """The GradStore of `loss` with respect to the trainable nodes and `wrt` (tensors).  `grad`
     seeds a non-scalar loss.  keep_all also keeps intermediate nodes' gradients (like candle)."""
     root = loss._node
+    if not loss.dtype.is_float:
+        raise UnsupportedDTypeForOp(f"backward: the loss is {loss.dtype.name} (shape {loss.shape}); "
+                                    f"integer values have no gradient")
     if grad is None:
         if loss.elem_count != 1:
             raise ShapeMismatch(f"backward: the loss must be a scalar (one element) without a seed gradient, "

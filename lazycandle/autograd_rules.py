@@ -5,7 +5,9 @@ gradient) per input in `xs`: the node's sources, except that a view's one input 
 buffer (views are folded into strides, so the gradient maps back through the view's layout).
 `g` is the adjoint of the node's output, `out` the node's output as a Tensor.  Ops without a
 rule (sign, ceil, floor, round, comparisons, argmax/argmin, argsort, nonzero) pass no gradient,
-like candle's backprop, which skips them.  Rules only
+like candle's backprop, which skips them; floordiv is piecewise constant and passes none either.
+Masked gradients use `where`, not a multiply by a 0/1 mask, so an infinite or NaN upstream
+gradient stays out of the positions the forward did not depend on (as in torch).  Rules only
 build Tensors, so the adjoint graph is lazy and fuses like the forward."""
 from __future__ import annotations
 
@@ -20,6 +22,11 @@ from .ir.ops import set_vjp
 def _mask(cond, like):
     """A u8 comparison result as 0/1 in `like`'s dtype."""
     return cond.to_dtype(like.dtype)
+
+
+def _only(cond, g):
+    """g where cond holds, 0 elsewhere (even where g is inf or NaN)."""
+    return cond.where_cond(g, 0.0)
 
 
 def _scalar(arg, i=0) -> float:
@@ -50,7 +57,7 @@ _rule("sqrt")(lambda n, g, xs, out: (g * 0.5 / out,))
 _rule("recip")(lambda n, g, xs, out: (-(g * out.sqr()),))
 _rule("sqr")(lambda n, g, xs, out: (g * xs[0] * 2.0,))
 _rule("abs")(lambda n, g, xs, out: (g * xs[0].sign(),))
-_rule("relu")(lambda n, g, xs, out: (g * _mask(xs[0] > 0, g),))
+_rule("relu")(lambda n, g, xs, out: ((out > 0).where_cond(g, 0.0),))   # out: reuses the forward's buffer
 _rule("sigmoid")(lambda n, g, xs, out: (g * out * (1.0 - out),))
 _rule("copy")(lambda n, g, xs, out: (g,))
 _rule("affine")(lambda n, g, xs, out: (g * _scalar(n.arg),))
@@ -83,35 +90,48 @@ def _gelu_erf(n, g, xs, out):
 
 @_rule("powf")
 def _powf(n, g, xs, out):
+    """e * x^(e-1); exactly 0 for e = 0 (x^-1 would make 0 * inf = NaN at x = 0)."""
     e = _scalar(n.arg)
+    if e == 0.0:
+        return (g * 0.0,)
     return (g * xs[0].powf(e - 1.0) * e,)
 
 
 @_rule("pow")
 def _pow(n, g, xs, out):
+    """Like torch: d/dx is 0 where y = 0, d/dy is 0 where x = 0 and y >= 0 (not 0 * log 0)."""
     x, y = xs
-    return (g * y * x.pow(y - 1.0), g * out * x.log())
+    dx = y.eq(0.0).where_cond(0.0, g * y * x.pow(y - 1.0))
+    dy = (x.eq(0.0) * (y >= 0.0)).where_cond(0.0, g * out * x.log())
+    return (dx, dy)
+
+
+@_rule("mod")
+def _mod(n, g, xs, out):
+    """a - floor(a / b) * b: 1 for a, -floor(a / b) for b (like torch's remainder)."""
+    a, b = xs
+    return (g, -(g * (a // b))) if a.dtype.is_float else (None, None)
 
 
 @_rule("elu")
 def _elu(n, g, xs, out):
     alpha = _scalar(n.arg)
-    pos = _mask(xs[0] > 0, g)
-    return (g * (pos + (1.0 - pos) * (out + alpha)),)
+    return ((xs[0] > 0).where_cond(g, g * (out + alpha)),)
 
 
 @_rule("clamp")
 def _clamp(n, g, xs, out):
     lo, hi = _scalar(n.arg, 0), _scalar(n.arg, 1)
-    return (g * _mask(xs[0] >= lo, g) * _mask(xs[0] <= hi, g),)
+    return (_only((xs[0] >= lo) * (xs[0] <= hi), g),)
 
 
 @_rule("maximum", "minimum")
 def _max_min(n, g, xs, out):
     """candle's rule: the gradient goes to the operand equal to the result, halved on ties."""
     a, b = xs
-    ma, mb = _mask(out.eq(a), g), _mask(out.eq(b), g)
-    return (g * ma / (mb + 1.0), g * mb / (ma + 1.0))
+    ea, eb = out.eq(a), out.eq(b)
+    ma, mb = _mask(ea, g), _mask(eb, g)
+    return (_only(ea, g / (mb + 1.0)), _only(eb, g / (ma + 1.0)))
 
 
 @_rule("where")
@@ -138,23 +158,46 @@ def _mean(n, g, xs, out):
 
 @_rule("prod")
 def _prod(n, g, xs, out):
-    return ((g * out).broadcast_as(xs[0].shape) / xs[0],)
+    """The product of the other elements: out / x without zeros; with one zero in the slice,
+    that position gets the product of the nonzero ones and the rest 0; with more, all 0."""
+    x = xs[0]
+    zero = x.eq(0.0)
+    zeros = _mask(zero, x).sum_keepdim(n.arg).broadcast_as(x.shape)
+    others_nonzero = zero.where_cond(1.0, x).prod_keepdim(n.arg).broadcast_as(x.shape)
+    gb = g.broadcast_as(x.shape)
+    lone_zero = zero.where_cond(gb * others_nonzero, 0.0)
+    return (zeros.eq(0.0).where_cond(gb * out.broadcast_as(x.shape) / x, zeros.eq(1.0).where_cond(lone_zero, 0.0)),)
 
 
 @_rule("max", "min")
 def _extreme(n, g, xs, out):
     """Ties share the gradient equally (torch's rule)."""
     x = xs[0]
-    hit = _mask(x.eq(out.broadcast_as(x.shape)), g)
-    count = hit.sum_keepdim(n.arg)
-    return ((g / count).broadcast_as(x.shape) * hit,)
+    hit = x.eq(out.broadcast_as(x.shape))
+    count = _mask(hit, g).sum_keepdim(n.arg)
+    return (_only(hit, (g / count).broadcast_as(x.shape)),)
 
 
 # ---- matmul -------------------------------------------------------------------------------
+def _transposed(t) -> bool:
+    """Whether t's last two dims are swapped in memory (a linear layer's `w.t()`)."""
+    st = t._node.layout.strides
+    return t.rank >= 2 and st[-2] == 1 and st[-1] != 1
+
+
+def _matmul_as(lhs, rhs, like):
+    """lhs @ rhs, computed as (rhs^T @ lhs^T)^T when `like` (the input this gradient flows to)
+    is a transposed view: the gradient then lands in the base's own layout, so what reads it
+    (the view rule, an optimizer update) reads it contiguously instead of through a transpose."""
+    if _transposed(like):
+        return rhs.transpose(-2, -1).matmul(lhs.transpose(-2, -1)).transpose(-2, -1)
+    return lhs.matmul(rhs)
+
+
 @_rule("matmul")
 def _matmul(n, g, xs, out):
     a, b = xs
-    return (g.matmul(b.transpose(-2, -1)), a.transpose(-2, -1).matmul(g))
+    return (_matmul_as(g, b.transpose(-2, -1), a), _matmul_as(a.transpose(-2, -1), g, b))
 
 
 # ---- index ops ------------------------------------------------------------------------------
