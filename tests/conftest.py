@@ -13,6 +13,10 @@ and then to the target, exactly as `op(x.astype(f32)).astype(target)`.
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -462,3 +466,27 @@ def run_in_threads(work, n: int) -> list:
     for t in threads:
         t.join()
     return errors
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lc.__file__)))
+
+
+def run_probe(code, *args, timeout=150, **env_vars):
+    """Run `code` in a fresh Python process group (this checkout first on its path, `env_vars`
+    set); on timeout kill the whole group, forked children too.  Returns its stdout."""
+    env = dict(os.environ, PYTHONPATH=ROOT, **env_vars)
+    p = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise AssertionError(f"probe {args} hung for {timeout}s")
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)     # nothing of the probe outlives it
+        except ProcessLookupError:
+            pass
+    assert p.returncode == 0, f"probe {args} exited {p.returncode}: {out[-1000:]} {err[-2000:]}"
+    return out

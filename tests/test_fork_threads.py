@@ -1,14 +1,8 @@
 """The one pool under stress: set_num_threads while other Python threads run kernels, and
 os.fork() / multiprocessing's fork pool after a parallel kernel.  Each probe runs in its own
 process group with a timeout, so a hang or crash fails the test instead of the suite."""
-import os
-import signal
-import subprocess
-import sys
+from conftest import run_probe
 
-import lazycandle as lc
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lc.__file__)))
 
 RACE = """
 import sys, threading, time
@@ -75,23 +69,7 @@ print("ok")
 
 
 def _probe(code, *args, timeout=150):
-    """Run code in a fresh process group; on timeout kill the whole group (forked children too)."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    p = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        raise AssertionError(f"probe {args} hung for {timeout}s")
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)     # nothing of the probe outlives it
-        except ProcessLookupError:
-            pass
-    assert p.returncode == 0, f"probe {args} exited {p.returncode}: {out[-1000:]} {err[-2000:]}"
-    return out
+    return run_probe(code, *args, timeout=timeout)
 
 
 def test_set_num_threads_while_threads_run_kernels():

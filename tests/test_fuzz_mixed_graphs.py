@@ -183,6 +183,19 @@ def _check(got, ref, what):
         pytest.fail(f"{what}: {int(bad.sum())} elements off; first at {idx}: got {got[idx]!r} expected {ref[idx]!r}")
 
 
+def placeholder_program(case, data):
+    """The case's graph compiled over placeholders, and the feeds its program takes."""
+    feeds = {}
+
+    def placeholder(name, a):
+        feeds[name] = a
+        return lc.placeholder(name, a.shape, lc.DType.from_numpy(a.dtype))
+    vals = build(case, data, placeholder)
+    prog = lc.compile([vals[k] for k in case[3]])
+    used = {name for name, _, _ in prog.inputs}
+    return prog, {k: v for k, v in feeds.items() if k in used}
+
+
 def run_case(case):
     shape, leaves, ops, outputs, seed = case
     data = example_data(shape, leaves, seed)
@@ -195,15 +208,8 @@ def run_case(case):
         _check(vals[k].numpy(), refs[k], f"eager {what} node {k}")
 
     # (b) compiled with placeholders
-    feeds = {}
-
-    def placeholder(name, a):
-        feeds[name] = a
-        return lc.placeholder(name, a.shape, lc.DType.from_numpy(a.dtype))
-    vals = build(case, data, placeholder)
-    prog = lc.compile([vals[k] for k in outputs])
-    used = {name for name, _, _ in prog.inputs}
-    for k, got in zip(outputs, prog.run(**{k: v for k, v in feeds.items() if k in used})):
+    prog, feeds = placeholder_program(case, data)
+    for k, got in zip(outputs, prog.run(**feeds)):
         _check(got, refs[k], f"compiled {what} node {k}")
 
     # (c) every output in one realize

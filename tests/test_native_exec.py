@@ -6,7 +6,6 @@ the dumps and the profiler."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -16,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 
 import lazycandle as lc
+from conftest import ROOT, run_probe
 from lazycandle.runtime import native_exec
 
-from test_fuzz_mixed_graphs import FUZZ_SETTINGS, build, example_data, graphs
+from test_fuzz_mixed_graphs import FUZZ_SETTINGS, example_data, graphs, placeholder_program
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lc.__file__)))
 
 
 def _run_both(prog, feeds, monkeypatch):
@@ -35,16 +34,7 @@ def _run_both(prog, feeds, monkeypatch):
 @given(graphs())
 def test_native_program_matches_per_kernel_path_on_fuzz_graphs(case):
     shape, leaves, ops, outputs, seed = case
-    data = example_data(shape, leaves, seed)
-    feeds = {}
-
-    def placeholder(name, a):
-        feeds[name] = a
-        return lc.placeholder(name, a.shape, lc.DType.from_numpy(a.dtype))
-    vals = build(case, data, placeholder)
-    prog = lc.compile([vals[k] for k in outputs])
-    used = {name for name, _, _ in prog.inputs}
-    feeds = {k: v for k, v in feeds.items() if k in used}
+    prog, feeds = placeholder_program(case, example_data(shape, leaves, seed))
     with pytest.MonkeyPatch.context() as mp:
         slow, fast = _run_both(prog, feeds, mp)
     for run in fast:
@@ -160,22 +150,7 @@ def test_profile_reports_every_kernel():
 
 
 def _probe(code, timeout=150):
-    env = dict(os.environ, PYTHONPATH=ROOT, LAZYCANDLE_EXEC="native")
-    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        raise AssertionError(f"probe hung for {timeout}s")
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert p.returncode == 0, f"probe exited {p.returncode}: {out[-1000:]} {err[-2000:]}"
-    return out
+    return run_probe(code, timeout=timeout, LAZYCANDLE_EXEC="native")
 
 
 BIG_KERNEL = """

@@ -19,6 +19,7 @@ import llvmlite.ir as ir
 
 from .. import dtype as D
 from . import codecs, jit
+from .index import _unravel
 from .llvmutil import I64, ltype
 from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_module, unit_range
 
@@ -49,15 +50,6 @@ class Col2imSpec:
     @property
     def unit_cost(self) -> float:
         return float(self.ow * self.kh * self.kw)
-
-
-def _unravel(b, r, sizes):
-    idx = [None] * len(sizes)
-    for d in range(len(sizes) - 1, 0, -1):
-        idx[d] = b.urem(r, I64(sizes[d]))
-        r = b.udiv(r, I64(sizes[d]))
-    idx[0] = r
-    return idx
 
 
 def _tap(b, pos, k, pad, stride, dil, n):
