@@ -8,7 +8,8 @@ is accumulated in the same order and precision as the reduce kernel's); between 
 per-row instrs whose reductions are done run once, on scalars; a last pass evaluates the
 full-row outputs (W-wide body + one masked step) and the per-row outputs are stored.  A pass
 re-reads the row, which is still in L1/L2 from the pass before, and recomputes the cheap
-per-element producers instead of storing them.  Per-row values reach the per-element DAG as
+per-element producers instead of storing them; the passes after the first prefetch the next
+row, so that only the first pass of the first row waits on DRAM.  Per-row values reach the per-element DAG as
 extra scalar slots (slot = runtime scalars + instr index), so elementwise._emit_instrs
 evaluates every DAG unchanged (each op rounded in its dtype, like op at a time).
 """
@@ -23,7 +24,7 @@ from ..ir.kernels import RowSpec
 from ..ir.ops import OPS, reduction
 from . import codecs, jit
 from .elementwise import _Kernel, _cast, _emit_instrs, _bits, lanes as ew_lanes
-from .llvmutil import I32, I64, F64, ltype, vec, splat, width_of
+from .llvmutil import I8, I32, I64, F64, VOID, intrinsic, ltype, vec, splat, width_of
 from .loops import KERNEL_FN, counted_loop, unit_range
 from .reduce import UNROLL, _RedKernel
 
@@ -85,6 +86,19 @@ class _RowKernel(_Kernel):
         self.row = spec
         self.n_scalars = len(spec.scalars)
         self.row_vals = {}
+        self.next_row = None     # per input: element distance to the next row's start, while prefetching
+
+    def load(self, k, off, stride, w, mask=None):
+        """The elementwise load; while `next_row` is set, a full-vector load of a row input
+        also prefetches the same lanes of the next row (a row is often one 4 KiB page, where
+        the hardware prefetcher stops, so the next row's first pass would wait on DRAM)."""
+        if self.next_row is not None and k < len(self.next_row) and self.next_row[k] is not None \
+                and stride != 0 and w > 1 and mask is None:
+            b = self.b
+            fn = intrinsic(self.m, "llvm.prefetch.p0i8", VOID, [I8.as_pointer(), I32, I32, I32])
+            p = b.bitcast(b.gep(self.in_ptr[k], [b.add(off, self.next_row[k])]), I8.as_pointer())
+            b.call(fn, [p, I32(0), I32(3), I32(1)])
+        return super().load(k, off, stride, w, mask)
 
     def scalar(self, k, w):
         """Runtime scalar k, or (k >= the runtime scalars) the row value of instr k - n_scalars."""
@@ -224,11 +238,16 @@ class _RowKernel(_Kernel):
         stash = self.pick_stash(stages, full)
         with counted_loop(b, lo, hi, 1, "row") as r:
             in_base, _ = self.offsets(self.unravel(r, list(range(spec.rank - 1))))
+            nxt, _ = self.offsets(self.unravel(b.add(r, I64(1)), list(range(spec.rank - 1))))
+            deltas = [None if all(st[d] == 0 for d in range(spec.rank - 1)) else b.sub(x, y)
+                      for x, y, st in zip(nxt, in_base, self.strides)]
             out_base = b.mul(r, n)
             self.row_vals = {}
             for p, reds in enumerate(stages):
                 self.eval_row_instrs(in_base, lambda j: need[j] < p)
+                self.next_row = deltas if p > 0 else None     # the first pass is the one that waits
                 self.reduce_pass(reds, in_base, row_str, n, stash if p == len(stages) - 1 else None, out_base)
+                self.next_row = None
             self.eval_row_instrs(in_base, lambda j: True)
             for k, j, dtn in per_row:
                 dt = D.DType.from_name(dtn)
@@ -236,7 +255,9 @@ class _RowKernel(_Kernel):
                 v = codecs.encode(b, dt.codec, v) if dt.codec else v
                 b.store(v, b.gep(self.out_ptr[k], [r], inbounds=True), align=dt.size_in_bytes)
             if full:
+                self.next_row = deltas if stages else None
                 self.write_rows(full, in_base, out_base, row_str, n, stash)
+                self.next_row = None
         b.ret_void()
 
     def write_rows(self, full, in_base, out_base, row_str, n, stash):
