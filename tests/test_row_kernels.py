@@ -350,3 +350,24 @@ def test_row_kernel_prefetches_the_next_row_in_its_later_passes():
     text = render("llvm", "text", get_plan(capture([y._node])))
     assert text.count("call void @\"llvm.prefetch") >= 1
     np.testing.assert_allclose(y.numpy(), _softmax(x.transpose(1, 0, 2).astype(np.float64)), rtol=1e-6, atol=1e-7)
+
+
+def test_row_division_by_a_row_value_is_exactly_the_f32_division():
+    """The write pass multiplies by the divisor's f64 reciprocal instead of dividing: the f32
+    result must still be the correctly rounded quotient, bit for bit, also for zero, inf, NaN
+    and subnormal divisors and inf/NaN dividends."""
+    rng = rng_for("row_recip")
+    x = rng.normal(size=(9, 333)).astype(np.float32) * np.float32(1e3)
+    x[0, :5] = [np.inf, -np.inf, np.nan, 0.0, 1e-40]
+    d = np.float32([3.0, 0.0, -0.0, np.inf, np.nan, 1e-41, 3e38, 7.0, -1e-30]).reshape(9, 1)
+    dcol = np.zeros_like(x)
+    dcol[:, :1] = d
+    y = lc.tensor(x) / lc.tensor(dcol).sum_keepdim(1).broadcast_as(x.shape)     # row value d (+0 for -0)
+    kernels, _, _ = schedule_capture(capture([y._node]))
+    assert [k.kind for k in kernels] == ["row"]
+    got = y.numpy()
+    d = d + np.float32(0.0)
+    with np.errstate(all="ignore"):
+        want = x / d
+    np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
+    assert np.isnan(got[np.isnan(want)]).all()

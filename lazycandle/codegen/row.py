@@ -102,10 +102,11 @@ class _RowKernel(_Kernel):
 
     def scalar(self, k, w):
         """Runtime scalar k, or (k >= the runtime scalars) the row value of instr k - n_scalars."""
-        v = self.scalar_vals[k] if k < self.n_scalars else self.row_vals[k - self.n_scalars]
+        v = self.row_vals[k] if isinstance(k, tuple) else \
+            self.scalar_vals[k] if k < self.n_scalars else self.row_vals[k - self.n_scalars]
         if w == 1:
             return v
-        got = self.scalar_splats.get((k, w)) if k < self.n_scalars else None
+        got = self.scalar_splats.get((k, w)) if isinstance(k, int) and k < self.n_scalars else None
         return got if got is not None else splat(self.b, v, w)
 
     def sub(self, cone, outputs, extra=(), leaves=None):
@@ -271,6 +272,7 @@ class _RowKernel(_Kernel):
         cone = [j for j in self.cone([("v", j) for _, j, _ in full], leaves) if j not in leaves]
         at = {j: i for i, j in enumerate(cone)}
         sub = self.sub(cone, [(at[j], dt) for _, j, dt in full], leaves=leaves)
+        sub = self.divide_by_reciprocals(sub)
         saved = self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt
         if stash:
             self.in_ptr = self.in_ptr + [self.out_ptr[stash[2]]]
@@ -281,6 +283,36 @@ class _RowKernel(_Kernel):
         self.out_dt = [saved[2][k] for k, _, _ in full]
         self.inner_loop(I64(0), n, in_base, out_base, row_str)
         self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt = saved
+
+
+    def divide_by_reciprocals(self, sub: _Sub) -> _Sub:
+        """`sub` with each f32 division by a row value made a multiplication by that value's
+        f64 reciprocal, computed once per row: RN32(e * RN64(1 / s)) in f64 is within 2^-52 of
+        e / s, and an f32 quotient is never within 2^-49 of an f32 rounding midpoint, so this
+        is exactly the f32 division (inf, NaN and zero divisors included) for a normal result,
+        at a fraction of a vector divide's cost (softmax's write pass, layer_norm's normalise).
+        Low-precision dtypes divide in f32 with their own rounding after, so they keep fdiv."""
+        at, instrs = {}, []
+
+        def ref(r):
+            return ("v", at[r[1]]) if r[0] == "v" else r
+        for j, (op, arg, dt, odt, refs) in enumerate(sub.instrs):
+            refs = tuple(ref(r) for r in refs)
+            d = refs[1] if op == "div" else None
+            if not (dt == odt == "f32" and d and d[0] == "s" and d[1] >= self.n_scalars):
+                at[j] = len(instrs)
+                instrs.append((op, arg, dt, odt, refs))
+                continue
+            key = ("recip", d[1])
+            if key not in self.row_vals:
+                s64 = self.b.fpext(self.scalar(d[1], 1), F64)
+                self.row_vals[key] = self.b.fdiv(ir.Constant(F64, 1.0), s64)
+            n = len(instrs)
+            instrs += [("cast", ("dtype", "f64"), "f32", "f64", (refs[0],)),
+                       ("mul", None, "f64", "f64", (("v", n), ("s", key, "f64"))),
+                       ("cast", ("dtype", "f32"), "f64", "f32", (("v", n + 1),))]
+            at[j] = n + 2
+        return _Sub(sub.inputs, tuple(instrs), tuple((at[j], dt) for j, dt in sub.outputs))
 
 
 def build(spec: RowSpec, name: str = "row") -> str:
