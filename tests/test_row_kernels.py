@@ -371,3 +371,16 @@ def test_row_division_by_a_row_value_is_exactly_the_f32_division():
         want = x / d
     np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
     assert np.isnan(got[np.isnan(want)]).all()
+
+
+@pytest.mark.parametrize("n", [255, 256, 257, 511, 4097])
+def test_row_f32_sums_in_blocks_keep_softmax_and_layer_norm_accurate(n):
+    """An f32 row sum adds f32 partials per block of 256 elements into f64: every block, the
+    block tail and the scalar tail count, and the result stays within f32 elementwise tolerance
+    of the f64 reference."""
+    x = rng_for(f"row_blocks_{n}").normal(size=(6, n)).astype(np.float32) * np.float32(3)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(lc.nn.softmax(lc.tensor(x), -1).numpy(), _softmax(x64), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(lc.nn.layer_norm(lc.tensor(x), None, None).numpy(),
+                               _layer_norm(x64, 1.0, 0.0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lc.tensor(x).exp().sum(-1).numpy(), np.exp(x64).sum(-1), rtol=1e-6)

@@ -3,14 +3,15 @@ the like as ONE kernel, parallel over rows.
 
 Per row [lo, hi): for each stage of RowSpec.stages(), one pass over the row evaluates the
 per-element producers of that stage's reductions and reduces them (U vector accumulators of W
-lanes, then W lanes, then a scalar tail, combined as codegen/reduce.py combines them, so a sum
-is accumulated in the same order and precision as the reduce kernel's); between passes the
+lanes, then W lanes, then a scalar tail, combined as codegen/reduce.py combines them; an f32
+sum adds f32 partials per block of F32_BLOCK elements into its f64 accumulators, which keeps
+SPEC's accuracy without an f32 -> f64 conversion per element); between passes the
 per-row instrs whose reductions are done run once, on scalars; a last pass evaluates the
 full-row outputs (W-wide body + one masked step) and the per-row outputs are stored.  A pass
 re-reads the row, which is still in L1/L2 from the pass before, and recomputes the cheap
 per-element producers instead of storing them; the passes after the first prefetch the next
-row, so that only the first pass of the first row waits on DRAM.  Per-row values reach the per-element DAG as
-extra scalar slots (slot = runtime scalars + instr index), so elementwise._emit_instrs
+row, so that only the first pass of the first row waits on DRAM.  Per-row values reach the
+per-element DAG as extra scalar slots (slot = runtime scalars + instr index), so elementwise._emit_instrs
 evaluates every DAG unchanged (each op rounded in its dtype, like op at a time).
 """
 from __future__ import annotations
@@ -24,11 +25,12 @@ from ..ir.kernels import RowSpec
 from ..ir.ops import OPS, reduction
 from . import codecs, jit
 from .elementwise import _Kernel, _cast, _emit_instrs, _bits, lanes as ew_lanes
-from .llvmutil import I8, I32, I64, F64, VOID, intrinsic, ltype, vec, splat, width_of
+from .llvmutil import I8, I32, I64, F32, F64, VOID, intrinsic, ltype, vec, splat, width_of
 from .loops import KERNEL_FN, counted_loop, unit_range
 from .reduce import UNROLL, _RedKernel
 
 
+F32_BLOCK = 256    # elements per f32 partial of a row's f32 sum (see reduce_pass); a multiple of U * W
 STASH_COST = 4     # op cost of a per-element value worth writing once rather than computing twice
 
 
@@ -173,26 +175,53 @@ class _RowKernel(_Kernel):
         for a, sl in zip(accs, slots):
             for k, s in enumerate(sl):
                 b.store(a.init(W if k < U else 1), s)
+        # f32 sums: E-lane f32 partials per block of F32_BLOCK elements, added into the f64
+        # accumulators after each block (no f32 -> f64 conversion per element)
+        blocked = [a.acc_t == F64 and a.red.combine == "add" and a.val_dt == D.f32 for a in accs]
+        parts = [[self.slot(vec(F32, E)) for _ in range(U * W // E)] if bl else None for bl in blocked]
 
-        def step(j, w, k):
-            """Lanes [j, j + w) into accumulators k, k+1, ... (W lanes each; w = 1: the tail's)."""
+        def add_parts(a, part_slots, v, k):
+            """The W-lane pieces of value v (w lanes, accumulator type) into slots k, k+1, ..."""
+            w = width_of(v.type)
+            for p in range(max(1, w // W)):
+                piece = v if w <= W else b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W),
+                                                                            [p * W + x for x in range(W)]))
+                b.store(a.combine(b.load(part_slots[k + p]), piece), part_slots[k + p])
+
+        def step(j, w, k, in_block=False):
+            """Lanes [j, j + w) into accumulators k, k+1, ... (W lanes each; w = 1: the tail's);
+            in a block, a blocked sum's lanes go into its f32 partial k * W // E."""
             offs = [self.sadd(x, j, s) for x, s in zip(in_base, row_str)]
             vals = _emit_instrs(b, sub, lambda q: self.load(q, offs[q], row_str[q], w), w, self.scalar,
                                 decode_outputs=True)
-            for a, sl, v in zip(accs, slots, vals):
-                v = a.widen(v)
-                for p in range(max(1, w // W)):
-                    part = v if w <= W else b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W),
-                                                                               [p * W + x for x in range(W)]))
-                    b.store(a.combine(b.load(sl[k + p]), part), sl[k + p])
+            for a, sl, v, pt in zip(accs, slots, vals, parts):
+                if in_block and pt is not None:
+                    q = k * W // E
+                    b.store(a.combine(b.load(pt[q]), v), pt[q])
+                else:
+                    add_parts(a, sl, a.widen(v), k)
             if stash:
                 self.store_full(stash[2], b.add(out_base, j), vals[-1], w)
 
         nvec = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
         n1 = b.mul(b.udiv(n, I64(W)), I64(W))
-        with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
-            for c in range(U * W // E):
-                step(b.add(i, I64(c * E)), E, c * E // W)
+        if any(blocked):
+            with counted_loop(b, I64(0), nvec, F32_BLOCK, "rb") as blk:
+                end = b.add(blk, I64(F32_BLOCK))
+                end = b.select(b.icmp_signed("<", end, nvec), end, nvec)
+                for pt in parts:
+                    for x in pt or ():
+                        b.store(ir.Constant(vec(F32, E), 0.0), x)
+                with counted_loop(b, blk, end, U * W, "rv") as i:
+                    for c in range(U * W // E):
+                        step(b.add(i, I64(c * E)), E, c * E // W, True)
+                for a, sl, pt in zip(accs, slots, parts):
+                    for q, x in enumerate(pt or ()):
+                        add_parts(a, sl, a.widen(b.load(x)), q * E // W)
+        else:
+            with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
+                for c in range(U * W // E):
+                    step(b.add(i, I64(c * E)), E, c * E // W)
         with counted_loop(b, nvec, n1, W, "r1") as j:
             step(j, W, 0)
         with counted_loop(b, n1, n, 1, "rt") as j:
