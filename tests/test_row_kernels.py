@@ -340,3 +340,50 @@ def test_row_kernel_with_several_full_outputs_writes_each_one():
     np.testing.assert_allclose(a.numpy(), np.abs(x0))
     np.testing.assert_allclose(h.numpy(), h64, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(c.numpy(), (h64 - h64.mean(1, keepdims=True)) * 0.5, rtol=1e-6, atol=1e-6)
+
+
+def test_row_kernel_prefetches_the_next_row_in_its_later_passes():
+    """A row is often one 4 KiB page, where the hardware prefetcher stops: the passes after the
+    first prefetch the next row so its first pass does not wait on DRAM (issue 10 softmax
+    throughput).  The value of the last row, whose prefetch points past the input, is unchanged."""
+    from lazycandle.compiler import get_plan
+    from lazycandle.ir.printer import render
+    x = rng_for("prefetch_rows").normal(size=(5, 3, 70)).astype(np.float32)
+    y = lc.nn.softmax(lc.tensor(x).permute((1, 0, 2)), -1)
+    text = render("llvm", "text", get_plan(capture([y._node])))
+    assert text.count("call void @\"llvm.prefetch") >= 1
+    np.testing.assert_allclose(y.numpy(), _softmax(x.transpose(1, 0, 2).astype(np.float64)), rtol=1e-6, atol=1e-7)
+
+
+def test_row_division_by_a_row_value_is_exactly_the_f32_division():
+    """The write pass multiplies by the divisor's f64 reciprocal instead of dividing: the f32
+    result must still be the correctly rounded quotient, bit for bit, also for zero, inf, NaN
+    and subnormal divisors and inf/NaN dividends."""
+    rng = rng_for("row_recip")
+    x = rng.normal(size=(9, 333)).astype(np.float32) * np.float32(1e3)
+    x[0, :5] = [np.inf, -np.inf, np.nan, 0.0, 1e-40]
+    d = np.float32([3.0, 0.0, -0.0, np.inf, np.nan, 1e-41, 3e38, 7.0, -1e-30]).reshape(9, 1)
+    dcol = np.zeros_like(x)
+    dcol[:, :1] = d
+    y = lc.tensor(x) / lc.tensor(dcol).sum_keepdim(1).broadcast_as(x.shape)     # row value d (+0 for -0)
+    kernels, _, _ = schedule_capture(capture([y._node]))
+    assert [k.kind for k in kernels] == ["row"]
+    got = y.numpy()
+    d = d + np.float32(0.0)
+    with np.errstate(all="ignore"):
+        want = x / d
+    np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
+    assert np.isnan(got[np.isnan(want)]).all()
+
+
+@pytest.mark.parametrize("n", [255, 256, 257, 511, 4097])
+def test_row_f32_sums_in_blocks_keep_softmax_and_layer_norm_accurate(n):
+    """An f32 row sum adds f32 partials per block of 256 elements into f64: every block, the
+    block tail and the scalar tail count, and the result stays within f32 elementwise tolerance
+    of the f64 reference."""
+    x = rng_for(f"row_blocks_{n}").normal(size=(6, n)).astype(np.float32) * np.float32(3)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(lc.nn.softmax(lc.tensor(x), -1).numpy(), _softmax(x64), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(lc.nn.layer_norm(lc.tensor(x), None, None).numpy(),
+                               _layer_norm(x64, 1.0, 0.0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lc.tensor(x).exp().sum(-1).numpy(), np.exp(x64).sum(-1), rtol=1e-6)

@@ -3,13 +3,15 @@ the like as ONE kernel, parallel over rows.
 
 Per row [lo, hi): for each stage of RowSpec.stages(), one pass over the row evaluates the
 per-element producers of that stage's reductions and reduces them (U vector accumulators of W
-lanes, then W lanes, then a scalar tail, combined as codegen/reduce.py combines them, so a sum
-is accumulated in the same order and precision as the reduce kernel's); between passes the
+lanes, then W lanes, then a scalar tail, combined as codegen/reduce.py combines them; an f32
+sum adds f32 partials per block of F32_BLOCK elements into its f64 accumulators, which keeps
+SPEC's accuracy without an f32 -> f64 conversion per element); between passes the
 per-row instrs whose reductions are done run once, on scalars; a last pass evaluates the
 full-row outputs (W-wide body + one masked step) and the per-row outputs are stored.  A pass
 re-reads the row, which is still in L1/L2 from the pass before, and recomputes the cheap
-per-element producers instead of storing them.  Per-row values reach the per-element DAG as
-extra scalar slots (slot = runtime scalars + instr index), so elementwise._emit_instrs
+per-element producers instead of storing them; the passes after the first prefetch the next
+row, so that only the first pass of the first row waits on DRAM.  Per-row values reach the
+per-element DAG as extra scalar slots (slot = runtime scalars + instr index), so elementwise._emit_instrs
 evaluates every DAG unchanged (each op rounded in its dtype, like op at a time).
 """
 from __future__ import annotations
@@ -23,11 +25,12 @@ from ..ir.kernels import RowSpec
 from ..ir.ops import OPS, reduction
 from . import codecs, jit, registry
 from .elementwise import _Kernel, _cast, _emit_instrs, _bits, lanes as ew_lanes
-from .llvmutil import I32, I64, F64, ltype, vec, splat, width_of
+from .llvmutil import I8, I32, I64, F32, F64, VOID, intrinsic, ltype, vec, splat, width_of
 from .loops import KERNEL_FN, counted_loop, unit_range
 from .reduce import UNROLL, _RedKernel
 
 
+F32_BLOCK = 256    # elements per f32 partial of a row's f32 sum (see reduce_pass); a multiple of U * W
 STASH_COST = 4     # op cost of a per-element value worth writing once rather than computing twice
 
 
@@ -85,13 +88,27 @@ class _RowKernel(_Kernel):
         self.row = spec
         self.n_scalars = len(spec.scalars)
         self.row_vals = {}
+        self.next_row = None     # per input: element distance to the next row's start, while prefetching
+
+    def load(self, k, off, stride, w, mask=None):
+        """The elementwise load; while `next_row` is set, a full-vector load of a row input
+        also prefetches the same lanes of the next row (a row is often one 4 KiB page, where
+        the hardware prefetcher stops, so the next row's first pass would wait on DRAM)."""
+        if self.next_row is not None and k < len(self.next_row) and self.next_row[k] is not None \
+                and stride != 0 and w > 1 and mask is None:
+            b = self.b
+            fn = intrinsic(self.m, "llvm.prefetch.p0i8", VOID, [I8.as_pointer(), I32, I32, I32])
+            p = b.bitcast(b.gep(self.in_ptr[k], [b.add(off, self.next_row[k])]), I8.as_pointer())
+            b.call(fn, [p, I32(0), I32(3), I32(1)])
+        return super().load(k, off, stride, w, mask)
 
     def scalar(self, k, w):
         """Runtime scalar k, or (k >= the runtime scalars) the row value of instr k - n_scalars."""
-        v = self.scalar_vals[k] if k < self.n_scalars else self.row_vals[k - self.n_scalars]
+        v = self.row_vals[k] if isinstance(k, tuple) else \
+            self.scalar_vals[k] if k < self.n_scalars else self.row_vals[k - self.n_scalars]
         if w == 1:
             return v
-        got = self.scalar_splats.get((k, w)) if k < self.n_scalars else None
+        got = self.scalar_splats.get((k, w)) if isinstance(k, int) and k < self.n_scalars else None
         return got if got is not None else splat(self.b, v, w)
 
     def sub(self, cone, outputs, extra=(), leaves=None):
@@ -158,26 +175,53 @@ class _RowKernel(_Kernel):
         for a, sl in zip(accs, slots):
             for k, s in enumerate(sl):
                 b.store(a.init(W if k < U else 1), s)
+        # f32 sums: E-lane f32 partials per block of F32_BLOCK elements, added into the f64
+        # accumulators after each block (no f32 -> f64 conversion per element)
+        blocked = [a.acc_t == F64 and a.red.combine == "add" and a.val_dt == D.f32 for a in accs]
+        parts = [[self.slot(vec(F32, E)) for _ in range(U * W // E)] if bl else None for bl in blocked]
 
-        def step(j, w, k):
-            """Lanes [j, j + w) into accumulators k, k+1, ... (W lanes each; w = 1: the tail's)."""
+        def add_parts(a, part_slots, v, k):
+            """The W-lane pieces of value v (w lanes, accumulator type) into slots k, k+1, ..."""
+            w = width_of(v.type)
+            for p in range(max(1, w // W)):
+                piece = v if w <= W else b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W),
+                                                                            [p * W + x for x in range(W)]))
+                b.store(a.combine(b.load(part_slots[k + p]), piece), part_slots[k + p])
+
+        def step(j, w, k, in_block=False):
+            """Lanes [j, j + w) into accumulators k, k+1, ... (W lanes each; w = 1: the tail's);
+            in a block, a blocked sum's lanes go into its f32 partial k * W // E."""
             offs = [self.sadd(x, j, s) for x, s in zip(in_base, row_str)]
             vals = _emit_instrs(b, sub, lambda q: self.load(q, offs[q], row_str[q], w), w, self.scalar,
                                 decode_outputs=True)
-            for a, sl, v in zip(accs, slots, vals):
-                v = a.widen(v)
-                for p in range(max(1, w // W)):
-                    part = v if w <= W else b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W),
-                                                                               [p * W + x for x in range(W)]))
-                    b.store(a.combine(b.load(sl[k + p]), part), sl[k + p])
+            for a, sl, v, pt in zip(accs, slots, vals, parts):
+                if in_block and pt is not None:
+                    q = k * W // E
+                    b.store(a.combine(b.load(pt[q]), v), pt[q])
+                else:
+                    add_parts(a, sl, a.widen(v), k)
             if stash:
                 self.store_full(stash[2], b.add(out_base, j), vals[-1], w)
 
         nvec = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
         n1 = b.mul(b.udiv(n, I64(W)), I64(W))
-        with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
-            for c in range(U * W // E):
-                step(b.add(i, I64(c * E)), E, c * E // W)
+        if any(blocked):
+            with counted_loop(b, I64(0), nvec, F32_BLOCK, "rb") as blk:
+                end = b.add(blk, I64(F32_BLOCK))
+                end = b.select(b.icmp_signed("<", end, nvec), end, nvec)
+                for pt in parts:
+                    for x in pt or ():
+                        b.store(ir.Constant(vec(F32, E), 0.0), x)
+                with counted_loop(b, blk, end, U * W, "rv") as i:
+                    for c in range(U * W // E):
+                        step(b.add(i, I64(c * E)), E, c * E // W, True)
+                for a, sl, pt in zip(accs, slots, parts):
+                    for q, x in enumerate(pt or ()):
+                        add_parts(a, sl, a.widen(b.load(x)), q * E // W)
+        else:
+            with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
+                for c in range(U * W // E):
+                    step(b.add(i, I64(c * E)), E, c * E // W)
         with counted_loop(b, nvec, n1, W, "r1") as j:
             step(j, W, 0)
         with counted_loop(b, n1, n, 1, "rt") as j:
@@ -224,11 +268,16 @@ class _RowKernel(_Kernel):
         stash = self.pick_stash(stages, full)
         with counted_loop(b, lo, hi, 1, "row") as r:
             in_base, _ = self.offsets(self.unravel(r, list(range(spec.rank - 1))))
+            nxt, _ = self.offsets(self.unravel(b.add(r, I64(1)), list(range(spec.rank - 1))))
+            deltas = [None if all(st[d] == 0 for d in range(spec.rank - 1)) else b.sub(x, y)
+                      for x, y, st in zip(nxt, in_base, self.strides)]
             out_base = b.mul(r, n)
             self.row_vals = {}
             for p, reds in enumerate(stages):
                 self.eval_row_instrs(in_base, lambda j: need[j] < p)
+                self.next_row = deltas if p > 0 else None     # the first pass is the one that waits
                 self.reduce_pass(reds, in_base, row_str, n, stash if p == len(stages) - 1 else None, out_base)
+                self.next_row = None
             self.eval_row_instrs(in_base, lambda j: True)
             for k, j, dtn in per_row:
                 dt = D.DType.from_name(dtn)
@@ -236,7 +285,9 @@ class _RowKernel(_Kernel):
                 v = codecs.encode(b, dt.codec, v) if dt.codec else v
                 b.store(v, b.gep(self.out_ptr[k], [r], inbounds=True), align=dt.size_in_bytes)
             if full:
+                self.next_row = deltas if stages else None
                 self.write_rows(full, in_base, out_base, row_str, n, stash)
+                self.next_row = None
         b.ret_void()
 
     def write_rows(self, full, in_base, out_base, row_str, n, stash):
@@ -250,6 +301,7 @@ class _RowKernel(_Kernel):
         cone = [j for j in self.cone([("v", j) for _, j, _ in full], leaves) if j not in leaves]
         at = {j: i for i, j in enumerate(cone)}
         sub = self.sub(cone, [(at[j], dt) for _, j, dt in full], leaves=leaves)
+        sub = self.divide_by_reciprocals(sub)
         saved = self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt
         if stash:
             self.in_ptr = self.in_ptr + [self.out_ptr[stash[2]]]
@@ -260,6 +312,36 @@ class _RowKernel(_Kernel):
         self.out_dt = [saved[2][k] for k, _, _ in full]
         self.inner_loop(I64(0), n, in_base, out_base, row_str)
         self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt = saved
+
+
+    def divide_by_reciprocals(self, sub: _Sub) -> _Sub:
+        """`sub` with each f32 division by a row value made a multiplication by that value's
+        f64 reciprocal, computed once per row: RN32(e * RN64(1 / s)) in f64 is within 2^-52 of
+        e / s, and an f32 quotient is never within 2^-49 of an f32 rounding midpoint, so this
+        is exactly the f32 division (inf, NaN and zero divisors included) for a normal result,
+        at a fraction of a vector divide's cost (softmax's write pass, layer_norm's normalise).
+        Low-precision dtypes divide in f32 with their own rounding after, so they keep fdiv."""
+        at, instrs = {}, []
+
+        def ref(r):
+            return ("v", at[r[1]]) if r[0] == "v" else r
+        for j, (op, arg, dt, odt, refs) in enumerate(sub.instrs):
+            refs = tuple(ref(r) for r in refs)
+            d = refs[1] if op == "div" else None
+            if not (dt == odt == "f32" and d and d[0] == "s" and d[1] >= self.n_scalars):
+                at[j] = len(instrs)
+                instrs.append((op, arg, dt, odt, refs))
+                continue
+            key = ("recip", d[1])
+            if key not in self.row_vals:
+                s64 = self.b.fpext(self.scalar(d[1], 1), F64)
+                self.row_vals[key] = self.b.fdiv(ir.Constant(F64, 1.0), s64)
+            n = len(instrs)
+            instrs += [("cast", ("dtype", "f64"), "f32", "f64", (refs[0],)),
+                       ("mul", None, "f64", "f64", (("v", n), ("s", key, "f64"))),
+                       ("cast", ("dtype", "f32"), "f64", "f32", (("v", n + 1),))]
+            at[j] = n + 2
+        return _Sub(sub.inputs, tuple(instrs), tuple((at[j], dt) for j, dt in sub.outputs))
 
 
 def build(spec: RowSpec, name: str = "row") -> str:
