@@ -98,26 +98,60 @@ def sort_spec(dt: D.DType, outer, outer_strides, n, step, descending, id_dt: D.D
 
 # ---- keys --------------------------------------------------------------------------------
 def _key(b, dt: D.DType, stored, descending: bool):
-    """The order-preserving unsigned key (an integer of the dtype's width) of one stored value."""
+    """(key, negative zero) of one stored value: the order-preserving unsigned key (an integer
+    of the dtype's width) and an i1 that is set for a float -0 (whose key is +0's)."""
     it = ir.IntType(dt.bits)
     raw = stored if isinstance(stored.type, ir.IntType) else b.bitcast(stored, it)
     sign = ir.Constant(it, 1 << (dt.bits - 1))
+    neg_zero = ir.Constant(I1, 0)
     if dt.is_int:
         key = b.xor(raw, sign) if dt.is_signed else raw
     else:
         value = codecs.decode(b, dt.codec, stored) if dt.codec else stored
         is_nan = b.fcmp_unordered("uno", value, value)
         mag = b.and_(raw, ir.Constant(it, (1 << (dt.bits - 1)) - 1))
-        raw = b.select(b.icmp_unsigned("==", mag, ir.Constant(it, 0)), ir.Constant(it, 0), raw)
+        is_zero = b.icmp_unsigned("==", mag, ir.Constant(it, 0))
+        neg_zero = b.and_(is_zero, b.icmp_unsigned("!=", raw, ir.Constant(it, 0)))
+        raw = b.select(is_zero, ir.Constant(it, 0), raw)
         neg = b.icmp_unsigned("!=", b.and_(raw, sign), ir.Constant(it, 0))
         key = b.select(neg, b.xor(raw, ir.Constant(it, -1)), b.or_(raw, sign))
         key = b.select(is_nan, ir.Constant(it, -1), key)
-    return b.xor(key, ir.Constant(it, -1)) if descending else key
+    return (b.xor(key, ir.Constant(it, -1)) if descending else key), neg_zero
 
 
-def _composite(b, key, index, ct: ir.IntType):
+def _composite(b, key, index, neg_zero, ct: ir.IntType):
+    """key in the high half, then the index, then the -0 bit (below the distinct indices, so
+    it never decides an order; the values are decoded from key and bit)."""
     shift = ct.width // 2
-    return b.or_(b.shl(b.zext(key, ct), ir.Constant(ct, shift)), b.zext(index, ct))
+    low = b.or_(b.shl(b.zext(index, ct), ir.Constant(ct, 1)), b.zext(neg_zero, ct))
+    return b.or_(b.shl(b.zext(key, ct), ir.Constant(ct, shift)), low)
+
+
+def _splat(t, value):
+    return ir.Constant(t, [ir.Constant(t.element, value)] * t.count) if isinstance(t, ir.VectorType) else ir.Constant(t, value)
+
+
+def _like(t, elem):
+    """`elem` with the lane count of `t` (a vector type or a scalar)."""
+    return ir.VectorType(elem, t.count) if isinstance(t, ir.VectorType) else elem
+
+
+def _decode(b, dt: D.DType, comps, descending: bool):
+    """(raw value bits, is NaN) of composites (a scalar or a vector): the inverse of _key; -0
+    comes back from its bit, a NaN's payload cannot (the caller reads it from the input)."""
+    ct = comps.type
+    kt = _like(ct, ir.IntType(dt.bits))
+    key = b.trunc(b.lshr(comps, _splat(ct, ct.element.width // 2 if isinstance(ct, ir.VectorType) else ct.width // 2)), kt)
+    if descending:
+        key = b.xor(key, _splat(kt, -1))
+    sign = _splat(kt, 1 << (dt.bits - 1))
+    if dt.is_int:
+        return (b.xor(key, sign) if dt.is_signed else key), None
+    is_nan = b.icmp_unsigned("==", key, _splat(kt, (1 << dt.bits) - 1))
+    was_pos = b.icmp_unsigned("!=", b.and_(key, sign), _splat(kt, 0))
+    raw = b.select(was_pos, b.xor(key, sign), b.xor(key, _splat(kt, -1)))
+    neg_zero = b.trunc(comps, _like(ct, I1))
+    return b.select(neg_zero, sign, raw), is_nan
 
 
 # ---- the network -------------------------------------------------------------------------
@@ -382,9 +416,41 @@ def row_offset(b, r, sizes, strides):
     return off
 
 
+def _write_out(b, spec, dt, id_t, comps, at, ptrs, row_src):
+    """Ids (and the values, decoded from the keys) of consecutive composites `comps` (one
+    vector or one scalar) to output position `at`.  A NaN's bits are read back from the input
+    at its id (its payload is not in the key); that branch is taken only where a NaN is."""
+    ct = comps.type
+    lanes = ct.count if isinstance(ct, ir.VectorType) else 1
+    out, vals, raw_src = ptrs
+    hw = (ct.element.width if lanes > 1 else ct.width) // 2
+    half = _like(ct, ir.IntType(hw))
+    idx = b.lshr(b.trunc(comps, half), _splat(half, 1))
+    it = _like(ct, id_t)
+    if id_t.width != hw:
+        idx = (b.trunc if id_t.width < hw else b.zext)(idx, it)
+    b.store(idx, b.bitcast(b.gep(out, [at], inbounds=True), it.as_pointer()), align=id_t.width // 8)
+    if vals is None:
+        return
+    raw, is_nan = _decode(b, dt, comps, spec.descending)
+    rt = _like(ct, ir.IntType(8 * dt.size_in_bytes))
+    b.store(raw, b.bitcast(b.gep(vals, [at], inbounds=True), rt.as_pointer()), align=dt.size_in_bytes)
+    if is_nan is None:
+        return
+    any_nan = b.icmp_unsigned("!=", b.bitcast(is_nan, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), 0))
+    with b.if_then(any_nan, likely=False):
+        for lane in range(lanes):
+            j = b.extract_element(idx, I32(lane)) if lanes > 1 else idx
+            j = b.zext(j, I64) if j.type.width < 64 else j
+            src_at = b.add(row_src, b.mul(j, I64(spec.step)))
+            v = b.load(b.gep(raw_src, [src_at], inbounds=True), align=dt.size_in_bytes)
+            b.store(v, b.gep(vals, [b.add(at, I64(lane))], inbounds=True), align=dt.size_in_bytes)
+
+
 def build_sort(spec: SortSpec, name: str = "argsort") -> str:
     dt, id_dt = D.DType.from_name(spec.dtype), D.DType.from_name(spec.id_dtype)
     ct = ir.IntType(spec.comp_bits)
+    index_t = ir.IntType(spec.comp_bits // 2)
     N, W, n = spec.padded, spec.width, spec.n
     m = new_module(name)
     fn, b = kernel_function(m, name)
@@ -393,32 +459,35 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
     src = arg_pointer(b, ptrs, 1, ltype(dt.storage), "src")
     ws = arg_pointer(b, ptrs, 2, ct, "ws")
     raw_t = ir.IntType(8 * dt.size_in_bytes)
+    vals = raw_src = None
     if spec.values:
         vals = arg_pointer(b, ptrs, 3, raw_t, "vals")
         raw_src = b.bitcast(src, raw_t.as_pointer())
     id_t = ltype(id_dt.storage)
+    vt = ir.VectorType(ct, W) if W > 1 else ct
+    whole = n // W
     with counted_loop(b, lo, hi, 1, "row") as r:
         base = row_offset(b, r, spec.outer, spec.outer_strides)
         with counted_loop(b, I64(0), I64(n), 1, "load") as i:
             at = b.add(base, b.mul(i, I64(spec.step)))
             stored = b.load(b.gep(src, [at], inbounds=True), align=dt.size_in_bytes)
-            key = _key(b, dt, stored, spec.descending)
-            b.store(_composite(b, key, b.trunc(i, I32), ct), b.gep(ws, [i], inbounds=True), align=8)
+            key, neg_zero = _key(b, dt, stored, spec.descending)
+            c = _composite(b, key, b.trunc(i, index_t), neg_zero, ct)
+            b.store(c, b.gep(ws, [i], inbounds=True), align=8)
         if N > n:
             with counted_loop(b, I64(n), I64(N), 1, "pad") as i:
                 b.store(ir.Constant(ct, -1), b.gep(ws, [i], inbounds=True), align=8)
         _bitonic(b, ws, ct, N, W)
         row_out = b.mul(r, I64(n))
-        with counted_loop(b, I64(0), I64(n), 1, "store") as i:
-            c = b.load(b.gep(ws, [i], inbounds=True), align=8)
-            idx = b.trunc(c, I32)
-            at = b.add(row_out, i)
-            if spec.values:
-                from_at = b.add(base, b.mul(b.zext(idx, I64), I64(spec.step)))
-                v = b.load(b.gep(raw_src, [from_at], inbounds=True), align=dt.size_in_bytes)
-                b.store(v, b.gep(vals, [at], inbounds=True), align=dt.size_in_bytes)
-            idx = b.zext(idx, id_t) if id_t.width > 32 else idx
-            b.store(idx, b.gep(out, [at], inbounds=True), align=id_dt.size_in_bytes)
+        sinks = (out, vals, raw_src)
+        ws_v = b.bitcast(ws, vt.as_pointer())
+        with counted_loop(b, I64(0), I64(whole), 1, "store") as j:
+            c = b.load(b.gep(ws_v, [j], inbounds=True), align=8)
+            _write_out(b, spec, dt, id_t, c, b.add(row_out, b.mul(j, I64(W))), sinks, base)
+        if whole * W < n:
+            with counted_loop(b, I64(whole * W), I64(n), 1, "tail") as i:
+                c = b.load(b.gep(ws, [i], inbounds=True), align=8)
+                _write_out(b, spec, dt, id_t, c, b.add(row_out, i), sinks, base)
     b.ret_void()
     return str(m)
 
