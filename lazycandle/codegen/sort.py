@@ -377,6 +377,58 @@ def _square_merge(k, W):
     return wide + [("transpose", 0)] + [s for s in st if s[1] < W] + [("transpose", 0)]
 
 
+def _grouped_pass(b, ws_v, nvec, W, K, S, s, flip):
+    """`s` consecutive long-distance stages of merges of K vectors, in registers: vector
+    distances S * 2**(s-1) .. S (with `flip`, the first stage is the merge's flip and the group
+    also holds the mirror vectors, S-1-lo + S*g, so the flip pairs stay inside it)."""
+    G = 1 << s
+    per = S // 2 if flip else S
+    count = (nvec // K) * per if flip else (nvec // (S * G)) * S
+    with counted_loop(b, I64(0), I64(count), 1, "group") as t:
+        q, lo = b.udiv(t, I64(per)), b.urem(t, I64(per))
+        base = b.mul(q, I64(K if flip else S * G))
+        starts = [b.add(base, lo)] + ([b.add(base, b.sub(I64(S - 1), lo))] if flip else [])
+        ps = [[b.gep(ws_v, [b.add(st, I64(S * g))], inbounds=True) for g in range(G)] for st in starts]
+        v = [[b.load(p, align=8) for p in part] for part in ps]
+        halves = range(s - 1, -1, -1)
+        if flip:
+            for lo_part, hi_part, gs in ((0, 1, range(G // 2)), (1, 0, range(G // 2))):
+                for g in gs:
+                    x, y = v[lo_part][g], _reverse(b, v[hi_part][G - 1 - g], W)
+                    mn, mx = _minmax(b, x, y)
+                    v[lo_part][g], v[hi_part][G - 1 - g] = mn, _reverse(b, mx, W)
+            halves = range(s - 2, -1, -1)
+        for j in halves:
+            for part in v:
+                for g in range(G):
+                    if not g >> j & 1:
+                        part[g], part[g + (1 << j)] = _minmax(b, part[g], part[g + (1 << j)])
+        for part, pp in zip(v, ps):
+            for x, p in zip(part, pp):
+                b.store(x, p, align=8)
+
+
+def _square_late_merges(b, ws_v, nvec, W, N):
+    """Merges of size 4*W*W .. N, each unrolled: its stages at vector distances >= 2W in
+    register groups of up to three stages (the flip's group first), then one square pass."""
+    k = 4 * W * W
+    while k <= N:
+        K = k // W
+        dists = []
+        d = K // 4
+        while d >= 2 * W:
+            dists.append(d)
+            d //= 2
+        first = dists[:2]
+        _grouped_pass(b, ws_v, nvec, W, K, first[-1] if first else K // 2, 1 + len(first), True)
+        rest = dists[2:]
+        for c in range(0, len(rest), 3):
+            chunk = rest[c:c + 3]
+            _grouped_pass(b, ws_v, nvec, W, K, chunk[-1], len(chunk), False)
+        _square_pass(b, ws_v, nvec, W, _square_merge(N, W), False, "half")
+        k *= 2
+
+
 def _bitonic(b, ws, ct, N, W):
     """Sort ws[0:N] (N a power of two): one register pass sorts every block of B elements,
     then each larger merge runs its long-distance stages as vector-pair passes and the rest in
@@ -400,7 +452,7 @@ def _bitonic(b, ws, ct, N, W):
     _square_pass(b, ws_v, nvec, W, first + [("transpose", 0)], col_major=True)
     if N >= 2 * B:                    # square passes take blocks in pairs: one more stage each
         _square_pass(b, ws_v, nvec, W, _square_merge(2 * B, W), False, "flip")
-    _late_merges(b, ws_v, N, W, 4 * B, 2 * B, lambda: _square_pass(b, ws_v, nvec, W, _square_merge(N, W), False, "half"))
+    _square_late_merges(b, ws_v, nvec, W, N)
 
 
 # ---- the kernel --------------------------------------------------------------------------
@@ -416,10 +468,24 @@ def row_offset(b, r, sizes, strides):
     return off
 
 
-def _write_out(b, spec, dt, id_t, comps, at, ptrs, row_src):
+def _vector_bytes(t) -> int:
+    return t.count * t.element.width // 8 if isinstance(t, ir.VectorType) else t.width // 8
+
+
+def _store(b, value, ptr, align, streaming):
+    if not streaming:
+        b.store(value, ptr, align=align)
+        return
+    st = b.store(value, ptr, align=_vector_bytes(value.type))
+    st.set_metadata("nontemporal", b.module.add_metadata([I32(1)]))
+
+
+def _write_out(b, spec, dt, id_t, comps, at, ptrs, row_src, streaming=False):
     """Ids (and the values, decoded from the keys) of consecutive composites `comps` (one
     vector or one scalar) to output position `at`.  A NaN's bits are read back from the input
-    at its id (its payload is not in the key); that branch is taken only where a NaN is."""
+    at its id (its payload is not in the key); that branch is taken only where a NaN is.
+    `streaming`: non-temporal stores (whole aligned vectors; the outputs are not read soon,
+    so they need not be read into the cache first)."""
     ct = comps.type
     lanes = ct.count if isinstance(ct, ir.VectorType) else 1
     out, vals, raw_src = ptrs
@@ -429,12 +495,12 @@ def _write_out(b, spec, dt, id_t, comps, at, ptrs, row_src):
     it = _like(ct, id_t)
     if id_t.width != hw:
         idx = (b.trunc if id_t.width < hw else b.zext)(idx, it)
-    b.store(idx, b.bitcast(b.gep(out, [at], inbounds=True), it.as_pointer()), align=id_t.width // 8)
+    _store(b, idx, b.bitcast(b.gep(out, [at], inbounds=True), it.as_pointer()), id_t.width // 8, streaming)
     if vals is None:
         return
     raw, is_nan = _decode(b, dt, comps, spec.descending)
     rt = _like(ct, ir.IntType(8 * dt.size_in_bytes))
-    b.store(raw, b.bitcast(b.gep(vals, [at], inbounds=True), rt.as_pointer()), align=dt.size_in_bytes)
+    _store(b, raw, b.bitcast(b.gep(vals, [at], inbounds=True), rt.as_pointer()), dt.size_in_bytes, streaming)
     if is_nan is None:
         return
     any_nan = b.icmp_unsigned("!=", b.bitcast(is_nan, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), 0))
@@ -481,13 +547,31 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
         row_out = b.mul(r, I64(n))
         sinks = (out, vals, raw_src)
         ws_v = b.bitcast(ws, vt.as_pointer())
-        with counted_loop(b, I64(0), I64(whole), 1, "store") as j:
-            c = b.load(b.gep(ws_v, [j], inbounds=True), align=8)
-            _write_out(b, spec, dt, id_t, c, b.add(row_out, b.mul(j, I64(W))), sinks, base)
+        def store_vectors(streaming):
+            with counted_loop(b, I64(0), I64(whole), 1, "store") as j:
+                c = b.load(b.gep(ws_v, [j], inbounds=True), align=8)
+                _write_out(b, spec, dt, id_t, c, b.add(row_out, b.mul(j, I64(W))), sinks, base, streaming)
+
+        if W > 1 and whole:
+            firsts = [b.gep(out, [row_out])] + ([b.gep(vals, [row_out])] if vals is not None else [])
+            widths = [W * id_dt.size_in_bytes] + ([W * dt.size_in_bytes] if vals is not None else [])
+            misaligned = I64(0)
+            for p_, w_ in zip(firsts, widths):
+                misaligned = b.or_(misaligned, b.and_(b.ptrtoint(p_, I64), I64(w_ - 1)))
+            if not all(w_ in (16, 32, 64) for w_ in widths):
+                misaligned = I64(1)
+            with b.if_else(b.icmp_unsigned("==", misaligned, I64(0))) as (aligned, other):
+                with aligned:
+                    store_vectors(True)
+                with other:
+                    store_vectors(False)
+        else:
+            store_vectors(False)
         if whole * W < n:
             with counted_loop(b, I64(whole * W), I64(n), 1, "tail") as i:
                 c = b.load(b.gep(ws, [i], inbounds=True), align=8)
                 _write_out(b, spec, dt, id_t, c, b.add(row_out, i), sinks, base)
+    b.fence("seq_cst")          # the non-temporal stores are visible before the kernel returns
     b.ret_void()
     return str(m)
 
