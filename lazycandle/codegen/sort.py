@@ -1,8 +1,8 @@
 """LLVM kernel of argsort: a stable sort of each row, rows independent (kernel ABI
 `void k(i8** ptrs, i64 lo, i64 hi)` over rows; ptrs = [ids out, input, workspace]).
 
-Each element becomes one unsigned integer, the *composite* `key << 32 | index`, where `key` is
-an order-preserving unsigned image of the value:
+Each element becomes one unsigned integer, the *composite* `key << 32 | index << 1 | z`, where
+`key` is an order-preserving unsigned image of the value and z is set for a float -0:
   * unsigned ints: the bits; signed ints: the bits with the sign bit flipped;
   * floats (any sign-magnitude format, read through the dtype's codec for NaN tests): -0 is
     made +0 (they compare equal, so their order must stay the input order), then negative
@@ -10,8 +10,10 @@ an order-preserving unsigned image of the value:
   * descending: the key is complemented, so NaN (largest) comes first and ties still keep
     ascending indices.
 Composites are all distinct and ties are broken by the index, so ANY correct sort of the
-composites is the stable sort of the values.  Keys of <= 32 bits make an i64 composite, the
-64-bit dtypes an i128 one.
+composites is the stable sort of the values.  Keys of <= 32 bits make an i64 composite (rows
+shorter than 2**31), the 64-bit dtypes (or longer rows) an i128 one.  The sorted values are
+decoded from the composites (the key's inverse; z restores -0); only a NaN, whose payload the
+key drops, is read back from the input at its id.
 
 The row is written to the workspace (padded to a power of two N with all-ones composites,
 which sort after every real element) and sorted by a bitonic network: compare-exchange is an
@@ -21,7 +23,9 @@ the rest run on blocks held in registers, one pass per merge size.  With i64 com
 at least W*W elements the blocks are square (W vectors of W lanes) and are transposed between
 stages so that nearly every compare-exchange is a whole-register min/max (see the square-block
 notes below); otherwise in-vector stages are lane shuffles.  The low 32 bits of the sorted
-composites are the ids.
+composites, shifted down by one, are the ids.  Late merges are unrolled: their long-distance
+stages run in register groups of up to three stages, then one square-block pass.  Output rows
+whose start is vector aligned are written with non-temporal stores.
 """
 from __future__ import annotations
 
@@ -58,7 +62,7 @@ class SortSpec(KernelSpec):
 
     @property
     def comp_bits(self) -> int:
-        return 64 if self.key_bits <= 32 else 128
+        return 64 if self.key_bits <= 32 and self.n < 1 << 31 else 128
 
     @property
     def padded(self) -> int:
