@@ -83,6 +83,40 @@ def test_sort_any_row_length(n):
         np.testing.assert_array_equal(lc.tensor(a).arg_sort_last_dim(asc).numpy(), ref_argsort(a, asc))
 
 
+def _specials_row_data(shape, key):
+    """f32 rows of few distinct values (many ties) with NaNs (one a negative NaN with a payload,
+    whose bits the sorted values must keep), infs and both zeros."""
+    rng = rng_for("specials", shape, key)
+    a = (rng.integers(-3, 4, shape) / 2.0).astype(np.float32)
+    flat = a.reshape(-1)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 0.0, -0.0], np.float32)
+    pick = rng.random(flat.size) < 0.3
+    flat[pick] = specials[rng.integers(0, len(specials), int(pick.sum()))]
+    if flat.size:
+        flat.view(np.uint32)[rng.integers(0, flat.size)] = 0xFFC01234
+    return a
+
+
+@pytest.mark.parametrize("bits", ["host", 256], ids=["host", "avx2"])
+def test_sorted_values_and_ids_around_the_vector_width_and_long_rows(monkeypatch, bits):
+    """Row lengths 0, 1, W-1, W, W+1, 1000, 1024, 4097 (W composites per vector): ids equal the
+    stable argsort and the values are the input's bits at those ids (-0.0 stays -0.0 and keeps
+    its place among the zeros, NaN bits survive), ascending and descending.  1000-long rows
+    alternate between 32-byte aligned and unaligned output rows."""
+    from lazycandle.codegen import jit
+    if bits != "host":
+        monkeypatch.setattr(jit, "vector_bits", lambda: bits)
+    W = jit.vector_bits() // 64
+    for n in sorted({0, 1, W - 1, W, W + 1, 1000, 1024, 4097}):
+        a = _specials_row_data((3, n), f"{bits}-{n}")
+        for asc in (True, False):
+            v, i = lc.tensor(a).sort_last_dim(asc=asc)
+            lc.realize(v, i)                        # one plan: the argsort kernel writes both
+            exp = ref_argsort(a, asc)
+            np.testing.assert_array_equal(i.numpy(), exp)
+            same_bits(v.numpy(), np.take_along_axis(a, exp.astype(np.int64), -1))
+
+
 @pytest.mark.parametrize("dt", [lc.f64, lc.i64, lc.f16], ids=["f64", "i64", "f16"])
 def test_sort_long_rows_of_wide_and_narrow_keys(dt):
     a = sort_data(dt, (2, 300), "long")

@@ -1,8 +1,8 @@
 """LLVM kernel of argsort: a stable sort of each row, rows independent (kernel ABI
 `void k(i8** ptrs, i64 lo, i64 hi)` over rows; ptrs = [ids out, input, workspace]).
 
-Each element becomes one unsigned integer, the *composite* `key << 32 | index`, where `key` is
-an order-preserving unsigned image of the value:
+Each element becomes one unsigned integer, the *composite* `key << 32 | index << 1 | z`, where
+`key` is an order-preserving unsigned image of the value and z is set for a float -0:
   * unsigned ints: the bits; signed ints: the bits with the sign bit flipped;
   * floats (any sign-magnitude format, read through the dtype's codec for NaN tests): -0 is
     made +0 (they compare equal, so their order must stay the input order), then negative
@@ -10,8 +10,10 @@ an order-preserving unsigned image of the value:
   * descending: the key is complemented, so NaN (largest) comes first and ties still keep
     ascending indices.
 Composites are all distinct and ties are broken by the index, so ANY correct sort of the
-composites is the stable sort of the values.  Keys of <= 32 bits make an i64 composite, the
-64-bit dtypes an i128 one.
+composites is the stable sort of the values.  Keys of <= 32 bits make an i64 composite (rows
+shorter than 2**31), the 64-bit dtypes (or longer rows) an i128 one.  The sorted values are
+decoded from the composites (the key's inverse; z restores -0); only a NaN, whose payload the
+key drops, is read back from the input at its id.
 
 The row is written to the workspace (padded to a power of two N with all-ones composites,
 which sort after every real element) and sorted by a bitonic network: compare-exchange is an
@@ -21,7 +23,9 @@ the rest run on blocks held in registers, one pass per merge size.  With i64 com
 at least W*W elements the blocks are square (W vectors of W lanes) and are transposed between
 stages so that nearly every compare-exchange is a whole-register min/max (see the square-block
 notes below); otherwise in-vector stages are lane shuffles.  The low 32 bits of the sorted
-composites are the ids.
+composites, shifted down by one, are the ids.  Late merges are unrolled: their long-distance
+stages run in register groups of up to three stages, then one square-block pass.  Output rows
+whose start is vector aligned are written with non-temporal stores.
 """
 from __future__ import annotations
 
@@ -58,7 +62,7 @@ class SortSpec(KernelSpec):
 
     @property
     def comp_bits(self) -> int:
-        return 64 if self.key_bits <= 32 else 128
+        return 64 if self.key_bits <= 32 and self.n < 1 << 31 else 128
 
     @property
     def padded(self) -> int:
@@ -98,26 +102,60 @@ def sort_spec(dt: D.DType, outer, outer_strides, n, step, descending, id_dt: D.D
 
 # ---- keys --------------------------------------------------------------------------------
 def _key(b, dt: D.DType, stored, descending: bool):
-    """The order-preserving unsigned key (an integer of the dtype's width) of one stored value."""
+    """(key, negative zero) of one stored value: the order-preserving unsigned key (an integer
+    of the dtype's width) and an i1 that is set for a float -0 (whose key is +0's)."""
     it = ir.IntType(dt.bits)
     raw = stored if isinstance(stored.type, ir.IntType) else b.bitcast(stored, it)
     sign = ir.Constant(it, 1 << (dt.bits - 1))
+    neg_zero = ir.Constant(I1, 0)
     if dt.is_int:
         key = b.xor(raw, sign) if dt.is_signed else raw
     else:
         value = codecs.decode(b, dt.codec, stored) if dt.codec else stored
         is_nan = b.fcmp_unordered("uno", value, value)
         mag = b.and_(raw, ir.Constant(it, (1 << (dt.bits - 1)) - 1))
-        raw = b.select(b.icmp_unsigned("==", mag, ir.Constant(it, 0)), ir.Constant(it, 0), raw)
+        is_zero = b.icmp_unsigned("==", mag, ir.Constant(it, 0))
+        neg_zero = b.and_(is_zero, b.icmp_unsigned("!=", raw, ir.Constant(it, 0)))
+        raw = b.select(is_zero, ir.Constant(it, 0), raw)
         neg = b.icmp_unsigned("!=", b.and_(raw, sign), ir.Constant(it, 0))
         key = b.select(neg, b.xor(raw, ir.Constant(it, -1)), b.or_(raw, sign))
         key = b.select(is_nan, ir.Constant(it, -1), key)
-    return b.xor(key, ir.Constant(it, -1)) if descending else key
+    return (b.xor(key, ir.Constant(it, -1)) if descending else key), neg_zero
 
 
-def _composite(b, key, index, ct: ir.IntType):
+def _composite(b, key, index, neg_zero, ct: ir.IntType):
+    """key in the high half, then the index, then the -0 bit (below the distinct indices, so
+    it never decides an order; the values are decoded from key and bit)."""
     shift = ct.width // 2
-    return b.or_(b.shl(b.zext(key, ct), ir.Constant(ct, shift)), b.zext(index, ct))
+    low = b.or_(b.shl(b.zext(index, ct), ir.Constant(ct, 1)), b.zext(neg_zero, ct))
+    return b.or_(b.shl(b.zext(key, ct), ir.Constant(ct, shift)), low)
+
+
+def _splat(t, value):
+    return ir.Constant(t, [ir.Constant(t.element, value)] * t.count) if isinstance(t, ir.VectorType) else ir.Constant(t, value)
+
+
+def _like(t, elem):
+    """`elem` with the lane count of `t` (a vector type or a scalar)."""
+    return ir.VectorType(elem, t.count) if isinstance(t, ir.VectorType) else elem
+
+
+def _decode(b, dt: D.DType, comps, descending: bool):
+    """(raw value bits, is NaN) of composites (a scalar or a vector): the inverse of _key; -0
+    comes back from its bit, a NaN's payload cannot (the caller reads it from the input)."""
+    ct = comps.type
+    kt = _like(ct, ir.IntType(dt.bits))
+    key = b.trunc(b.lshr(comps, _splat(ct, ct.element.width // 2 if isinstance(ct, ir.VectorType) else ct.width // 2)), kt)
+    if descending:
+        key = b.xor(key, _splat(kt, -1))
+    sign = _splat(kt, 1 << (dt.bits - 1))
+    if dt.is_int:
+        return (b.xor(key, sign) if dt.is_signed else key), None
+    is_nan = b.icmp_unsigned("==", key, _splat(kt, (1 << dt.bits) - 1))
+    was_pos = b.icmp_unsigned("!=", b.and_(key, sign), _splat(kt, 0))
+    raw = b.select(was_pos, b.xor(key, sign), b.xor(key, _splat(kt, -1)))
+    neg_zero = b.trunc(comps, _like(ct, I1))
+    return b.select(neg_zero, sign, raw), is_nan
 
 
 # ---- the network -------------------------------------------------------------------------
@@ -343,6 +381,58 @@ def _square_merge(k, W):
     return wide + [("transpose", 0)] + [s for s in st if s[1] < W] + [("transpose", 0)]
 
 
+def _grouped_pass(b, ws_v, nvec, W, K, S, s, flip):
+    """`s` consecutive long-distance stages of merges of K vectors, in registers: vector
+    distances S * 2**(s-1) .. S (with `flip`, the first stage is the merge's flip and the group
+    also holds the mirror vectors, S-1-lo + S*g, so the flip pairs stay inside it)."""
+    G = 1 << s
+    per = S // 2 if flip else S
+    count = (nvec // K) * per if flip else (nvec // (S * G)) * S
+    with counted_loop(b, I64(0), I64(count), 1, "group") as t:
+        q, lo = b.udiv(t, I64(per)), b.urem(t, I64(per))
+        base = b.mul(q, I64(K if flip else S * G))
+        starts = [b.add(base, lo)] + ([b.add(base, b.sub(I64(S - 1), lo))] if flip else [])
+        ps = [[b.gep(ws_v, [b.add(st, I64(S * g))], inbounds=True) for g in range(G)] for st in starts]
+        v = [[b.load(p, align=8) for p in part] for part in ps]
+        halves = range(s - 1, -1, -1)
+        if flip:
+            for lo_part, hi_part, gs in ((0, 1, range(G // 2)), (1, 0, range(G // 2))):
+                for g in gs:
+                    x, y = v[lo_part][g], _reverse(b, v[hi_part][G - 1 - g], W)
+                    mn, mx = _minmax(b, x, y)
+                    v[lo_part][g], v[hi_part][G - 1 - g] = mn, _reverse(b, mx, W)
+            halves = range(s - 2, -1, -1)
+        for j in halves:
+            for part in v:
+                for g in range(G):
+                    if not g >> j & 1:
+                        part[g], part[g + (1 << j)] = _minmax(b, part[g], part[g + (1 << j)])
+        for part, pp in zip(v, ps):
+            for x, p in zip(part, pp):
+                b.store(x, p, align=8)
+
+
+def _square_late_merges(b, ws_v, nvec, W, N):
+    """Merges of size 4*W*W .. N, each unrolled: its stages at vector distances >= 2W in
+    register groups of up to three stages (the flip's group first), then one square pass."""
+    k = 4 * W * W
+    while k <= N:
+        K = k // W
+        dists = []
+        d = K // 4
+        while d >= 2 * W:
+            dists.append(d)
+            d //= 2
+        first = dists[:2]
+        _grouped_pass(b, ws_v, nvec, W, K, first[-1] if first else K // 2, 1 + len(first), True)
+        rest = dists[2:]
+        for c in range(0, len(rest), 3):
+            chunk = rest[c:c + 3]
+            _grouped_pass(b, ws_v, nvec, W, K, chunk[-1], len(chunk), False)
+        _square_pass(b, ws_v, nvec, W, _square_merge(N, W), False, "half")
+        k *= 2
+
+
 def _bitonic(b, ws, ct, N, W):
     """Sort ws[0:N] (N a power of two): one register pass sorts every block of B elements,
     then each larger merge runs its long-distance stages as vector-pair passes and the rest in
@@ -366,7 +456,7 @@ def _bitonic(b, ws, ct, N, W):
     _square_pass(b, ws_v, nvec, W, first + [("transpose", 0)], col_major=True)
     if N >= 2 * B:                    # square passes take blocks in pairs: one more stage each
         _square_pass(b, ws_v, nvec, W, _square_merge(2 * B, W), False, "flip")
-    _late_merges(b, ws_v, N, W, 4 * B, 2 * B, lambda: _square_pass(b, ws_v, nvec, W, _square_merge(N, W), False, "half"))
+    _square_late_merges(b, ws_v, nvec, W, N)
 
 
 # ---- the kernel --------------------------------------------------------------------------
@@ -382,9 +472,55 @@ def row_offset(b, r, sizes, strides):
     return off
 
 
+def _vector_bytes(t) -> int:
+    return t.count * t.element.width // 8 if isinstance(t, ir.VectorType) else t.width // 8
+
+
+def _store(b, value, ptr, align, streaming):
+    if not streaming:
+        b.store(value, ptr, align=align)
+        return
+    st = b.store(value, ptr, align=_vector_bytes(value.type))
+    st.set_metadata("nontemporal", b.module.add_metadata([I32(1)]))
+
+
+def _write_out(b, spec, dt, id_t, comps, at, ptrs, row_src, streaming=False):
+    """Ids (and the values, decoded from the keys) of consecutive composites `comps` (one
+    vector or one scalar) to output position `at`.  A NaN's bits are read back from the input
+    at its id (its payload is not in the key); that branch is taken only where a NaN is.
+    `streaming`: non-temporal stores (whole aligned vectors; the outputs are not read soon,
+    so they need not be read into the cache first)."""
+    ct = comps.type
+    lanes = ct.count if isinstance(ct, ir.VectorType) else 1
+    out, vals, raw_src = ptrs
+    hw = (ct.element.width if lanes > 1 else ct.width) // 2
+    half = _like(ct, ir.IntType(hw))
+    idx = b.lshr(b.trunc(comps, half), _splat(half, 1))
+    it = _like(ct, id_t)
+    if id_t.width != hw:
+        idx = (b.trunc if id_t.width < hw else b.zext)(idx, it)
+    _store(b, idx, b.bitcast(b.gep(out, [at], inbounds=True), it.as_pointer()), id_t.width // 8, streaming)
+    if vals is None:
+        return
+    raw, is_nan = _decode(b, dt, comps, spec.descending)
+    rt = _like(ct, ir.IntType(8 * dt.size_in_bytes))
+    _store(b, raw, b.bitcast(b.gep(vals, [at], inbounds=True), rt.as_pointer()), dt.size_in_bytes, streaming)
+    if is_nan is None:
+        return
+    any_nan = b.icmp_unsigned("!=", b.bitcast(is_nan, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), 0))
+    with b.if_then(any_nan, likely=False):
+        for lane in range(lanes):
+            j = b.extract_element(idx, I32(lane)) if lanes > 1 else idx
+            j = b.zext(j, I64) if j.type.width < 64 else j
+            src_at = b.add(row_src, b.mul(j, I64(spec.step)))
+            v = b.load(b.gep(raw_src, [src_at], inbounds=True), align=dt.size_in_bytes)
+            b.store(v, b.gep(vals, [b.add(at, I64(lane))], inbounds=True), align=dt.size_in_bytes)
+
+
 def build_sort(spec: SortSpec, name: str = "argsort") -> str:
     dt, id_dt = D.DType.from_name(spec.dtype), D.DType.from_name(spec.id_dtype)
     ct = ir.IntType(spec.comp_bits)
+    index_t = ir.IntType(spec.comp_bits // 2)
     N, W, n = spec.padded, spec.width, spec.n
     m = new_module(name)
     fn, b = kernel_function(m, name)
@@ -393,32 +529,53 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
     src = arg_pointer(b, ptrs, 1, ltype(dt.storage), "src")
     ws = arg_pointer(b, ptrs, 2, ct, "ws")
     raw_t = ir.IntType(8 * dt.size_in_bytes)
+    vals = raw_src = None
     if spec.values:
         vals = arg_pointer(b, ptrs, 3, raw_t, "vals")
         raw_src = b.bitcast(src, raw_t.as_pointer())
     id_t = ltype(id_dt.storage)
+    vt = ir.VectorType(ct, W) if W > 1 else ct
+    whole = n // W
     with counted_loop(b, lo, hi, 1, "row") as r:
         base = row_offset(b, r, spec.outer, spec.outer_strides)
         with counted_loop(b, I64(0), I64(n), 1, "load") as i:
             at = b.add(base, b.mul(i, I64(spec.step)))
             stored = b.load(b.gep(src, [at], inbounds=True), align=dt.size_in_bytes)
-            key = _key(b, dt, stored, spec.descending)
-            b.store(_composite(b, key, b.trunc(i, I32), ct), b.gep(ws, [i], inbounds=True), align=8)
+            key, neg_zero = _key(b, dt, stored, spec.descending)
+            c = _composite(b, key, b.trunc(i, index_t), neg_zero, ct)
+            b.store(c, b.gep(ws, [i], inbounds=True), align=8)
         if N > n:
             with counted_loop(b, I64(n), I64(N), 1, "pad") as i:
                 b.store(ir.Constant(ct, -1), b.gep(ws, [i], inbounds=True), align=8)
         _bitonic(b, ws, ct, N, W)
         row_out = b.mul(r, I64(n))
-        with counted_loop(b, I64(0), I64(n), 1, "store") as i:
-            c = b.load(b.gep(ws, [i], inbounds=True), align=8)
-            idx = b.trunc(c, I32)
-            at = b.add(row_out, i)
-            if spec.values:
-                from_at = b.add(base, b.mul(b.zext(idx, I64), I64(spec.step)))
-                v = b.load(b.gep(raw_src, [from_at], inbounds=True), align=dt.size_in_bytes)
-                b.store(v, b.gep(vals, [at], inbounds=True), align=dt.size_in_bytes)
-            idx = b.zext(idx, id_t) if id_t.width > 32 else idx
-            b.store(idx, b.gep(out, [at], inbounds=True), align=id_dt.size_in_bytes)
+        sinks = (out, vals, raw_src)
+        ws_v = b.bitcast(ws, vt.as_pointer())
+        def store_vectors(streaming):
+            with counted_loop(b, I64(0), I64(whole), 1, "store") as j:
+                c = b.load(b.gep(ws_v, [j], inbounds=True), align=8)
+                _write_out(b, spec, dt, id_t, c, b.add(row_out, b.mul(j, I64(W))), sinks, base, streaming)
+
+        if W > 1 and whole:
+            firsts = [b.gep(out, [row_out])] + ([b.gep(vals, [row_out])] if vals is not None else [])
+            widths = [W * id_dt.size_in_bytes] + ([W * dt.size_in_bytes] if vals is not None else [])
+            misaligned = I64(0)
+            for p_, w_ in zip(firsts, widths):
+                misaligned = b.or_(misaligned, b.and_(b.ptrtoint(p_, I64), I64(w_ - 1)))
+            if not all(w_ in (16, 32, 64) for w_ in widths):
+                misaligned = I64(1)
+            with b.if_else(b.icmp_unsigned("==", misaligned, I64(0))) as (aligned, other):
+                with aligned:
+                    store_vectors(True)
+                with other:
+                    store_vectors(False)
+        else:
+            store_vectors(False)
+        if whole * W < n:
+            with counted_loop(b, I64(whole * W), I64(n), 1, "tail") as i:
+                c = b.load(b.gep(ws, [i], inbounds=True), align=8)
+                _write_out(b, spec, dt, id_t, c, b.add(row_out, i), sinks, base)
+    b.fence("seq_cst")          # the non-temporal stores are visible before the kernel returns
     b.ret_void()
     return str(m)
 
