@@ -370,13 +370,17 @@ def _dense_copy(g: Geometry, which: str, threads: int):
     return plan, prod(shape), tuple(new_bstr), nrs, ncs
 
 
-def _blas_parts(njobs: int, m: int, n: int, flops: float) -> tuple:
+def _blas_parts(njobs: int, m: int, n: int, flops: float, threads: int) -> tuple:
     """(rows, cols) of the pieces each GEMM is cut into so that the pieces of all jobs divide
-    evenly over BLAS_PARTS workers.  A function of the problem and the machine, never of the
-    thread setting: OpenBLAS's rounding depends on the shape it is called with, so a
-    thread-dependent split would make results depend on the thread count."""
+    evenly over the workers.  At 1 thread: no cut (one sgemm call packs each operand once; a cut
+    packs one operand again per piece).  With more threads: BLAS_PARTS workers, the machine's
+    size and not the thread setting, so every multi-thread setting cuts alike.  A cut along
+    16-row / 16-column blocks gives the one call's bits in OpenBLAS (its k blocking depends on k
+    only: tests/test_matmul_kernels.py checks the shapes the tests use), but that is the
+    library's behaviour, not a promise, hence one cut for all thread counts above 1."""
+    workers = BLAS_PARTS if threads > 1 else 1
     mblocks, nblocks = -(-m // 16), -(-n // 16)
-    parts = min(BLAS_PARTS // gcd(njobs, BLAS_PARTS), max(1, int(flops // PARALLEL_MIN_FLOPS)),
+    parts = min(workers // gcd(njobs, workers), max(1, int(flops // PARALLEL_MIN_FLOPS)),
                 max(mblocks, nblocks))
     if parts == 1:
         return m, n
@@ -417,8 +421,8 @@ class BlasPlan:
     """sgemm/dgemm calls for one geometry.  Operands BLAS cannot address (gaps, stride-0 rows,
     16/8-bit floats) are first copied dense by a generated kernel, and a 16/8-bit result is
     rounded from an f32 buffer.  Every GEMM runs single-threaded inside BLAS, spread over the
-    lazycandle pool: one pool for everything, results independent of the thread count, and no
-    BLAS threads spinning against ours on a busy machine."""
+    lazycandle pool: one pool for everything, and no BLAS threads spinning against ours on a
+    busy machine."""
     backend = "blas"
 
     def __init__(self, g: Geometry, threads: int):
@@ -450,7 +454,7 @@ class BlasPlan:
             return
         m, n = jobs[0][2], jobs[0][3]
         self.job_flops = 2.0 * m * n * g.k
-        mchunk, nchunk = _blas_parts(len(jobs), m, n, self.job_flops)
+        mchunk, nchunk = _blas_parts(len(jobs), m, n, self.job_flops, threads)
         if (mchunk, nchunk) != (m, n):
             jobs = [part for job in jobs for part in _split_job(job, mchunk, nchunk)]
             self.job_flops *= mchunk * nchunk / (m * n)
