@@ -417,3 +417,15 @@ def test_blas_at_one_thread_is_one_gemm_call(monkeypatch):
     if MM.BLAS_PARTS > 1:
         assert len(got[2, "calls"]) == MM.BLAS_PARTS
     np.testing.assert_array_equal(got[1].view(np.uint32), got[2].view(np.uint32))
+
+
+def test_auto_gives_a_close_call_on_a_large_problem_to_blas():
+    """A tiled "win" within the measurement noise on a big GEMM is a tie, and ties go to BLAS;
+    a clear win, or a tie on a small problem, goes to the faster one."""
+    from lazycandle.runtime import matmul_auto
+    big = MM.geometry(Layout.contiguous((1024, 1024)), Layout.contiguous((1024, 1024)), D.f32)
+    small = MM.geometry(Layout.contiguous((32, 32)), Layout.contiguous((32, 32)), D.f32)
+    assert matmul_auto.pick(big, {"blas": 1.05, "tiled": 1.0}) == "blas"
+    assert matmul_auto.pick(big, {"blas": 1.5, "tiled": 1.0}) == "tiled"
+    assert matmul_auto.pick(small, {"blas": 1.05, "tiled": 1.0}) == "tiled"
+    assert matmul_auto.pick(small, {"blas": 0.9, "tiled": 1.0}) == "blas"
