@@ -381,10 +381,11 @@ def _blas_parts(njobs: int, m: int, n: int, flops: float, threads: int) -> tuple
     """(rows, cols) of the pieces each GEMM is cut into so that the pieces of all jobs divide
     evenly over the workers.  At 1 thread: no cut (one sgemm call packs each operand once; a cut
     packs one operand again per piece).  With more threads: BLAS_PARTS workers, the machine's
-    size and not the thread setting, so every multi-thread setting cuts alike.  A cut along
-    16-row / 16-column blocks gives the one call's bits in OpenBLAS (its k blocking depends on k
-    only: tests/test_matmul_kernels.py checks the shapes the tests use), but that is the
-    library's behaviour, not a promise, hence one cut for all thread counts above 1."""
+    size and not the thread setting, so every multi-thread setting cuts alike.  Measured with
+    OpenBLAS 0.3.34 (SkylakeX): a cut along 16-row / 16-column blocks gives the one call's bits
+    on the square and ragged f32 shapes tried (tests/test_matmul_kernels.py checks one), but not
+    always (a 1-column remainder goes to gemv; dgemm with k ~ 4k differs in the last bit), so
+    1 thread and 2 threads may differ within SPEC's matmul tolerance, never beyond it."""
     workers = BLAS_PARTS if threads > 1 else 1
     mblocks, nblocks = -(-m // 16), -(-n // 16)
     parts = min(workers // gcd(njobs, workers), max(1, int(flops // PARALLEL_MIN_FLOPS)),
