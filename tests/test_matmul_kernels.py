@@ -390,3 +390,42 @@ def test_auto_calibration_times_a_proxy_for_big_problems():
     assert (p.m, p.n, p.k) == (1024, 1024, 1024) and p.rsa == 3000 and p.rsb == 5000
     small = MM.geometry(Layout.contiguous((64, 64)), Layout.contiguous((64, 64)), D.f32)
     assert matmul_auto._proxy(small) is small
+
+
+def test_blas_at_one_thread_is_one_gemm_call(monkeypatch):
+    """At 1 thread a large GEMM is one sgemm call (a cut would pack an operand once per piece);
+    with more threads it is cut over the pool, and the bits do not change."""
+    from lazycandle.runtime import blas
+    calls = []
+    real = blas.gemm
+    monkeypatch.setattr(blas, "gemm", lambda *a, **k: (calls.append(a[3:5]), real(*a, **k)))
+    rng = np.random.default_rng(21)
+    a = operand(rng, D.f32, (300, 257), exact=False)
+    b = operand(rng, D.f32, (257, 190), exact=False)
+    old = config.get_num_threads()
+    got = {}
+    try:
+        for t in (1, 2):
+            monkeypatch.setattr(MM, "_plans", {})
+            config.set_num_threads(t)
+            calls.clear()
+            got[t] = run(a, b, D.f32, "blas", (300, 190))[0]
+            got[t, "calls"] = list(calls)
+    finally:
+        config.set_num_threads(old)
+    assert got[1, "calls"] == [(300, 190)]
+    if MM.BLAS_PARTS > 1:
+        assert len(got[2, "calls"]) == MM.BLAS_PARTS
+    np.testing.assert_array_equal(got[1].view(np.uint32), got[2].view(np.uint32))
+
+
+def test_auto_gives_a_close_call_on_a_large_problem_to_blas():
+    """A tiled "win" within the measurement noise on a big GEMM is a tie, and ties go to BLAS;
+    a clear win, or a tie on a small problem, goes to the faster one."""
+    from lazycandle.runtime import matmul_auto
+    big = MM.geometry(Layout.contiguous((1024, 1024)), Layout.contiguous((1024, 1024)), D.f32)
+    small = MM.geometry(Layout.contiguous((32, 32)), Layout.contiguous((32, 32)), D.f32)
+    assert matmul_auto.pick(big, {"blas": 1.05, "tiled": 1.0}) == "blas"
+    assert matmul_auto.pick(big, {"blas": 1.5, "tiled": 1.0}) == "tiled"
+    assert matmul_auto.pick(small, {"blas": 1.05, "tiled": 1.0}) == "tiled"
+    assert matmul_auto.pick(small, {"blas": 0.9, "tiled": 1.0}) == "blas"

@@ -40,10 +40,13 @@ BATCH_ARRAYS = ("bshape", "bsa", "bsb", "bso") + tuple(f"bse{k}" for k in range(
 NPARAMS = len(FIELDS) + len(BATCH_ARRAYS) * MAX_BATCH_RANK
 
 
+_PARAM_BASE = {**{f: i for i, f in enumerate(FIELDS)},
+               **{arr: len(FIELDS) + j * MAX_BATCH_RANK for j, arr in enumerate(BATCH_ARRAYS)}}
+
+
 def param_index(name: str, i: int = 0) -> int:
-    if name in FIELDS:
-        return FIELDS.index(name)
-    return len(FIELDS) + BATCH_ARRAYS.index(name) * MAX_BATCH_RANK + i
+    """Slot of a field, or of element i of a batch array, in the parameter block."""
+    return _PARAM_BASE[name] + i
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,8 @@ def geometry(a_layout: Layout, b_layout: Layout, dtype: DType, ep_layouts=()) ->
         raise ValueError(f"matmul: incompatible layouts {a_layout.shape} @ {b_layout.shape}")
     rsa, csa = _canon(m, k, *a_layout.strides[-2:])
     rsb, csb = _canon(k, n, *b_layout.strides[-2:])
-    so = contiguous_strides((*batch, m, n))[:-2]
     if batch:
+        so = contiguous_strides((*batch, m, n))[:-2]
         bshape, (bsa, bsb, bso, *bse) = merge_dims(tuple(batch), [a_layout.strides[:-2], b_layout.strides[:-2], so]
                                                    + [e.strides[:-2] for e in ep_layouts])
     else:
@@ -184,7 +184,7 @@ def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
     partial sums would go through the scratch W (16/8-bit outputs), KC grows to cover K up to
     1024 instead: measured 25-40 % faster at 1024^3 than the W round trips."""
     kc = max(128, (16384 // (spec.nr * acc_bytes)) // 8 * 8)
-    if spec.needs_w and k > kc:
+    if _tile_kernel(spec.dtype)[3] and k > kc:
         kc = min(1024, _round_up(k, 8))
     mc = max(spec.mr, (163840 // (kc * acc_bytes)) // spec.mr * spec.mr)
     nc = max(spec.nr, (4 << 20) // (kc * acc_bytes) // spec.nr * spec.nr)
@@ -215,9 +215,21 @@ def _tile_kernel(dt: DType) -> tuple:
     return got
 
 
+_SIZE_SLOTS = tuple(gemm.param_index(f) for f in (
+    "m", "n", "k", "rsa", "csa", "rsb", "csb", "ldo", "mc", "kc", "nc", "mchunk", "nchunk", "mtasks",
+    "ntasks", "bp_off", "w_off", "rank", "a_keep", "a_rows"))
+_BATCH_SLOTS = tuple(gemm.param_index(arr) for arr in gemm.BATCH_ARRAYS)
+_EP_SLOTS = tuple((gemm.param_index(f"e{k}"), gemm.param_index(f"rse{k}"), gemm.param_index(f"cse{k}"),
+                   gemm.param_index(f"esz{k}")) for k in range(gemm_epilogue.MAX_INPUTS))
+_ABO_SLOTS = tuple(gemm.param_index(f) for f in ("a", "b", "o"))
+_ESCAL_SLOT, _EP_FN_SLOT = gemm.param_index("escal"), gemm.param_index("ep_fn")
+_Params = ctypes.c_int64 * gemm.NPARAMS
+
+
 class TiledPlan:
-    """The generated kernel on one geometry: parameter block template, task count, scratch
-    size per thread."""
+    """The generated kernel on one geometry: parameter block, task count, scratch size per
+    thread.  Built for every new shape a program binds (a decode step meets a new L at every
+    token), so it is plain arithmetic into one ctypes block: the kernel is looked up per dtype."""
     backend = "tiled"
 
     def __init__(self, g: Geometry, threads: int, epilogue: gemm_epilogue.Epilogue | None = None):
@@ -225,56 +237,51 @@ class TiledPlan:
         spec, self.fn, ab, needs_w = _tile_kernel(g.dtype)
         mc, kc, nc = _blocking(spec, ab, g.k)
         nb = g.nbatch
-        nr = spec.nr
-        mchunk, nchunk = _chunks(nb, g.m, g.n, spec.mr, nr, g.flops, threads)
+        nr, mr, unroll = spec.nr, spec.mr, spec.unroll
+        mchunk, nchunk = _chunks(nb, g.m, g.n, mr, nr, g.flops, threads)
         mchunk, nchunk = max(mchunk, 1), max(nchunk, 1)
-        if needs_w and g.k > kc:
+        w_used = needs_w and g.k > kc
+        if w_used:
             # partial sums live in scratch W of mchunk x NC: keep it within W_BYTES
-            mchunk = min(mchunk, _round_up(W_MAX_ROWS, spec.mr))
+            mchunk = min(mchunk, _round_up(W_MAX_ROWS, mr))
             nc = min(nc, max(nr, W_BYTES // (mchunk * ab) // nr * nr))
         mtasks, ntasks = -(-g.m // mchunk), -(-g.n // nchunk)
-        kc_eff = _round_up(max(1, min(kc, g.k)), spec.unroll)
-        a_rows = _round_up(mchunk, spec.mr)
-        a_full = a_rows * _round_up(max(g.k, 1), spec.unroll)
+        kc_eff = _round_up(max(1, min(kc, g.k)), unroll)
+        a_rows = _round_up(mchunk, mr)
+        a_full = a_rows * _round_up(max(g.k, 1), unroll)
         reuse = (nb > 1 and not any(g.bsa)) or ntasks > 1 or g.n > nc
         a_keep = reuse and a_full * ab <= A_KEEP_BYTES
-        bp_off = _round_up(a_full if a_keep else _round_up(min(mc, mchunk), spec.mr) * kc_eff, 16)
+        bp_off = _round_up(a_full if a_keep else _round_up(min(mc, mchunk), mr) * kc_eff, 16)
         w_off = _round_up(bp_off + kc_eff * _round_up(min(nc, nchunk), nr), 16)
-        w_elems = mchunk * min(nc, nchunk) if needs_w and g.k > kc else 0
+        w_elems = mchunk * min(nc, nchunk) if w_used else 0
         self.ws_bytes = (w_off + w_elems) * ab
         # batch dims beyond the kernel's limit (only with > 8 unmergeable dims) loop here
         lead = max(0, len(g.bshape) - gemm.MAX_BATCH_RANK)
         self.outer = _batch_offsets(g.bshape[:lead], g.bsa[:lead], g.bsb[:lead], g.bso[:lead],
-                                    *(bs[:lead] for _, _, bs in g.ep))
-        inner = slice(lead, len(g.bshape))
-        params = [0] * gemm.NPARAMS
-        vals = dict(m=g.m, n=g.n, k=g.k, rsa=g.rsa, csa=g.csa, rsb=g.rsb, csb=g.csb, ldo=g.ldo,
-                    mc=mc, kc=kc, nc=nc, mchunk=mchunk, nchunk=nchunk, mtasks=mtasks, ntasks=ntasks,
-                    bp_off=bp_off, w_off=w_off, rank=len(g.bshape) - lead, a_keep=int(a_keep), a_rows=a_rows)
-        for name, v in vals.items():
-            params[gemm.param_index(name)] = v
-        for arr, src in zip(gemm.BATCH_ARRAYS, (g.bshape, g.bsa, g.bsb, g.bso) + tuple(bs for _, _, bs in g.ep)):
-            for i, v in enumerate(src[inner]):
-                params[gemm.param_index(arr, i)] = v
-        for k, (rs, cs, _) in enumerate(g.ep):
-            params[gemm.param_index(f"rse{k}")], params[gemm.param_index(f"cse{k}")] = rs, cs
+                                    *(bs[:lead] for _, _, bs in g.ep)) if lead else [(0,) * (3 + len(g.ep))]
+        params = self.params = _Params()
+        for slot, v in zip(_SIZE_SLOTS, (g.m, g.n, g.k, g.rsa, g.csa, g.rsb, g.csb, g.ldo, mc, kc, nc, mchunk,
+                                         nchunk, mtasks, ntasks, bp_off, w_off, len(g.bshape) - lead,
+                                         int(a_keep), a_rows)):
+            params[slot] = v
+        for base, src in zip(_BATCH_SLOTS, (g.bshape, g.bsa, g.bsb, g.bso) + tuple(bs for _, _, bs in g.ep)):
+            params[base:base + len(src) - lead] = src[lead:]
+        for (_, rse, cse, _), (rs, cs, _) in zip(_EP_SLOTS, g.ep):
+            params[rse], params[cse] = rs, cs
+        self.ep_esz = ()
         if epilogue is not None:
-            self.ep_fn = gemm_epilogue.address(epilogue)        # compiled here, once per plan
-            params[gemm.param_index("ep_fn")] = self.ep_fn
-            for k, x in enumerate(epilogue.extras):
-                params[gemm.param_index(f"esz{k}")] = DType.from_name(epilogue.ew.inputs[x][0]).size_in_bytes
-        self.params = (ctypes.c_int64 * gemm.NPARAMS)(*params)
-        self.params_addr = ctypes.addressof(self.params)
+            self.ep_fn = gemm_epilogue.address(epilogue)        # compiled once per epilogue
+            params[_EP_FN_SLOT] = self.ep_fn
+            self.ep_esz = tuple(DType.from_name(epilogue.ew.inputs[x][0]).size_in_bytes for x in epilogue.extras)
+            for (_, _, _, esz), size in zip(_EP_SLOTS, self.ep_esz):
+                params[esz] = size
+        self.params_addr = ctypes.addressof(params)
         self.busy = threading.Lock()     # guards self.params; a concurrent caller copies it
-        self.ntask = prod(g.bshape[inner]) * mtasks * ntasks
+        self.ntask = prod(g.bshape[lead:]) * mtasks * ntasks
         self.cost = g.flops * nb / max(self.ntask * len(self.outer), 1)
         self.esz = g.dtype.size_in_bytes
         self.out_elems = nb * g.m * g.n
-        self.slots = tuple(gemm.param_index(f) for f in ("a", "b", "o"))
-        self.ep_slots = tuple(gemm.param_index(f"e{k}") for k in range(len(g.ep)))
-        self.ep_esz = tuple(g.dtype.size_in_bytes if epilogue is None else
-                            DType.from_name(epilogue.ew.inputs[k][0]).size_in_bytes
-                            for k in (epilogue.extras if epilogue else ()))
+        self.ep_slots = tuple(e for e, _, _, _ in _EP_SLOTS[:len(g.ep)])
 
     def run(self, a: int, b: int, o: int, extras=(), scalars: int = 0) -> None:
         """extras: addresses of the epilogue's operands; scalars: address of its i64 scalars."""
@@ -289,9 +296,9 @@ class TiledPlan:
             def chunk(lo, hi):
                 fn(pptr, lo, hi, _workspace(ws))
 
-            ia, ib, io = self.slots
+            ia, ib, io = _ABO_SLOTS
             esz = self.esz
-            params[gemm.param_index("escal")] = scalars
+            params[_ESCAL_SLOT] = scalars
             for oa, ob, oo, *oe in self.outer:
                 params[ia], params[ib], params[io] = a + oa * esz, b + ob * esz, o + oo * esz
                 for slot, addr, off, ee in zip(self.ep_slots, extras, oe, self.ep_esz):
@@ -370,13 +377,18 @@ def _dense_copy(g: Geometry, which: str, threads: int):
     return plan, prod(shape), tuple(new_bstr), nrs, ncs
 
 
-def _blas_parts(njobs: int, m: int, n: int, flops: float) -> tuple:
+def _blas_parts(njobs: int, m: int, n: int, flops: float, threads: int) -> tuple:
     """(rows, cols) of the pieces each GEMM is cut into so that the pieces of all jobs divide
-    evenly over BLAS_PARTS workers.  A function of the problem and the machine, never of the
-    thread setting: OpenBLAS's rounding depends on the shape it is called with, so a
-    thread-dependent split would make results depend on the thread count."""
+    evenly over the workers.  At 1 thread: no cut (one sgemm call packs each operand once; a cut
+    packs one operand again per piece).  With more threads: BLAS_PARTS workers, the machine's
+    size and not the thread setting, so every multi-thread setting cuts alike.  Measured with
+    OpenBLAS 0.3.34 (SkylakeX): a cut along 16-row / 16-column blocks gives the one call's bits
+    on the square and ragged f32 shapes tried (tests/test_matmul_kernels.py checks one), but not
+    always (a 1-column remainder goes to gemv; dgemm with k ~ 4k differs in the last bit), so
+    1 thread and 2 threads may differ within SPEC's matmul tolerance, never beyond it."""
+    workers = BLAS_PARTS if threads > 1 else 1
     mblocks, nblocks = -(-m // 16), -(-n // 16)
-    parts = min(BLAS_PARTS // gcd(njobs, BLAS_PARTS), max(1, int(flops // PARALLEL_MIN_FLOPS)),
+    parts = min(workers // gcd(njobs, workers), max(1, int(flops // PARALLEL_MIN_FLOPS)),
                 max(mblocks, nblocks))
     if parts == 1:
         return m, n
@@ -417,8 +429,8 @@ class BlasPlan:
     """sgemm/dgemm calls for one geometry.  Operands BLAS cannot address (gaps, stride-0 rows,
     16/8-bit floats) are first copied dense by a generated kernel, and a 16/8-bit result is
     rounded from an f32 buffer.  Every GEMM runs single-threaded inside BLAS, spread over the
-    lazycandle pool: one pool for everything, results independent of the thread count, and no
-    BLAS threads spinning against ours on a busy machine."""
+    lazycandle pool: one pool for everything, and no BLAS threads spinning against ours on a
+    busy machine."""
     backend = "blas"
 
     def __init__(self, g: Geometry, threads: int):
@@ -450,7 +462,7 @@ class BlasPlan:
             return
         m, n = jobs[0][2], jobs[0][3]
         self.job_flops = 2.0 * m * n * g.k
-        mchunk, nchunk = _blas_parts(len(jobs), m, n, self.job_flops)
+        mchunk, nchunk = _blas_parts(len(jobs), m, n, self.job_flops, threads)
         if (mchunk, nchunk) != (m, n):
             jobs = [part for job in jobs for part in _split_job(job, mchunk, nchunk)]
             self.job_flops *= mchunk * nchunk / (m * n)

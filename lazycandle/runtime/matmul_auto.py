@@ -2,7 +2,8 @@
 
 The first problem of a bucket (dtype, threads, operand forms, and the power-of-two size class
 of m, n, k and the batch count) times both plans on scratch operands of its geometry, in
-alternating rounds, and the faster one serves every later problem of the bucket.  A measurement
+alternating rounds (more of them when the two are within NOISE), and the faster one serves
+every later problem of the bucket; on a large problem a close call goes to BLAS.  A measurement
 and not a table: the crossover moves with the ISA (register tile), the BLAS build, the core
 count and the shape (thin, batched, transposed), and one calibration costs a few ms per bucket
 (problems above CALIBRATE_MAX_FLOPS are timed on a proxy with m, n, k cut to PROXY_DIM, where
@@ -24,22 +25,22 @@ CALIBRATE_MAX_FLOPS = 2.0 * 1024 ** 3    # larger problems are timed on a proxy 
 PROXY_DIM = 1024                         # ... with m, n, k at most this
 ROUNDS = (3, 15)                         # alternating timed calls of each plan (the minimum counts) ...
 BUDGET_S = 0.06                          # ... more of them, up to this time, on a small problem
+NOISE = 0.10                             # best times closer than this are a close call: ...
+CLOSE_ROUNDS, CLOSE_BUDGET_S = 30, 0.25  # ... it gets more rounds, up to this time, and then ...
+BLAS_PREFERRED_FLOPS = 2.0 * 256 ** 3    # ... from this size on, a tie within NOISE goes to BLAS
 
 _choices: dict = caches.register("matmul auto choices", {})
 _lock = threading.Lock()
 caches.renew_lock_after_fork(sys.modules[__name__], "_lock")
 
 
-def _size_class(x: int) -> int:
-    return max(0, int(x)).bit_length()
-
-
 def bucket(g, threads: int) -> tuple:
     """Problems that share a choice: same dtype, threads, operand forms (transposed or not,
-    broadcast batch), and power-of-two class of each size."""
-    forms = (g.csa == 1, g.csb == 1, any(s == 0 for s in g.bsa), any(s == 0 for s in g.bsb))
-    return (g.dtype.name, threads, forms, _size_class(g.m), _size_class(g.n), _size_class(g.k),
-            _size_class(g.nbatch))
+    broadcast batch), and power-of-two class of each size.  (Looked up at every new shape a
+    program binds: kept to plain arithmetic.)"""
+    forms = (g.csa == 1, g.csb == 1, 0 in g.bsa, 0 in g.bsb)
+    return (g.dtype.name, threads, forms, max(0, g.m).bit_length(), max(0, g.n).bit_length(),
+            max(0, g.k).bit_length(), max(0, g.nbatch).bit_length())
 
 
 def _proxy(g):
@@ -77,12 +78,27 @@ def measure(g, threads: int, make_plans) -> dict:
         plan.run(*addrs)
         best[name] = float("inf")
     t0 = time.perf_counter()
-    for r in range(ROUNDS[1]):
-        if r >= ROUNDS[0] and time.perf_counter() - t0 > BUDGET_S:
+    for r in range(CLOSE_ROUNDS):
+        spent = time.perf_counter() - t0
+        if r >= ROUNDS[0] and (spent > CLOSE_BUDGET_S or
+                               (not _close(best) and (r >= ROUNDS[1] or spent > BUDGET_S))):
             break
         for name, plan in plans.items():
             best[name] = min(best[name], _time(lambda: plan.run(*addrs)))
     return best
+
+
+def _close(best: dict) -> bool:
+    lo, hi = min(best.values()), max(best.values())
+    return hi <= lo * (1 + NOISE)
+
+
+def pick(g, best: dict) -> str:
+    """The faster backend; on a large problem a close call goes to BLAS (a busy machine makes
+    a tie look like a win either way, and BLAS is the steadier of the two on big shapes)."""
+    if "blas" in best and g.flops * g.nbatch >= BLAS_PREFERRED_FLOPS and _close(best):
+        return "blas"
+    return min(best, key=best.get)
 
 
 def choose(g, threads: int, make_plans) -> str:
@@ -94,5 +110,5 @@ def choose(g, threads: int, make_plans) -> str:
         # (two threads measuring one bucket at once both store a valid choice)
         best = measure(g, threads, make_plans)
         with _lock:
-            hit = _choices.setdefault(key, min(best, key=best.get))
+            hit = _choices.setdefault(key, pick(g, best))
     return hit
