@@ -21,6 +21,7 @@ class DType:
     compute: str         # LLVM type arithmetic runs in (f16/bf16/f8 compute in float)
     codec: str | None    # load/store conversion between storage and compute (None: same type)
     storage_only: bool = False
+    struct_format: str | None = None    # `struct` code rounding a Python float to this dtype exactly
 
     @property
     def is_float(self) -> bool:
@@ -73,9 +74,9 @@ class DType:
         return found
 
 
-def _d(name, npdt, kind, storage, compute, codec=None, storage_only=False):
+def _d(name, npdt, kind, storage, compute, codec=None, storage_only=False, struct_format=None):
     npdt = np.dtype(npdt)
-    return DType(name, npdt, npdt.itemsize, kind, storage, compute, codec, storage_only)
+    return DType(name, npdt, npdt.itemsize, kind, storage, compute, codec, storage_only, struct_format)
 
 
 u8 = _d("u8", np.uint8, "u", "i8", "i8")
@@ -84,9 +85,9 @@ i16 = _d("i16", np.int16, "i", "i16", "i16")
 i32 = _d("i32", np.int32, "i", "i32", "i32")
 i64 = _d("i64", np.int64, "i", "i64", "i64")
 bf16 = _d("bf16", ml_dtypes.bfloat16, "f", "i16", "float", "bf16")
-f16 = _d("f16", np.float16, "f", "half", "float", "half")
-f32 = _d("f32", np.float32, "f", "float", "float")
-f64 = _d("f64", np.float64, "f", "double", "double")
+f16 = _d("f16", np.float16, "f", "half", "float", "half", struct_format="e")
+f32 = _d("f32", np.float32, "f", "float", "float", struct_format="f")
+f64 = _d("f64", np.float64, "f", "double", "double", struct_format="d")
 f8e4m3 = _d("f8e4m3", ml_dtypes.float8_e4m3fn, "f", "i8", "float", "f8e4m3")
 f6e2m3 = _d("f6e2m3", ml_dtypes.float6_e2m3fn, "f", "i8", "float", "f6e2m3", True)
 f6e3m2 = _d("f6e3m2", ml_dtypes.float6_e3m2fn, "f", "i8", "float", "f6e3m2", True)

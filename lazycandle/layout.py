@@ -46,7 +46,7 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Layout:
     shape: tuple
     strides: tuple
@@ -176,6 +176,37 @@ class Layout:
                 strides_out[i] = (strides_out[i + 1] * shape[i + 1]) if i + 1 < len(shape) else 1
         del new_strides
         return Layout(shape, tuple(strides_out), self.offset)
+
+
+MEMO_SHAPES = 4096      # distinct shapes each memo below keeps (a bound: shapes can be dynamic)
+_contiguous: dict = {}
+_scalar_broadcast: dict = {}
+
+
+def _memoize(memo: dict, shape: tuple, value):
+    """Keep `value` for `shape` while the memo has room, if the shape holds plain ints only (a
+    traced size of named dims, an int subclass, must stay in the layouts made for it)."""
+    if len(memo) < MEMO_SHAPES and all(d.__class__ is int for d in shape):
+        memo[shape] = value
+    return value
+
+
+def contiguous_layout(shape: tuple) -> Layout:
+    """Layout.contiguous(shape) for a shape tuple, memoized: nodes of one shape share one
+    Layout (layouts are immutable; a shape is validated when first met)."""
+    lay = _contiguous.get(shape)
+    if lay is None:
+        lay = _memoize(_contiguous, shape, Layout.contiguous(shape))
+    return lay
+
+
+def scalar_broadcast(shape: tuple) -> tuple:
+    """(layout, label) of a scalar broadcast to a node's (validated) shape tuple: all strides
+    0, labelled as `broadcast_as` labels it; memoized like `contiguous_layout`."""
+    got = _scalar_broadcast.get(shape)
+    if got is None:
+        got = _memoize(_scalar_broadcast, shape, (Layout(shape, (0,) * len(shape), 0), f"broadcast_as{shape}"))
+    return got
 
 
 def merge_dims(shape, strides_list):

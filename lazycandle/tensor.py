@@ -12,8 +12,7 @@ from .dtype import DType, as_dtype
 from .errors import ShapeMismatch, UnsupportedDType, UnsupportedDTypeForOp, UnboundPlaceholder
 from .ir.node import Node
 from .layout import as_shape
-from .named_dims import Size
-from .tensor_math import MathMixin
+from .tensor_math import MathMixin, const_node
 from .tensor_views import ViewMixin
 from .tensor_reduce import ReduceMixin
 from .tensor_matmul import MatmulMixin
@@ -160,34 +159,6 @@ def _full(value, shape, dtype, op) -> Tensor:
         return _from_array(np.full(shape, float(value), np.float64).astype(dtype.numpy), dtype)
     c = const_node(value, dtype)
     return Tensor(c).broadcast_as(shape) if shape else Tensor(c)
-
-
-def const_node(value, dtype: DType) -> Node:
-    return Node("const", (), scalar_in_dtype(value, dtype), (), dtype)
-
-
-def scalar_in_dtype(value, dtype: DType):
-    """A Python scalar as the exact value it takes in `dtype` (float scalars with integer dtypes
-    truncate toward zero; integers wrap)."""
-    if isinstance(value, Size):
-        raise UnboundPlaceholder(f"scalar: {value!r} is a size computed from named dims, known only at run; "
-                                 f"it can size tensors but not be a scalar operand")
-    if isinstance(value, (bool, np.bool_)):
-        value = int(value)
-    if dtype.is_int:
-        if isinstance(value, (float, np.floating)):
-            if value != value or value in (float("inf"), float("-inf")):
-                raise ValueError(f"cannot use {value} as a {dtype.name} scalar")
-            value = int(value)   # truncates toward zero
-        value = int(value)
-        m = 1 << dtype.bits
-        value %= m
-        if dtype.is_signed and value >= m >> 1:
-            value -= m
-        return value
-    if dtype.storage_only:
-        raise UnsupportedDTypeForOp(f"scalar: dtype {dtype.name} is storage-only")
-    return float(np.asarray(float(value)).astype(dtype.numpy))
 
 
 def zeros(shape, dtype=D.f32) -> Tensor:

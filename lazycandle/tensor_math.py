@@ -4,32 +4,41 @@ dtypes here, at the user's call, and adds one node."""
 from __future__ import annotations
 
 import numbers
+from struct import pack as _struct_pack, unpack as _struct_unpack
 
 import numpy as np
 
 from . import dtype as D
 from .dtype import as_dtype
-from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
+from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnboundPlaceholder, UnsupportedDTypeForOp
 from .ir.node import Node
 from .ir.ops import OPS
+from .layout import scalar_broadcast
+from .named_dims import Size
 from .tensor_views import broadcast_shapes
 
 
 def check_dtype(op: str, dt, shape=None) -> None:
     """Raise UnsupportedDTypeForOp when `op` cannot compute in `dt` (the message names the
     operand's shape when given)."""
-    where = f" (shape {tuple(shape)})" if shape is not None else ""
     if dt.storage_only:
-        raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is storage-only (no arithmetic){where}")
+        raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is storage-only (no arithmetic){_where(shape)}")
     kind = OPS.get(op)
     if kind is not None and kind.float_only and not dt.is_float:
-        raise UnsupportedDTypeForOp(f"{op}: not supported for integer dtype {dt.name}{where}")
+        raise UnsupportedDTypeForOp(f"{op}: not supported for integer dtype {dt.name}{_where(shape)}")
+
+
+def _where(shape) -> str:
+    return f" (shape {tuple(shape)})" if shape is not None else ""
 
 
 def as_scalar(x):
     """A Python / NumPy real scalar or a 0-d array as a Python int or float (None for anything
     else).  Such an operand acts like a Python scalar: it takes the tensor's dtype (torch's
     rule; no promotion), so `f32 tensor + np.float64(1)` is f32."""
+    cls = x.__class__
+    if cls is float or cls is int:      # the common case, without the ABC checks below
+        return x
     if isinstance(x, np.ndarray):
         if x.ndim:
             return None
@@ -43,6 +52,40 @@ def as_scalar(x):
     if isinstance(x, np.generic) and D._BY_NUMPY.get(x.dtype) is not None:   # ml_dtypes' floats
         return float(x)
     return None
+
+
+def const_node(value, dtype: D.DType) -> Node:
+    return Node("const", (), scalar_in_dtype(value, dtype), (), dtype)
+
+
+def scalar_in_dtype(value, dtype: D.DType):
+    """A Python scalar as the exact value it takes in `dtype` (float scalars with integer dtypes
+    truncate toward zero; integers wrap)."""
+    if isinstance(value, Size):
+        raise UnboundPlaceholder(f"scalar: {value!r} is a size computed from named dims, known only at run; "
+                                 f"it can size tensors but not be a scalar operand")
+    if isinstance(value, (bool, np.bool_)):
+        value = int(value)
+    if dtype.is_int:
+        if isinstance(value, (float, np.floating)):
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"cannot use {value} as a {dtype.name} scalar")
+            value = int(value)   # truncates toward zero
+        value = int(value)
+        m = 1 << dtype.bits
+        value %= m
+        if dtype.is_signed and value >= m >> 1:
+            value -= m
+        return value
+    if dtype.storage_only:
+        raise UnsupportedDTypeForOp(f"scalar: dtype {dtype.name} is storage-only")
+    value = float(value)
+    if dtype.struct_format is not None:
+        try:            # struct rounds to nearest-even as NumPy's cast does, without NumPy's overhead
+            return _struct_unpack(dtype.struct_format, _struct_pack(dtype.struct_format, value))[0]
+        except OverflowError:       # rounds past the dtype's largest finite value: NumPy gives inf
+            pass
+    return float(np.asarray(value).astype(dtype.numpy))
 
 
 def _is_scalar(x) -> bool:
@@ -69,33 +112,43 @@ class MathMixin:
         return type(self)(Node(op, (self._node,), arg, self.shape, self.dtype))
 
     def _scalar_like(self, value):
+        """`value` as a constant of this tensor's shape and dtype: what `lc.full` builds (a
+        scalar node broadcast by a view) without validating again a shape and dtype the
+        tensor already has."""
         from .tensor import full
-        return full(value, self.shape, self.dtype)
+        dt, shape = self.dtype, self.shape
+        if dt.storage_only:
+            return full(value, shape, dt)
+        c = const_node(value, dt)
+        if not shape:
+            return type(self)(c)
+        layout, label = scalar_broadcast(shape)
+        return type(self)(Node("view", (c,), None, shape, dt, layout=layout, label=label))
 
     def _binary(self, op, other, broadcast: bool, reflected=False):
         T = type(self)
         scalar = as_scalar(other)
-        if scalar is not None:
+        if scalar is not None:          # the constant takes this tensor's shape and dtype
             check_dtype(op, self.dtype, self.shape)
             other = self._scalar_like(scalar)
+            a, b = (other, self) if reflected else (self, other)
         else:
             other = as_operand(other, T)
             if other is None:
                 return NotImplemented
-        a, b = (other, self) if reflected else (self, other)
-        if a.dtype is not b.dtype:
-            raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch lhs {a.dtype.name} rhs {b.dtype.name} "
-                                        f"(shapes {a.shape} and {b.shape})")
-        check_dtype(op, a.dtype, a.shape)
-        if a.shape != b.shape:
-            if not broadcast:
-                raise ShapeMismatchBinaryOp(f"{op}: shape mismatch lhs {a.shape} rhs {b.shape} "
-                                            f"(dtype {a.dtype.name})")
-            shape = broadcast_shapes(a.shape, b.shape, f"broadcast_{op}")
-            a, b = a.broadcast_as(shape), b.broadcast_as(shape)
-        kind = OPS[op]
-        out_dt = D.u8 if kind.out_dtype == "u8" else a.dtype
-        return T(Node(op, (a._node, b._node), None, a.shape, out_dt))
+            a, b = (other, self) if reflected else (self, other)
+            if a.dtype is not b.dtype:
+                raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch lhs {a.dtype.name} rhs {b.dtype.name} "
+                                            f"(shapes {a.shape} and {b.shape})")
+            check_dtype(op, a.dtype, a.shape)
+            if a.shape != b.shape:
+                if not broadcast:
+                    raise ShapeMismatchBinaryOp(f"{op}: shape mismatch lhs {a.shape} rhs {b.shape} "
+                                                f"(dtype {a.dtype.name})")
+                shape = broadcast_shapes(a.shape, b.shape, f"broadcast_{op}")
+                a, b = a.broadcast_as(shape), b.broadcast_as(shape)
+        a, b = a._node, b._node
+        return T(Node(OPS[op], (a, b), None, a.shape, D.u8 if OPS[op].out_dtype == "u8" else a.dtype))
 
     # ---- unary -------------------------------------------------------------------------
     def exp(self): return self._unary("exp")
@@ -122,12 +175,10 @@ class MathMixin:
     def affine(self, mul, add):
         """x * mul + add, computed in the tensor's dtype."""
         check_dtype("affine", self.dtype, self.shape)
-        from .tensor import scalar_in_dtype
         return self._unary("affine", (scalar_in_dtype(mul, self.dtype), scalar_in_dtype(add, self.dtype)))
 
     def clamp(self, lo, hi):
         check_dtype("clamp", self.dtype, self.shape)
-        from .tensor import scalar_in_dtype
         return self._unary("clamp", (scalar_in_dtype(lo, self.dtype), scalar_in_dtype(hi, self.dtype)))
 
     def powf(self, e):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..layout import Layout
+from ..layout import contiguous_layout
 from ..named_dims import SYMBOLIC, sizes_of
 from .ops import OPS, VIEW
 
@@ -30,23 +30,24 @@ class Node:
     __slots__ = ("op", "srcs", "arg", "shape", "dtype", "_base", "layout", "buffer", "label", "id", "origin", "__weakref__")
 
     def __init__(self, op, srcs, arg, shape, dtype, layout=None, buffer=None, label=None):
-        self.op = OPS[op] if isinstance(op, str) else op
-        self.srcs = tuple(srcs)
+        self.op = op = OPS[op] if op.__class__ is str else op
+        self.srcs = srcs = srcs if srcs.__class__ is tuple else tuple(srcs)
         self.arg = arg
-        self.shape = tuple(shape)
-        if max(self.shape, default=0) >= SYMBOLIC:      # traced with named dims: print them
-            self.shape = sizes_of(self.shape)
+        shape = shape if shape.__class__ is tuple else tuple(shape)
+        if shape and max(shape) >= SYMBOLIC:      # traced with named dims: print them
+            shape = sizes_of(shape)
+        self.shape = shape
         self.dtype = dtype
         self.buffer = buffer
         self.label = label          # what the user called (for dumps): "transpose(0, 1)"
         self.id = next(_ids)
         self.origin = None
-        if self.op.category == VIEW:
-            self._base = self.srcs[0].base
+        if op.category == VIEW:
+            self._base = srcs[0].base
             self.layout = layout
         else:
             self._base = None          # itself (not stored: a self-reference would be a cycle)
-            self.layout = Layout.contiguous(self.shape)
+            self.layout = contiguous_layout(shape)
 
     @property
     def base(self):
@@ -66,7 +67,7 @@ class Node:
         self.arg = None
         self.buffer = buf
         self._base = None
-        self.layout = Layout.contiguous(self.shape)
+        self.layout = contiguous_layout(self.shape)
 
     def __repr__(self):
         return f"Node#{self.id}({self.op.name}, {self.shape}, {self.dtype.name})"
