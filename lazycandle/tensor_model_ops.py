@@ -106,6 +106,14 @@ class ModelOpsMixin:
         this shape except along dim).  Returns the updated value.  `start` may also be a
         one-element integer tensor, read when the graph runs (a compiled decode step feeds
         its position): positions of src that fall outside the tensor are not written."""
+        dim, start, runtime_start = self._check_slice_set(src, dim, start)
+        if runtime_start:
+            return self._set_at(src, dim, start)
+        return self._spliced(src, dim, start)
+
+    def _check_slice_set(self, src, dim, start):
+        """slice_set's arguments checked (typed errors at the call): (dim, start, whether start
+        is a runtime tensor); an int start is in range."""
         op = "slice_set"
         dim = norm_dim(dim, self.shape, op)
         runtime_start = hasattr(start, "_node")
@@ -123,12 +131,10 @@ class ModelOpsMixin:
         if n > size:
             raise NarrowInvalidArgs(f"{op}: src length {n} exceeds dim {dim} of size {size} (shape {self.shape}, "
                                     f"src {src.shape}, {self.dtype.name})")
-        if runtime_start:
-            return self._set_at(src, dim, start)
-        if start < 0 or start + n > size:
+        if not runtime_start and (start < 0 or start + n > size):
             raise NarrowInvalidArgs(f"{op}: start {start} + src length {n} out of range for dim {dim} of size "
                                     f"{size} (shape {self.shape}, src {src.shape}, {self.dtype.name})")
-        return self._spliced(src, dim, start)
+        return dim, start, runtime_start
 
     def slice_set_(self, src, dim, start):
         """In-place slice_set (buffer donation): this tensor becomes
@@ -137,17 +143,14 @@ class ModelOpsMixin:
         it is rebound to the copy, and whoever still holds the old value keeps it unchanged.
         Same arguments and errors as slice_set (a tensor `start` is read now)."""
         if hasattr(start, "_node"):
-            _position("slice_set", start)
-            start = int(start.item())
-        updated = self.slice_set(src, dim, start)      # validates (typed errors at the call)
-        dim = norm_dim(dim, self.shape, "slice_set")
+            start = int(_position("slice_set", start).item())
+        dim, start, _ = self._check_slice_set(src, dim, start)
         if src.shape[dim] == self.shape[dim] or not self._node.realized:
-            self._node = updated._node
+            self._node = self._spliced(src, dim, start)._node
             return self
-        del updated
         rows = src.contiguous().realize()._node.buffer      # (src's graph may read this tensor)
         if not _donatable(self):
-            self._node = self.slice_set(src, dim, start)._node
+            self._node = self._spliced(src, dim, start)._node
             return self
         from .runtime.inplace import write_rows
         write_rows(self._node.buffer, rows, self.shape, dim, start, src.shape[dim])
