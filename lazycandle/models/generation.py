@@ -3,8 +3,9 @@ creation and checkpoint loading, byte-level tokens and the command line.
 
 A model is an object with `config` (with max_len), `new_cache(batch, max_len)` and
 `forward(ids, cache, pos, span=None)` -> lazy logits (batch, T, vocab) for tokens `ids`
-(batch, T) at positions pos..pos+T-1, which also writes those positions' keys and values into
-`cache`; pos is an int, or a (1,) i64 tensor (one token, attending over `span` cache slots)."""
+(batch, T) at positions pos..pos+T-1, which also hands those positions' keys and values to
+`cache` (KVCache.update; KVCache.commit writes them once the step is realized); pos is an
+int, or a (1,) i64 tensor (one token, attending over `span` cache slots)."""
 from __future__ import annotations
 
 import argparse
