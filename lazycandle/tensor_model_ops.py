@@ -4,13 +4,22 @@ slice_set (candle's KV-cache update) and slice_assign.
 slice_set / slice_assign are ONE cat node along the written dim (the kept pieces of the old
 value read through narrow views, src between them): one fused copy kernel.  Writing one
 position (n == 1, the decode step) is an elementwise select instead, so a new position never
-compiles a kernel (a cat's copy kernel is specialised to its piece sizes).  The buffer is not
-updated in place (the stretch goal of issue 12 is left: it needs the scheduler to prove the old
-value dead).  Bad arguments raise at the call: NarrowInvalidArgs for ranges out of bounds,
+compiles a kernel (a cat's copy kernel is specialised to its piece sizes).  slice_set never
+changes the tensor it is called on (a value the caller still holds must not change).
+
+Buffer donation is `t.slice_set_(src, dim, start)` (the trailing underscore of torch's in-place
+methods): the caller gives up t's old value and t becomes the updated value.  When t's buffer is
+dead otherwise -- no other tensor, lazy node, view or array holds the node or its memory (counted
+by CPython reference counts, as NumPy's `resize(refcheck=True)` does: a holder can only make the
+count larger, so an uncertain case takes the copy) -- only src's rows are written into t's
+buffer (runtime/inplace.py, O(new rows)); otherwise t is rebound to the fused copy.  Bad
+arguments raise at the call: NarrowInvalidArgs for ranges out of bounds,
 ShapeMismatchBinaryOp / DTypeMismatchBinaryOp for a src that does not fit."""
 from __future__ import annotations
 
 import operator
+import sys
+from math import prod
 
 from .errors import DTypeMismatchBinaryOp, NarrowInvalidArgs, ShapeMismatchBinaryOp
 from .tensor_views import norm_dim
@@ -32,6 +41,45 @@ def _position(op, start):
         raise TypeError(f"{op}: a tensor start must be one integer element, got shape {start.shape} "
                         f"({start.dtype.name})")
     return start if start.dtype is i64 else start.astype(i64)
+
+
+def _ref_counts(t):
+    """(small block?, node, buffer, buffer owner) reference counts of tensor t's buffer node,
+    or None when t is not a realized buffer node laid out like buffers.alloc's (no calibrated
+    baseline: never donated).  Called the same way for t and for the baseline probe, so the
+    references the calls themselves add cancel out."""
+    node = t._node
+    buf = node.buffer
+    if node.op.name != "buffer" or buf is None:
+        return None
+    owner = buf.base
+    if owner is None or not buf.flags.c_contiguous or buf.size != prod(node.shape):
+        return None
+    return type(owner) is type(buf), sys.getrefcount(node), sys.getrefcount(buf), sys.getrefcount(owner)
+
+
+_baselines = {}
+
+
+def _baseline(small: bool):
+    """The counts of a buffer node nothing else holds, measured on a fresh one (small blocks
+    are slices of a raw array, large ones leases of a mapped block: runtime/buffers.alloc)."""
+    if small not in _baselines:
+        from .dtype import u8
+        from .ir.node import Node
+        from .runtime.buffers import POOL_MIN_BYTES, alloc
+        from .tensor import Tensor
+        n = 64 if small else POOL_MIN_BYTES
+        probe = Tensor(Node("buffer", (), None, (n,), u8, buffer=alloc(n, u8)))
+        _baselines[small] = _ref_counts(probe)
+    return _baselines[small]
+
+
+def _donatable(t) -> bool:
+    """Whether t's buffer can be written in place: a realized buffer node and its memory held
+    by nothing but t."""
+    counts = _ref_counts(t)
+    return counts is not None and counts == _baseline(counts[0])
 
 
 class ModelOpsMixin:
@@ -58,6 +106,14 @@ class ModelOpsMixin:
         this shape except along dim).  Returns the updated value.  `start` may also be a
         one-element integer tensor, read when the graph runs (a compiled decode step feeds
         its position): positions of src that fall outside the tensor are not written."""
+        dim, start, runtime_start = self._check_slice_set(src, dim, start)
+        if runtime_start:
+            return self._set_at(src, dim, start)
+        return self._spliced(src, dim, start)
+
+    def _check_slice_set(self, src, dim, start):
+        """slice_set's arguments checked (typed errors at the call): (dim, start, whether start
+        is a runtime tensor); an int start is in range."""
         op = "slice_set"
         dim = norm_dim(dim, self.shape, op)
         runtime_start = hasattr(start, "_node")
@@ -75,12 +131,30 @@ class ModelOpsMixin:
         if n > size:
             raise NarrowInvalidArgs(f"{op}: src length {n} exceeds dim {dim} of size {size} (shape {self.shape}, "
                                     f"src {src.shape}, {self.dtype.name})")
-        if runtime_start:
-            return self._set_at(src, dim, start)
-        if start < 0 or start + n > size:
+        if not runtime_start and (start < 0 or start + n > size):
             raise NarrowInvalidArgs(f"{op}: start {start} + src length {n} out of range for dim {dim} of size "
                                     f"{size} (shape {self.shape}, src {src.shape}, {self.dtype.name})")
-        return self._spliced(src, dim, start)
+        return dim, start, runtime_start
+
+    def slice_set_(self, src, dim, start):
+        """In-place slice_set (buffer donation): this tensor becomes
+        `self.slice_set(src, dim, start)` and is returned.  When its old value is dead (nothing
+        else holds its node or buffer), only src's rows are written into its buffer; otherwise
+        it is rebound to the copy, and whoever still holds the old value keeps it unchanged.
+        Same arguments and errors as slice_set (a tensor `start` is read now)."""
+        if hasattr(start, "_node"):
+            start = int(_position("slice_set", start).item())
+        dim, start, _ = self._check_slice_set(src, dim, start)
+        if src.shape[dim] == self.shape[dim] or not self._node.realized:
+            self._node = self._spliced(src, dim, start)._node
+            return self
+        rows = src.contiguous().realize()._node.buffer      # (src's graph may read this tensor)
+        if not _donatable(self):
+            self._node = self._spliced(src, dim, start)._node
+            return self
+        from .runtime.inplace import write_rows
+        write_rows(self._node.buffer, rows, self.shape, dim, start, src.shape[dim])
+        return self
 
     def _spliced(self, src, dim, start):
         from .tensor_index import cat

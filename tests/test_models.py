@@ -140,6 +140,26 @@ def test_llama_checkpoint_logits_match_numpy_prefill_and_decode(llama_ckpt, comp
     _check_against_reference(model, lambda toks: ref_llama(w, cfg, toks), compiled)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-decode", "eager-decode"])
+def test_kv_cache_steps_write_new_rows_into_the_same_buffers(gpt2_ckpt, compiled):
+    cfg, w, path = gpt2_ckpt
+    session = Session(gpt2.GPT2.from_safetensors(path, cfg), 32, compiled=compiled, span_block=8)
+    cache = session.cache
+    addrs = [t._node.buffer.ctypes.data for t in cache.tensors()]
+    session.prefill(PROMPT)
+    for tok in NEXT:
+        session.decode(tok)
+    assert [t._node.buffer.ctypes.data for t in cache.tensors()] == addrs
+    n = len(PROMPT) + len(NEXT)
+    ref = gpt2.GPT2.from_safetensors(path, cfg)
+    full = ref.new_cache(1, 32)
+    ref.forward(lc.tensor(np.array([PROMPT + NEXT], np.int64)), full, 0)
+    full.commit(0)
+    for got, want in zip(cache.tensors(), full.tensors()):
+        np.testing.assert_allclose(got.numpy()[:, :, :n], want.numpy()[:, :, :n], rtol=RTOL, atol=ATOL)
+        assert not got.numpy()[:, :, n:].any()
+
+
 def test_gpt2_prefill_logits_of_every_position_match_numpy(gpt2_ckpt):
     cfg, w, path = gpt2_ckpt
     model = gpt2.GPT2.from_safetensors(path, cfg)

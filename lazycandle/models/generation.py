@@ -3,8 +3,9 @@ creation and checkpoint loading, byte-level tokens and the command line.
 
 A model is an object with `config` (with max_len), `new_cache(batch, max_len)` and
 `forward(ids, cache, pos, span=None)` -> lazy logits (batch, T, vocab) for tokens `ids`
-(batch, T) at positions pos..pos+T-1, which also writes those positions' keys and values into
-`cache`; pos is an int, or a (1,) i64 tensor (one token, attending over `span` cache slots)."""
+(batch, T) at positions pos..pos+T-1, which also hands those positions' keys and values to
+`cache` (KVCache.update; KVCache.commit writes them once the step is realized); pos is an
+int, or a (1,) i64 tensor (one token, attending over `span` cache slots)."""
 from __future__ import annotations
 
 import argparse
@@ -23,15 +24,19 @@ from ..tensor_extras import triangle_mask
 
 
 class KVCache:
-    """Preallocated keys and values per layer, (batch, kv_heads, max_len, head_dim) each:
-    lc tensors, placeholders (inside a compiled decode step) or the arrays such a step
-    returned.  `update` writes new positions with slice_set (a fused copy of the cache: the
-    engine does not yet write in place) and returns the filled part, narrowed, for
-    attention to read."""
+    """Preallocated keys and values per layer, (batch, kv_heads, max_len, head_dim) each: lc
+    tensors that own their buffers (or placeholders, inside a compiled decode step).
+
+    A step never copies the cache: `update` keeps the step's new keys and values aside
+    (`pending`) and returns, for attention, the cached part written so far together with the
+    new rows (`causal_attention` attends over both).  Once the step is realized, `commit`
+    writes the new rows into the cache buffers with slice_set_ (buffer donation: O(new rows),
+    in place while the cache is the buffers' only holder)."""
 
     def __init__(self, k: list, v: list):
         self.k, self.v = list(k), list(v)
         self.max_len = k[0].shape[2]
+        self.pending = {}               # layer -> (new keys, new values) of the current step
 
     @classmethod
     def zeros(cls, n_layer: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype=f32) -> "KVCache":
@@ -40,34 +45,71 @@ class KVCache:
                    [zeros(shape, dtype).realize() for _ in range(n_layer)])
 
     def update(self, layer: int, k: Tensor, v: Tensor, pos, span: int | None = None):
-        """Write k, v (batch, kv_heads, T, head_dim) at positions pos..pos+T-1; returns the
-        cached keys and values of positions 0..pos+T-1, or, for a runtime `pos` (a tensor),
-        of positions 0..span-1 (attention masks the ones after pos)."""
-        n = pos + k.shape[2] if span is None else span
-        self.k[layer] = self.k[layer].slice_set(k, 2, pos)
-        self.v[layer] = self.v[layer].slice_set(v, 2, pos)
-        return self.k[layer].narrow(2, 0, n), self.v[layer].narrow(2, 0, n)
+        """Keys and values for attention of new rows k, v (batch, kv_heads, T, head_dim) at
+        positions pos..pos+T-1: ((cached keys, k), (cached values, v)), the cached part being
+        positions 0..pos-1, or, for a runtime `pos` (a tensor, T = 1), slots 0..span-1 (attention
+        masks the ones from pos on).  The rows are kept for `commit`."""
+        self.pending[layer] = (k, v)
+        n = pos if span is None else span
+        return (self.k[layer].narrow(2, 0, n), k), (self.v[layer].narrow(2, 0, n), v)
+
+    def rows(self) -> list:
+        """The current step's new keys then new values, layer by layer."""
+        return [self.pending[i][0] for i in range(len(self.k))] + [self.pending[i][1] for i in range(len(self.k))]
+
+    def commit(self, pos: int, rows=None) -> None:
+        """Write the step's new rows (realized tensors, or `rows` as `rows()` orders them,
+        e.g. arrays a compiled step returned) into the cache at `pos`, in place."""
+        n = len(self.k)
+        rows = self.rows() if rows is None else [r if hasattr(r, "_node") else tensor(r) for r in rows]
+        self.pending = {}
+        for i in range(n):
+            self.k[i].slice_set_(rows[i], 2, pos)
+            self.v[i].slice_set_(rows[n + i], 2, pos)
 
     def tensors(self) -> list:
         return self.k + self.v
 
 
 def causal_attention(q, k, v, pos):
-    """Attention of queries q (b, heads, T, d) at positions pos.. over cached keys k, v
-    (b, kv_heads, S, d); heads a multiple of kv_heads (grouped-query attention: each group of
-    query heads is one batch of rows against its key head, so keys are never repeated).
-    An int pos: one query needs no mask, otherwise query j sees keys up to pos + j.  A
-    runtime pos (a (1,) i64 tensor, one query): keys up to pos."""
+    """Attention of queries q (b, heads, T, d) at positions pos.. over keys k, v: each a pair
+    (cached (b, kv_heads, S, d), new (b, kv_heads, T, d)) from KVCache.update, or a plain
+    tensor.  heads is a multiple of kv_heads (grouped-query attention: each group of query
+    heads is one batch of rows against its key head, so keys are never repeated).  New rows
+    see the cached ones (for a runtime pos, a (1,) i64 tensor: the slots before pos) and the
+    new ones up to their own position."""
+    b, heads, t, d = q.shape
+    if isinstance(k, tuple) and k[0].shape[2] == 0:
+        k, v = k[1], v[1]
+    if not isinstance(k, tuple):
+        return _attention_over(q, k, v, pos)
+    (k_old, k_new), (v_old, v_new) = k, v
+    kv, s = k_old.shape[1], k_old.shape[2]
+    groups = heads // kv
+    qg = q.reshape((b, kv, groups * t, d)) if groups > 1 else q
+    scale = 1.0 / float(np.sqrt(d))
+    old = qg.broadcast_matmul(k_old.transpose(-2, -1)) * scale
+    if hasattr(pos, "_node"):
+        old = old.masked_fill((arange(0, s) >= pos.broadcast_as((s,))).reshape((1, s)), float("-inf"))
+    new = qg.broadcast_matmul(k_new.transpose(-2, -1)) * scale
+    if t > 1:
+        mask = triangle_mask(t, t, 0, True) == 0
+        new = new.masked_fill(mask if groups == 1 else mask.repeat((groups, 1)), float("-inf"))
+    top = old.max(-1, keepdim=True).maximum(new.max(-1, keepdim=True))
+    p_old, p_new = (old - top).exp(), (new - top).exp()
+    y = (p_old.broadcast_matmul(v_old) + p_new.broadcast_matmul(v_new)) / \
+        (p_old.sum(-1, keepdim=True) + p_new.sum(-1, keepdim=True))
+    return y.reshape((b, heads, t, d))
+
+
+def _attention_over(q, k, v, pos):
+    """Attention over plain cached keys k, v (b, kv_heads, S, d) of queries at pos.. (an int)."""
     b, heads, t, d = q.shape
     kv, s = k.shape[1], k.shape[2]
     groups = heads // kv
-    if hasattr(pos, "_node"):
-        mask = (arange(0, s) <= pos.broadcast_as((s,))).reshape((1, s))
-    elif t == 1:
-        mask = None
-    else:
-        mask = triangle_mask(t, s, pos, True)
-        mask = mask if groups == 1 else mask.repeat((groups, 1))
+    mask = None if t == 1 else triangle_mask(t, s, pos, True)
+    if mask is not None and groups > 1:
+        mask = mask.repeat((groups, 1))
     if groups > 1:
         q = q.reshape((b, kv, groups * t, d))
     return nn.scaled_dot_product_attention(q, k, v, mask=mask).reshape((b, heads, t, d))
@@ -77,8 +119,9 @@ class Session:
     """One sequence being generated (batch 1): `prefill(tokens)` runs the prompt eagerly,
     `decode(token)` one new token.  Decode steps run a compiled Program (cached on the model,
     one per span of `span_block` cache positions): the position is fed as data, the caches go
-    in and come back as the program's outputs, so a step builds no graph and compiles
-    nothing.  `compiled=False` builds each decode step eagerly instead.  Both return the
+    in (read in place) and only the step's new keys and values come back, written into the
+    caches by KVCache.commit, so a step builds no graph, compiles nothing and writes O(new
+    rows) of cache.  `compiled=False` builds each decode step eagerly instead.  Both return the
     last position's logits, a realized (vocab,) tensor."""
 
     def __init__(self, model, max_len: int, compiled: bool = True, span_block: int = 128):
@@ -103,18 +146,20 @@ class Session:
         feeds = {"ids": np.array([[token]], np.int64), "pos": np.array([self.pos], np.int64)}
         feeds.update({f"k{i}": a for i, a in enumerate(self.cache.k)})
         feeds.update({f"v{i}": a for i, a in enumerate(self.cache.v)})
-        logits, *state = prog.run(**feeds)
-        self.cache.k, self.cache.v = state[:n], state[n:]
+        logits, *rows = prog.run(**feeds)
+        del feeds                       # the caches' only holder is the cache again (donation)
+        self.cache.commit(self.pos, rows)
         self.pos += 1
         return tensor(logits)
 
     def _eager(self, tokens) -> Tensor:
         self._room(len(tokens))
-        if not hasattr(self.cache.k[0], "_node"):        # arrays after compiled steps
-            self.cache = KVCache([tensor(a) for a in self.cache.k], [tensor(a) for a in self.cache.v])
         logits = self.model.forward(tensor(np.array([tokens], np.int64), i64), self.cache, self.pos)
         last = logits[0, -1]
-        realize(last, *self.cache.tensors())
+        del logits                      # the graph reads the caches: drop it before commit
+        rows = self.cache.rows()
+        realize(last, *rows)
+        self.cache.commit(self.pos, rows)
         self.pos += len(tokens)
         return last
 
@@ -129,7 +174,7 @@ class Session:
                             [placeholder(f"v{i}", shape, dt) for i in range(n)])
             pos = placeholder("pos", (1,), i64)
             logits = self.model.forward(placeholder("ids", (1, 1), i64), cache, pos, span)
-            progs[key] = compile([logits[0, -1]] + cache.tensors())
+            progs[key] = compile([logits[0, -1]] + cache.rows())
         return progs[key]
 
 
