@@ -33,7 +33,9 @@ def _best_ms(fn, repeats=5, inner=20) -> float:
 
 def scalars(calls: int) -> dict:
     a = lc.tensor(np.random.default_rng(0).standard_normal(1000).astype(np.float32))
-    (a * 0.5).numpy()
+    for i in range(3):     # warm-up: the plan, its symbolic binder and its native program are built once
+        (a * 0.5).numpy()
+        (a * float(-i - 2)).numpy()
     before = jit.stats["compiled"]
     new_s = fixed_s = 0.0
     for chunk in range(0, calls, 100):      # alternate chunks so both see the same machine load
