@@ -52,8 +52,10 @@ def check(out, base, exact, rtol: float, atol: float) -> tuple[bool, str]:
     return True, ""
 
 
-def _peer_fns(case: Case, arrays: dict, mods: dict) -> tuple[dict, list]:
-    """Callables (no arguments, returning a NumPy array) for each peer that implements `case`."""
+def _peer_fns(case: Case, arrays: dict, mods: dict, threads: int) -> tuple[dict, list]:
+    """Callables (no arguments, returning a NumPy array) for each peer that implements `case`.
+    jax only at the machine's full thread count: XLA's pool always uses every CPU, so a 1-thread
+    row against it would compare different machines."""
     fns, notes = {}, []
     if "numexpr" in mods and case.numexpr is not None:
         ne = mods["numexpr"]
@@ -63,7 +65,7 @@ def _peer_fns(case: Case, arrays: dict, mods: dict) -> tuple[dict, list]:
             fns["torch"] = _torch_fn(case, arrays, mods["torch"])
         except Exception as e:
             notes.append(f"torch: set-up failed ({type(e).__name__}: {e})")
-    if "jax" in mods:
+    if "jax" in mods and threads >= (os.cpu_count() or 1):
         try:
             fns["jax"] = _jax_fn(case, arrays, mods["jax"])
         except Exception as e:
@@ -130,7 +132,7 @@ def run_case(case: Case, size, threads: int, mods: dict, repeats: int = 9, lc_im
         return row
     del out
     fns = {"lazycandle": lambda: impl(lc, **tensors).numpy(), "numpy": lambda: case.ref(np, **arrays)}
-    peers, notes = _peer_fns(case, arrays, mods)
+    peers, notes = _peer_fns(case, arrays, mods, threads)
     row["notes"] += notes
     for name, fn in peers.items():
         try:
