@@ -69,11 +69,11 @@ class Binding:
     kernel, the element offsets of its node reads; per node buffer, its element count.  A
     Plan builds its own from its kernels, and `Plan.bind_values` one from the flat
     `quantities` a symbolic binder evaluates for other sizes of the plan's size class."""
-    __slots__ = ("steps", "read_offsets", "numels", "native", "runs")
+    __slots__ = ("steps", "read_offsets", "numels", "native")
 
     def __init__(self, steps, read_offsets, numels):
         self.steps, self.read_offsets, self.numels = steps, read_offsets, numels
-        self.native, self.runs = None, 0      # its whole-program form (native_exec), built at its 2nd run
+        self.native = None       # its whole-program form (native_exec.NativePlan), once the plan runs natively
 
 
 def _node_step(op_name, kind):
@@ -126,6 +126,8 @@ class Plan:
                               sum(1 for b in k.inputs if b[0] == "node"))
                         for k, step in zip(kernels, self.steps)]
         self._buffer_nodes = sorted(materialized)
+        self.runs = 0                   # runs so far at any binding (the native switch)
+        self.native_program = None      # native_exec.NativeProgram: built once, at the plan's 2nd run
         self.binding = self.bind_values(self.quantities(kernels, cap))
 
     def quantities(self, kernels, cap) -> list:
@@ -187,9 +189,10 @@ class Plan:
         """in_bufs: 1-D arrays per capture input; offsets: per operand slot; scalars: the
         capture's scalar slots [(value, DType)]; binding: the sizes to run at (default: the
         plan's own).  Returns the target buffers in capture-target order.  Runs the
-        whole-program native form (one native call per segment) unless LAZYCANDLE_EXEC=python;
-        a binding is made native at its second run (LAZYCANDLE_EXEC=native: at its first), so
-        a graph realized once never pays for the program module."""
+        whole-program native form (one native call per segment) unless LAZYCANDLE_EXEC=python.
+        The program module is built once per plan, at the plan's second run at any binding
+        (LAZYCANDLE_EXEC=native: at its first), so a graph realized once never pays for it; from
+        then on every binding, a new one included, runs natively at its first run."""
         b = binding or self.binding
         mode = os.environ.get("LAZYCANDLE_EXEC", "")
         if os.environ.get("LAZYCANDLE_PROFILE", "") not in ("", "0"):
@@ -201,8 +204,8 @@ class Plan:
         if mode != "python":
             native = b.native
             if native is None:
-                b.runs += 1
-                if b.runs >= 2 or mode == "native":
+                self.runs += 1
+                if self.runs >= 2 or mode == "native":
                     native = self.native_form(b)
             if native:
                 return native.run(in_bufs, offsets, scalars, self.slots)
@@ -210,8 +213,8 @@ class Plan:
 
     def native_form(self, binding=None):
         """The NativePlan of this plan at `binding` (default: its own), built once per binding
-        (False when the plan cannot run natively: a sort step hands its values over between
-        steps by replacing a buffer)."""
+        over the plan's one NativeProgram (False when the plan cannot run natively: a sort step
+        hands its values over between steps by replacing a buffer)."""
         b = binding or self.binding
         if b.native is None:
             from . import native_exec
