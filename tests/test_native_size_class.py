@@ -141,3 +141,17 @@ def test_bad_ids_raise_index_out_of_bounds_from_native_index_kernels_at_new_size
         with pytest.raises(lc.IndexOutOfBounds, match="index_select"):
             prog.run(t=tv, ids=np.array(bad, np.int64))
     np.testing.assert_allclose(prog.run(t=tv, ids=good)[0], np.exp(tv[good] * 2), rtol=1e-6)
+
+
+def test_generated_plan_binder_gives_the_recipe_walks_binding():
+    prog = _mixed_program()
+    for n in (5, 6):
+        prog.run(**_feeds(n))
+    plan = prog._last.plan.plan
+    for n in (2, 17, 1000):
+        pb = prog._traced.binders[0]
+        dims, layout = pb.fn({"n": n})[:2]
+        _, q = pb.binder.fn(*dims)
+        walked, generated = plan._bind_walk(q), plan.bind_values(q)
+        assert generated.steps == walked.steps and generated.read_offsets == walked.read_offsets
+        assert generated.numels == walked.numels

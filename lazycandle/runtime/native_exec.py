@@ -93,22 +93,29 @@ def arena_slots(plan):
     return slot_of, len(ends)
 
 
-def plan_arena(plan, numels, slots=None):
+def plan_arena(plan, numels):
     """{node: byte offset} for the plan's intermediate buffers at buffer sizes `numels`, and the
     arena's size: each slot (arena_slots) is as large as its largest buffer at these sizes, the
     slots back to back."""
-    slot_of, n = slots or arena_slots(plan)
-    dtypes = plan.dtypes
-    size = [0] * n
-    for j, s in slot_of.items():
-        nb = _nbytes(numels[j], dtypes[j])
+    slot_of, n = arena_slots(plan)
+    return _slot_offsets([(j, s, plan.dtypes[j].numpy.itemsize) for j, s in slot_of.items()], n, numels)
+
+
+def _slot_offsets(slot_items, n_slots, numels):
+    size = [0] * n_slots
+    for j, s, itemsize in slot_items:
+        nb = -(-max(numels[j] * itemsize, 1) // ALIGN) * ALIGN
         if nb > size[s]:
             size[s] = nb
-    at, top = [0] * n, 0
+    at, top = [0] * n_slots, 0
     for s, nb in enumerate(size):
         at[s] = top
         top += nb
-    return {j: at[s] for j, s in slot_of.items()}, top
+    return {j: at[s] for j, s, _ in slot_items}, top
+
+
+def _arena_offsets(prog, numels):
+    return _slot_offsets(prog.slot_items, prog.slots[1], numels)
 
 
 def supports(plan) -> bool:
@@ -169,18 +176,28 @@ class NativeProgram:
             items[-1][1].append((call, self._regions(step, k)))
         self.segments = [_phases(calls) for kind, calls in items if kind == "native"]
         self.items = items
-        self.n_words, self.n_status = n_words, status_words
         self.refs = refs
-        self.slot_pos = [(pos, r[1]) for pos, r in enumerate(refs) if r[0] == "slot"]
-        self.status_pos = [(pos, r[1]) for pos, r in enumerate(refs) if r[0] == "status"]
-        self.out_refs, self.arena_refs = [], []      # (pos, target | node, element offset, itemsize)
+        self.status = np.zeros(2 * max(status_words, 1), np.int64)     # shared: runs are serialised
+        # what a binding fills in: ptrs then sizes, one int64 block
+        self.n_refs = len(refs)
+        self.words = [0] * max(self.n_refs + n_words, 1)
+        self.slot_pos, self.out_refs, self.arena_refs = [], [], []   # (pos, target | node, element offset, itemsize)
         for pos, r in enumerate(refs):
-            if r[0] == "node":
+            if r[0] == "slot":
+                self.slot_pos.append((pos, r[1]))
+            elif r[0] == "status":
+                self.words[pos] = self.status.ctypes.data + 16 * r[1]
+            else:
                 j, size = r[1], plan.dtypes[r[1]].numpy.itemsize
                 if j in self.target_index:
                     self.out_refs.append((pos, self.target_index[j], r[2], size))
                 else:
                     self.arena_refs.append((pos, j, r[2], size))
+        self.calls_sized = [(self.n_refs + w, None if at is None else self.n_refs + at, sized)
+                            for w, at, sized in self.calls_sized]
+        self.slot_items = [(j, s, plan.dtypes[j].numpy.itemsize) for j, s in self.slots[0].items()]
+        self.target_items = [(t, j, plan.dtypes[j].numpy.itemsize, plan.dtypes[j]) for t, j in enumerate(self.targets)]
+        self.python_steps = any(kind == "python" for kind, _ in items)
         self.module, self.fns = None, []
         if self.segments:
             imports["lc_pool_run"] = native_pool.address("lc_pool_run")
@@ -190,7 +207,7 @@ class NativeProgram:
         self.call_steps = [[c for phase in seg for c in phase] for seg in self.segments]
         self.has_status = status_words > 0
         self.lock = threading.Lock()       # serialises the runs of every binding (they may share an arena)
-        self.arena = None                  # the kept arena, grown for the largest binding run so far
+        self.arena, self.arena_addr = None, 0       # the kept arena, grown for the largest binding so far
         _live.add(self)
 
     def _ref_of_bind(self, bind, read):
@@ -264,62 +281,63 @@ class NativeProgram:
         if self.arena is None or self.arena.size < nbytes:
             grow = 0 if self.arena is None else self.arena.size * 2
             self.arena = alloc(min(max(nbytes, grow), ARENA_KEEP_BYTES), np.uint8)
+            self.arena_addr = self.arena.ctypes.data
         return self.arena
 
 
 class NativePlan:
     """A NativeProgram bound to one Binding: the pointer and sizes arrays its segments read, the
     arena offsets and the output layout at those sizes.  Plain Python over the program's
-    precomputed positions: a new binding runs natively at once, nothing is compiled."""
+    precomputed positions (a new binding costs a few microseconds): it runs natively at once,
+    nothing is compiled."""
 
     def __init__(self, plan, binding):
-        prog = program_of(plan)
+        prog = plan.native_program or program_of(plan)
         self.program = prog
-        self.plan, self.binding, self.numels = plan, binding, binding.numels
-        self.offsets, self.arena_bytes = plan_arena(plan, binding.numels, prog.slots)
-        self.keep_arena = self.arena_bytes <= ARENA_KEEP_BYTES
+        self.plan, self.binding = plan, binding
+        numels = self.numels = binding.numels
+        self.offsets, self.arena_bytes = offsets, arena_bytes = _arena_offsets(prog, numels)
+        self.keep_arena = keep = arena_bytes <= ARENA_KEEP_BYTES
         self.targets, self.target_index, self.returned = prog.targets, prog.target_index, prog.returned
         self.steps_of, self.segments, self.module, self.fns = prog.steps_of, prog.segments, prog.module, prog.fns
-        self.call_steps, self.has_status = prog.call_steps, prog.has_status
-        self.items = [("python", (plan.steps[what], binding.steps[what])) if kind == "python" else (kind, what)
-                      for kind, what in prog.items]
-        self.status = np.zeros(2 * max(prog.n_status, 1), np.int64)
-        self.sizes = self._sizes(binding)
-        self.ptrs = np.zeros(max(len(prog.refs), 1), np.int64)
-        status_addr = self.status.ctypes.data
-        for pos, n in prog.status_pos:
-            self.ptrs[pos] = status_addr + 16 * n
+        self.call_steps, self.has_status, self.status = prog.call_steps, prog.has_status, prog.status
+        self.items = prog.items if not prog.python_steps else \
+            [("python", (plan.steps[what], binding.steps[what])) if kind == "python" else (kind, what)
+             for kind, what in prog.items]
+        words = prog.words.copy()
         reads = binding.read_offsets
-        self._by_pos = (prog.slot_pos,
-                        [(pos, t, (e if e.__class__ is int else reads[e[0]][e[1]]) * size)
-                         for pos, t, e, size in prog.out_refs],
-                        [(pos, self.offsets[j] + (e if e.__class__ is int else reads[e[0]][e[1]]) * size)
-                         for pos, j, e, size in prog.arena_refs])
-        self._fixed_bufs = None
-        self.sizes_addr, self.ptrs_addr = self.sizes.ctypes.data, self.ptrs.ctypes.data
-        self._scalars, self._packed = None, None
-        self._plan_outputs()
-        self.arena = prog.arena_at_least(self.arena_bytes) if self.keep_arena else None
-        if self.keep_arena:
-            self._fill_arena(self.arena.ctypes.data)
-
-    @property
-    def lock(self):
-        """The program's lock: every binding of a plan shares its kept arena."""
-        return self.program.lock
-
-    def _sizes(self, binding):
-        """The sizes array: per call, its extent, its parts (program.SERIAL / PARALLEL, from
-        extent x cost) and its own sizes."""
-        words = [0] * max(self.program.n_words, 1)
+        arena_pos = [(pos, offsets[j] + (e if e.__class__ is int else reads[e[0]][e[1]]) * size)
+                     for pos, j, e, size in prog.arena_refs]
+        self.arena = None
+        if keep:
+            self.arena = prog.arena_at_least(arena_bytes)
+            base = prog.arena_addr
+            for pos, off in arena_pos:
+                words[pos] = base + off
         steps = binding.steps
-        for word_at, sizes_at, sized in self.program.calls_sized:
+        for word_at, sizes_at, sized in prog.calls_sized:
             sizes, extent, cost = steps[sized] if sized.__class__ is int else sized
             words[word_at] = extent
             words[word_at + 1] = PARALLEL if extent * cost >= MIN_PARALLEL_COST and extent > 1 else SERIAL
             if sizes_at is not None:
                 words[sizes_at:sizes_at + len(sizes)] = sizes
-        return np.array(words, np.int64)
+        block = np.array(words, np.int64)
+        n_refs = prog.n_refs
+        self.ptrs, self.sizes = block[:max(n_refs, 1)], block[n_refs:]
+        self.ptrs_addr = block.ctypes.data
+        self.sizes_addr = self.ptrs_addr + 8 * n_refs
+        self._by_pos = (prog.slot_pos,
+                        [(pos, t, (e if e.__class__ is int else reads[e[0]][e[1]]) * size)
+                         for pos, t, e, size in prog.out_refs],
+                        arena_pos)
+        self._fixed_bufs = None
+        self._scalars, self._packed = None, None
+        self._plan_outputs()
+
+    @property
+    def lock(self):
+        """The program's lock: every binding of a plan shares its kept arena."""
+        return self.program.lock
 
     def _fill_arena(self, base):
         for pos, off in self._by_pos[2]:
@@ -329,16 +347,16 @@ class NativePlan:
     def _plan_outputs(self):
         """Small outputs are carved from one block per run (one allocation, one address
         lookup); large ones come from buffers.alloc (recycled huge-page blocks)."""
-        small, top = [], 0
-        for t, j in enumerate(self.targets):
-            n, dt = self.numels[j], self.plan.dtypes[j]
-            if n * dt.numpy.itemsize < SMALL_OUTPUT_BYTES:
+        small, large, top, numels = [], [], 0, self.numels
+        for t, j, itemsize, dt in self.program.target_items:
+            n = numels[j]
+            nbytes = n * itemsize
+            if nbytes < SMALL_OUTPUT_BYTES:
                 small.append((t, top, n, dt.numpy))
-                top += -(-max(n * dt.numpy.itemsize, 1) // ALIGN) * ALIGN
-        self.small_outputs, self.small_bytes = small, top
-        taken = {t for t, *_ in small}
-        self.large_outputs = [(t, self.numels[j], self.plan.dtypes[j])
-                              for t, j in enumerate(self.targets) if t not in taken]
+                top += -(-max(nbytes, 1) // ALIGN) * ALIGN
+            else:
+                large.append((t, n, dt))
+        self.small_outputs, self.small_bytes, self.large_outputs = small, top, large
 
     def _outputs(self):
         outs = [None] * len(self.targets)
