@@ -155,3 +155,17 @@ def test_generated_plan_binder_gives_the_recipe_walks_binding():
         walked, generated = plan._bind_walk(q), plan.bind_values(q)
         assert generated.steps == walked.steps and generated.read_offsets == walked.read_offsets
         assert generated.numels == walked.numels
+
+
+def test_program_binder_span_check_agrees_with_the_elements_a_view_reads():
+    from lazycandle.symbolic_plan import _span_check
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        rank = int(rng.integers(1, 4))
+        shape = tuple(int(x) for x in rng.integers(0, 4, rank))
+        strides = tuple(int(x) for x in rng.integers(-6, 7, rank))
+        offset, numel = int(rng.integers(0, 30)), int(rng.integers(1, 40))
+        reads = [offset + sum(i * s for i, s in zip(idx, strides)) for idx in np.ndindex(*shape)]
+        inside = all(0 <= r < numel for r in reads)
+        check = _span_check(shape, strides, offset, numel, {})
+        assert (check == "True" or eval(check)) == inside, (shape, strides, offset, numel, check)

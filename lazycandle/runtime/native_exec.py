@@ -102,20 +102,22 @@ def plan_arena(plan, numels):
 
 
 def _slot_offsets(slot_items, n_slots, numels):
-    size = [0] * n_slots
+    at, top = _slot_starts(slot_items, n_slots, numels)
+    return {j: at[s] for j, s, _ in slot_items}, top
+
+
+def _slot_starts(slot_items, n_slots, numels):
+    """(byte offset per slot, arena bytes): each slot as large as its largest buffer."""
+    size = [ALIGN] * n_slots
     for j, s, itemsize in slot_items:
-        nb = -(-max(numels[j] * itemsize, 1) // ALIGN) * ALIGN
+        nb = (numels[j] * itemsize + ALIGN - 1) & -ALIGN
         if nb > size[s]:
             size[s] = nb
     at, top = [0] * n_slots, 0
     for s, nb in enumerate(size):
         at[s] = top
         top += nb
-    return {j: at[s] for j, s, _ in slot_items}, top
-
-
-def _arena_offsets(prog, numels):
-    return _slot_offsets(prog.slot_items, prog.slots[1], numels)
+    return at, top
 
 
 def supports(plan) -> bool:
@@ -181,7 +183,7 @@ class NativeProgram:
         # what a binding fills in: ptrs then sizes, one int64 block
         self.n_refs = len(refs)
         self.words = [0] * max(self.n_refs + n_words, 1)
-        self.slot_pos, self.out_refs, self.arena_refs = [], [], []   # (pos, target | node, element offset, itemsize)
+        self.slot_pos, self.out_refs, self.arena_refs = [], [], []   # (pos, target | slot, element offset, itemsize)
         for pos, r in enumerate(refs):
             if r[0] == "slot":
                 self.slot_pos.append((pos, r[1]))
@@ -192,7 +194,7 @@ class NativeProgram:
                 if j in self.target_index:
                     self.out_refs.append((pos, self.target_index[j], r[2], size))
                 else:
-                    self.arena_refs.append((pos, j, r[2], size))
+                    self.arena_refs.append((pos, self.slots[0][j], r[2], size))
         self.calls_sized = [(self.n_refs + w, None if at is None else self.n_refs + at, sized)
                             for w, at, sized in self.calls_sized]
         self.slot_items = [(j, s, plan.dtypes[j].numpy.itemsize) for j, s in self.slots[0].items()]
@@ -208,6 +210,7 @@ class NativeProgram:
         self.has_status = status_words > 0
         self.lock = threading.Lock()       # serialises the runs of every binding (they may share an arena)
         self.arena, self.arena_addr = None, 0       # the kept arena, grown for the largest binding so far
+        self.scalars, self.packed = None, None      # the last scalar list run and its packed form
         _live.add(self)
 
     def _ref_of_bind(self, bind, read):
@@ -296,7 +299,7 @@ class NativePlan:
         self.program = prog
         self.plan, self.binding = plan, binding
         numels = self.numels = binding.numels
-        self.offsets, self.arena_bytes = offsets, arena_bytes = _arena_offsets(prog, numels)
+        self.slot_at, self.arena_bytes = slot_at, arena_bytes = _slot_starts(prog.slot_items, prog.slots[1], numels)
         self.keep_arena = keep = arena_bytes <= ARENA_KEEP_BYTES
         self.targets, self.target_index, self.returned = prog.targets, prog.target_index, prog.returned
         self.steps_of, self.segments, self.module, self.fns = prog.steps_of, prog.segments, prog.module, prog.fns
@@ -306,8 +309,8 @@ class NativePlan:
              for kind, what in prog.items]
         words = prog.words.copy()
         reads = binding.read_offsets
-        arena_pos = [(pos, offsets[j] + (e if e.__class__ is int else reads[e[0]][e[1]]) * size)
-                     for pos, j, e, size in prog.arena_refs]
+        arena_pos = [(pos, slot_at[slot] + (e if e.__class__ is int else reads[e[0]][e[1]]) * size)
+                     for pos, slot, e, size in prog.arena_refs]
         self.arena = None
         if keep:
             self.arena = prog.arena_at_least(arena_bytes)
@@ -331,13 +334,17 @@ class NativePlan:
                          for pos, t, e, size in prog.out_refs],
                         arena_pos)
         self._fixed_bufs = None
-        self._scalars, self._packed = None, None
         self._plan_outputs()
 
     @property
     def lock(self):
         """The program's lock: every binding of a plan shares its kept arena."""
         return self.program.lock
+
+    @property
+    def offsets(self) -> dict:
+        """{node: byte offset in the arena} of the intermediate buffers at this binding."""
+        return {j: self.slot_at[s] for j, s, _ in self.program.slot_items}
 
     def _fill_arena(self, base):
         for pos, off in self._by_pos[2]:
@@ -375,13 +382,15 @@ class NativePlan:
         return outs, addrs
 
     def _pack(self, scalars):
-        """The scalar slots packed as the kernels read them (kept while the same capture's
-        list comes back: a Program's instance passes one list every run)."""
-        if scalars is not self._scalars:
+        """The scalar slots packed as the kernels read them, kept by the program while the
+        same capture's list comes back (a Program passes one list every run, at every
+        binding); called under the program's lock."""
+        prog = self.program
+        if scalars is not prog.scalars:
             from .executor import pack_scalars
             packed = pack_scalars(scalars)
-            self._scalars, self._packed = scalars, (packed, packed.ctypes.data)
-        return self._packed
+            prog.scalars, prog.packed = scalars, (packed, packed.ctypes.data)
+        return prog.packed
 
     def run(self, in_bufs, offsets, scalars, slots):
         """Run the plan; returns the target buffers (as Plan.run)."""
