@@ -169,3 +169,28 @@ def test_program_binder_span_check_agrees_with_the_elements_a_view_reads():
         inside = all(0 <= r < numel for r in reads)
         check = _span_check(shape, strides, offset, numel, {})
         assert (check == "True" or eval(check)) == inside, (shape, strides, offset, numel, check)
+
+
+def test_concurrent_runs_at_different_bindings_share_the_program_safely(monkeypatch):
+    import threading
+    prog = _mixed_program()
+    sizes = [3, 17, 40, 200, 1000]
+    want = {n: _run(prog, _feeds(n), "python", monkeypatch) for n in sizes}
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    errors = []
+
+    def work(seed):
+        try:
+            for r in range(12):
+                n = sizes[(seed + r) % len(sizes)]
+                for a, b in zip(prog.run(**_feeds(n)), want[n]):
+                    assert np.array_equal(a, b), n
+        except BaseException as e:      # reported by the main thread
+            errors.append(repr(e))
+    with lc.num_threads(2):
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []

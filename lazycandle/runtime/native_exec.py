@@ -209,7 +209,7 @@ class NativeProgram:
         self.call_steps = [[c for phase in seg for c in phase] for seg in self.segments]
         self.has_status = status_words > 0
         self.lock = threading.Lock()       # serialises the runs of every binding (they may share an arena)
-        self.arena, self.arena_addr = None, 0       # the kept arena, grown for the largest binding so far
+        self.arena = None                  # (kept arena, address), grown for the largest binding so far
         self.scalars, self.packed = None, None      # the last scalar list run and its packed form
         _live.add(self)
 
@@ -279,13 +279,15 @@ class NativeProgram:
         return reads, [region(j) for j in k.outputs]
 
     def arena_at_least(self, nbytes):
-        """The program's kept arena, grown to at least `nbytes` (a binding keeps the arena it
-        was bound to: a grown one replaces it only for later bindings)."""
-        if self.arena is None or self.arena.size < nbytes:
-            grow = 0 if self.arena is None else self.arena.size * 2
-            self.arena = alloc(min(max(nbytes, grow), ARENA_KEEP_BYTES), np.uint8)
-            self.arena_addr = self.arena.ctypes.data
-        return self.arena
+        """(arena, its address): the program's kept arena, grown to at least `nbytes` (a
+        binding keeps the arena it was bound to: a grown one serves later bindings).  Read and
+        replaced as one tuple, so a binding built on another thread never mixes two arenas."""
+        got = self.arena
+        if got is None or got[0].size < nbytes:
+            grow = 0 if got is None else got[0].size * 2
+            arena = alloc(min(max(nbytes, grow), ARENA_KEEP_BYTES), np.uint8)
+            got = self.arena = (arena, arena.ctypes.data)
+        return got
 
 
 class NativePlan:
@@ -313,8 +315,7 @@ class NativePlan:
                      for pos, slot, e, size in prog.arena_refs]
         self.arena = None
         if keep:
-            self.arena = prog.arena_at_least(arena_bytes)
-            base = prog.arena_addr
+            self.arena, base = prog.arena_at_least(arena_bytes)
             for pos, off in arena_pos:
                 words[pos] = base + off
         steps = binding.steps
