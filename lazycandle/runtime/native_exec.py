@@ -157,7 +157,7 @@ class NativeProgram:
         self.steps_of = {}                 # call label -> plan step (to raise its error)
         # refs: per ptrs position ("slot", s) | ("node", j, element offset) | ("status", n); an
         # element offset is an int or (step, read) into the binding's read_offsets
-        refs, self.calls_sized = [], []    # per native call: (word position, sizes position, step or constant (sizes, extent, cost))
+        refs, self.calls_sized = [], []    # per native call: (word position, sizes position, what its sizes are, step)
         items, imports, names = [], {}, {}     # items: ("native", [(call, regions)]) | ("python", step index)
         n_words = 0
         status_words = 0
@@ -169,7 +169,7 @@ class NativeProgram:
                 items.append(("python", i))
                 continue
             call, sized, n_sizes = got
-            self.calls_sized.append((call.word_at, call.sizes_at, sized))
+            self.calls_sized.append((call.word_at, call.sizes_at, sized, i))
             n_words = call.word_at + 2 + n_sizes
             status_words += call.status_at is not None
             self.steps_of[call.label] = step
@@ -195,8 +195,8 @@ class NativeProgram:
                     self.out_refs.append((pos, self.target_index[j], r[2], size))
                 else:
                     self.arena_refs.append((pos, self.slots[0][j], r[2], size))
-        self.calls_sized = [(self.n_refs + w, None if at is None else self.n_refs + at, sized)
-                            for w, at, sized in self.calls_sized]
+        self.calls_sized = [(self.n_refs + w, None if at is None else self.n_refs + at, sized, i)
+                            for w, at, sized, i in self.calls_sized]
         self.slot_items = [(j, s, plan.dtypes[j].numpy.itemsize) for j, s in self.slots[0].items()]
         self.target_items = [(t, j, plan.dtypes[j].numpy.itemsize, plan.dtypes[j]) for t, j in enumerate(self.targets)]
         self.python_steps = any(kind == "python" for kind, _ in items)
@@ -223,7 +223,9 @@ class NativeProgram:
         """(program.Call, what its sizes are, size count) of plan step i, appending its pointer
         refs; None for a step that runs in Python.  `word_at`: where its [extent, parts] words
         go in the sizes array (its own sizes follow them); what its sizes are: the step index
-        (the binding's sizes, extent and cost of that step) or a constant (sizes, extent, cost)."""
+        (the binding's (sizes, extent, cost) of that step), a constant (sizes, extent, cost),
+        or a function of the binding's entry for the step giving them (a node step's layouts).
+        The size count and every ref are the same at every binding of the plan."""
         from ..codegen.program import Call
         from .index_steps import IndexStep
         bufs_at = len(refs)
@@ -319,8 +321,9 @@ class NativePlan:
             for pos, off in arena_pos:
                 words[pos] = base + off
         steps = binding.steps
-        for word_at, sizes_at, sized in prog.calls_sized:
-            sizes, extent, cost = steps[sized] if sized.__class__ is int else sized
+        for word_at, sizes_at, sized, i in prog.calls_sized:
+            sizes, extent, cost = steps[sized] if sized.__class__ is int else \
+                sized if sized.__class__ is tuple else sized(steps[i])
             words[word_at] = extent
             words[word_at + 1] = PARALLEL if extent * cost >= MIN_PARALLEL_COST and extent > 1 else SERIAL
             if sizes_at is not None:
