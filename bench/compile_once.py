@@ -7,12 +7,14 @@ scalars: 1,000 calls of (a * float(i)).numpy() on 1,000 f32 against the same cal
 decode:  attention over a growing KV cache, L = 1 .. max-len: q (1, 64) @ K.T (L, 64),
          softmax, @ V (L, 64); prints kernels compiled over the whole loop and, per L, the
          first step at that L eagerly and through a named-dim program (a new size: the size
-         class's plan is bound symbolically), the same eager step again, and a program
-         compiled with lc.compile for that fixed L (see `decode`).
+         class's plan is bound symbolically and runs its one native program at once), the
+         same eager and named-dim steps again, and a program compiled with lc.compile for
+         that fixed L (see `decode`).  The load average is printed with the figures.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -73,7 +75,8 @@ def decode(max_len: int, sample=(2, 15, 16, 17, 64, 100, 255, 256)) -> dict:
     new_eager   the eager step, the first time at this L;
     new_prog    a named-dim program (k, v of ("L", 64)), the first run at this L;
     fixed_prog  a program compiled for this fixed L (median of 9 runs);
-    same_eager  the eager step at this L again (median of 9)."""
+    same_eager  the eager step at this L again (median of 9);
+    same_prog   the named-dim program at this L again (median of 9)."""
     rng = np.random.default_rng(1)
     d = 64
     kc = rng.standard_normal((max_len, d)).astype(np.float32)
@@ -94,16 +97,17 @@ def decode(max_len: int, sample=(2, 15, 16, 17, 64, 100, 255, 256)) -> dict:
         fixed = lc.compile(_attention(lc.placeholder("q", (1, d)), lc.placeholder("k", (L, d)),
                                       lc.placeholder("v", (L, d))))
         fixed.run(**feeds)
-        fixed_ms, same_ms = [], []
+        fixed_ms, same_ms, again_ms = [], [], []
         for _ in range(9):
             fixed_ms.append(_once_ms(lambda: fixed.run(**feeds)))
             same_ms.append(_once_ms(lambda: _attention(lc.tensor(q), lc.tensor(k), lc.tensor(v)).numpy()))
-        rows[L] = (new_eager, new_prog, _median(fixed_ms), _median(same_ms))
+            again_ms.append(_once_ms(lambda: prog.run(**feeds)))
+        rows[L] = (new_eager, new_prog, _median(fixed_ms), _median(same_ms), _median(again_ms))
         if L in sample:
             np.testing.assert_array_equal(prog.run(**feeds)[0], fixed.run(**feeds)[0])
     compiled = jit.stats["compiled"] - before
     late = [rows[L] for L in range(max(2, max_len // 2), max_len + 1)]
-    med = [_median([r[i] for r in late]) for i in range(4)]
+    med = [_median([r[i] for r in late]) for i in range(5)]
     return {"max_len": max_len, "kernels_compiled": compiled, "rows": [(L,) + rows[L] for L in sample if L <= max_len],
             "median_second_half": med, "plans": lc.cache_info()["plans"]}
 
@@ -121,15 +125,17 @@ def main(argv=None):
               f"with a fixed scalar ({r['ratio']:.2f}x)")
     if args.only in (None, "decode"):
         r = decode(args.max_len)
-        new_eager, new_prog, fixed, same = r["median_second_half"]
+        new_eager, new_prog, fixed, same, again = r["median_second_half"]
         print(f"decode: attention over a KV cache of L = 1..{r['max_len']}: {r['kernels_compiled']} kernel(s) "
-              f"compiled in the whole loop, {r['plans']} plan(s) cached")
+              f"compiled in the whole loop, {r['plans']} plan(s) cached; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print(f"  medians over L = {max(2, r['max_len'] // 2)}..{r['max_len']}: named-dim program at a new L "
-              f"{new_prog:.3f} ms vs fixed-L program {fixed:.3f} ms ({new_prog / fixed:.2f}x); eager step at a "
-              f"new L {new_eager:.3f} ms vs the same L again {same:.3f} ms ({new_eager / same:.2f}x)")
-        print("     L   eager new L ms   eager same L ms   named-dim program new L ms   fixed-L program ms")
-        for L, ne, npg, fx, sm in r["rows"]:
-            print(f"  {L:4d}   {ne:14.3f}   {sm:15.3f}   {npg:26.3f}   {fx:18.3f}")
+              f"{new_prog:.3f} ms vs fixed-L program {fixed:.3f} ms ({new_prog / fixed:.2f}x; the same L again "
+              f"{again:.3f} ms); eager step at a new L {new_eager:.3f} ms vs the same L again {same:.3f} ms "
+              f"({new_eager / same:.2f}x)")
+        print("     L   eager new L ms   eager same L ms   named-dim new L ms   named-dim same L ms   fixed-L program ms")
+        for L, ne, npg, fx, sm, ag in r["rows"]:
+            print(f"  {L:4d}   {ne:14.3f}   {sm:15.3f}   {npg:18.3f}   {ag:19.3f}   {fx:18.3f}")
 
 
 if __name__ == "__main__":

@@ -164,6 +164,7 @@ class Program:
         self._bound = caches.LRU(self.BINDINGS_KEPT)
         self._last = self._fixed
         self._exact = {name: (dt.numpy, spec) for name, spec, dt in self.inputs} if not self._symbolic else None
+        self._named = [(name, dt.numpy, spec) for name, spec, dt in self.inputs] if self._symbolic else None
 
     def _exact_feeds(self, feeds):
         """The flat feeds when every one is already a C-contiguous ndarray of exactly its
@@ -179,6 +180,28 @@ class Program:
                 return None
             arrays[name] = v if v.ndim == 1 else v.reshape(-1)
         return arrays
+
+    def _named_feeds(self, feeds):
+        """(flat feeds, named dim sizes) when every feed is a C-contiguous ndarray of its
+        input's dtype and rank whose sizes agree with the input's spec and each other (the
+        common case of a named-dim program, checked without conversions); else None, and
+        _check_feeds converts or raises."""
+        named = self._named
+        if named is None or len(feeds) != len(named):
+            return None
+        arrays, sizes = {}, {}
+        for name, npdt, spec in named:
+            v = feeds.get(name)
+            if type(v) is not np.ndarray or v.dtype != npdt or len(v.shape) != len(spec) or not v.flags.c_contiguous:
+                return None
+            for d, g in zip(spec, v.shape):
+                if d.__class__ is str:
+                    if sizes.setdefault(d, g) != g:
+                        return None
+                elif d != g:
+                    return None
+            arrays[name] = v if v.ndim == 1 else v.reshape(-1)
+        return arrays, sizes
 
     def _check_feeds(self, feeds):
         """Flat arrays by input name, and the sizes of the named dims (FeedError on any mismatch)."""
@@ -218,8 +241,8 @@ class Program:
         arrays = self._exact_feeds(feeds)
         if arrays is not None:
             return self._fixed.run(arrays)
-        arrays, sizes = self._check_feeds(feeds)
-        return self._instance(sizes).run(arrays)
+        got = self._named_feeds(feeds) or self._check_feeds(feeds)
+        return self._instance(got[1]).run(got[0])
 
     __call__ = run
 

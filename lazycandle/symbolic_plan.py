@@ -164,16 +164,48 @@ class ProgramBinder:
         return None if binding is None else (binding, offsets, out_shapes, out_offsets)
 
 
-def _span_ok(shape, strides, offset, numel) -> bool:
-    if 0 in shape:
-        return True
-    lo = hi = offset
-    for d, s in zip(shape, strides):
-        if s > 0:
-            hi += (d - 1) * s
+def _span_check(shape, strides, offset, numel, var):
+    """Source of a condition that holds when a view (sizes: probe polynomials) reads inside
+    its base of `numel` elements at the bound sizes -- what named_dims.bind checks -- written
+    out per dim (a literal stride's sign is known; a zero stride or size drops out), or None
+    when a size has no formula."""
+    src = [named_dims.polynomial_source(v, var) for v in (*shape, *strides, offset, numel)]
+    if any(x is None for x in src):
+        return None
+    r = len(shape)
+    sizes, steps, off, total = src[:r], src[r:2 * r], src[2 * r], src[2 * r + 1]
+    lit = [_literal(x) for x in src]
+    if 0 in lit[:r]:
+        return "True"               # an empty view reads nothing
+    lo, hi = [off], [off]
+    for d, st, st_lit in zip(sizes, steps, lit[r:2 * r]):
+        if st_lit == 0:
+            continue
+        term = f"({d} - 1) * {st}"
+        if st_lit is None:
+            lo.append(f"min(0, {term})")
+            hi.append(f"max(0, {term})")
         else:
-            lo += (d - 1) * s
-    return lo >= 0 and hi < numel
+            (hi if st_lit > 0 else lo).append(term)
+    inside = f"({' + '.join(lo)} >= 0 and {' + '.join(hi)} < {total})"
+    if _always(inside):
+        return "True"
+    return "".join(f"{d} == 0 or " for d, d_lit in zip(sizes, lit) if d_lit is None) + inside
+
+
+def _always(check: str) -> bool:
+    """A check without a size in it that holds (constant dims only: nothing to check per run)."""
+    try:
+        return eval(check, {"__builtins__": {"min": min, "max": max}}) is True
+    except NameError:
+        return False
+
+
+def _literal(source: str):
+    try:
+        return int(source)
+    except ValueError:
+        return None
 
 
 def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offsets, names, cap: Capture,
@@ -194,10 +226,12 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
     views = []
     for n in view_nodes:
         lay = n.layout
-        parts = (src(lay.shape), src(lay.strides), src((lay.offset,)), src((_numel(n.srcs[0].base.shape),)))
-        if None in parts:
+        check = _span_check(lay.shape, lay.strides, lay.offset, _numel(n.srcs[0].base.shape), var)
+        if check is None:
             return None
-        views.append(f"({parts[0]}, {parts[1]}, {parts[2]}[0], {parts[3]}[0])")
+        if check != "True":
+            views.append(check)
+    views = list(dict.fromkeys(views))      # views of one layout over one base: checked once
     pieces = [src(pdims), src(playout), src(traced_cap.offsets), src(out_offsets)]
     shapes = [src(n.shape) for n in user_nodes]
     if None in pieces or None in shapes:
@@ -205,12 +239,11 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
     lines = ["def bind(sizes):"] + [f"    {var[n]} = sizes[{n!r}]" for n in names] + [f"    dims = {pieces[0]}"]
     if pdims:
         lines.append("    if min(dims) < 2 or len(set(dims)) != len(dims):\n        return None")
-    if views:
-        lines.append(f"    for v in ({''.join(v + ', ' for v in views)}):\n"
-                     f"        if not _span_ok(*v):\n            return None")
+    for check in views:
+        lines.append(f"    if not ({check}):\n        return None")
     lines.append(f"    return dims, {pieces[1]}, list({pieces[2]}), ({''.join(s + ', ' for s in shapes)}), {pieces[3]}")
     source = "\n".join(lines) + "\n"
-    scope = {"_span_ok": _span_ok}
+    scope: dict = {}
     exec(compile(source, "<program binding>", "exec"), scope)
     pb = ProgramBinder(scope["bind"], plan, binder, source)
     got = pb.fn(sizes)

@@ -267,6 +267,7 @@ def test_native_pool_parallel_splits_a_kernel_range_over_the_workers():
     plan = compiler.get_plan(cap, [y._node])
     step = plan.steps[0]
     sizes, extent, _ = plan.binding.steps[0]
+    sizes = np.array(sizes, np.int64)
     packed = pack_scalars(cap.scalars)
     for n in (1, 2, 3):
         out = np.full_like(a, np.nan)

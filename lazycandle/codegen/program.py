@@ -5,14 +5,17 @@ kernel of the segment over the native worker pool (codegen/pool_ir.py), phase by
     i64 @run(i64* ptrs, i64* sizes, i64* scalars, i64 nthreads)
 
 `ptrs` holds every kernel's buffer pointers back to back (a kernel's `i8** bufs` is a slice of
-it), `sizes` every kernel's runtime sizes, `scalars` the plan's packed scalar slots (each
-kernel's own slots are gathered on the stack).  Kernels of one phase are independent and
-share one barrier (one `lc_pool_run`); a phase of small kernels is called directly on the
-calling thread.  A kernel with a status word (the index kernels' bad-id flag) is checked after
-its phase; the function returns 1 + the failing call's index, or 0.
+it), `sizes` per call two words -- its extent and its parts (SERIAL or PARALLEL) -- then its
+runtime sizes, `scalars` the plan's packed scalar slots (each kernel's own slots are gathered
+on the stack).  Kernels of one phase are independent and share one barrier (one
+`lc_pool_run`); a phase whose calls are all SERIAL at this run is called directly on the
+calling thread, each call skipped when its extent is 0.  A kernel with a status word (the
+index kernels' bad-id flag) is checked after its phase; the function returns 1 + the failing
+call's index, or 0.
 
-The kernels are external functions resolved at link time (`Call.symbol`), so the IR text holds
-no addresses."""
+Nothing size-dependent is in the IR: one module serves every binding of a plan's size class
+(runtime/native_exec.py fills `ptrs` and `sizes` per binding).  The kernels are external
+functions resolved at link time (`Call.symbol`), so the IR text holds no addresses either."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,9 +33,8 @@ SERIAL, PARALLEL = 1, 1 << 40          # a call's max parts
 class Call:
     """One kernel call of a segment."""
     symbol: str             # the kernel's name in the module (bound to its address at link)
-    extent: int             # units: the call runs [0, extent)
+    word_at: int            # `sizes` position of its extent (it runs [0, extent)) and then its parts
     align: int              # chunk bounds are multiples of this
-    parts: int              # SERIAL or PARALLEL
     bufs_at: int            # first of its pointers in `ptrs`
     sizes_at: int | None    # first of its sizes in `sizes` (None: it takes none)
     scalar_slots: tuple     # plan scalar slots it reads, in its order
@@ -73,8 +75,10 @@ def _segment(m, name, phases, kernels, pool_run):
         a.name = n
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     null64 = ir.Constant(I64P, None)
-    args, index = {}, 0
-    for phase in phases:
+    args, jobs_of, index = {}, [], 0
+    for p, phase in enumerate(phases):
+        jobs_of.append(b.bitcast(b.alloca(ir.ArrayType(I64, pool_ir.JOB_WORDS * len(phase)), name=f"phase{p}.jobs"),
+                                 I64P))
         for c in phase:
             bufs = b.bitcast(b.gep(ptrs, [I64(c.bufs_at)], inbounds=True), I8PP)
             sz = b.gep(sizes, [I64(c.sizes_at)], inbounds=True) if c.sizes_at is not None else null64
@@ -88,21 +92,27 @@ def _segment(m, name, phases, kernels, pool_run):
     index = 0
     for p, phase in enumerate(phases):
         first = index
-        if all(c.parts == SERIAL for c in phase):
-            for c in phase:
-                bufs, sz, sc = args[index]
-                b.call(kernels[c.symbol], [bufs, sz, sc, I64(0), I64(c.extent)])
-                index += 1
-        else:
-            jobs = b.bitcast(b.alloca(ir.ArrayType(I64, pool_ir.JOB_WORDS * len(phase)), name=f"phase{p}.jobs"), I64P)
-            for j, c in enumerate(phase):
-                bufs, sz, sc = args[index]
-                words = [b.ptrtoint(kernels[c.symbol], I64), b.ptrtoint(bufs, I64), b.ptrtoint(sz, I64),
-                         b.ptrtoint(sc, I64), I64(0), I64(c.extent), I64(c.align), I64(c.parts)]
-                for w, v in enumerate(words):
-                    b.store(v, b.gep(jobs, [I64(j * pool_ir.JOB_WORDS + w)], inbounds=True))
-                index += 1
-            b.call(pool_run, [jobs, I64(len(phase)), nthreads])
+        words = [(b.load(b.gep(sizes, [I64(c.word_at)], inbounds=True)),
+                  b.load(b.gep(sizes, [I64(c.word_at + 1)], inbounds=True))) for c in phase]
+        pooled = b.icmp_unsigned("!=", words[0][1], I64(SERIAL))
+        for _, parts in words[1:]:
+            pooled = b.or_(pooled, b.icmp_unsigned("!=", parts, I64(SERIAL)))
+        with b.if_else(pooled) as (on_pool, on_caller):
+            with on_pool:
+                jobs = jobs_of[p]
+                for j, (c, (extent, parts)) in enumerate(zip(phase, words)):
+                    bufs, sz, sc = args[index + j]
+                    job = [b.ptrtoint(kernels[c.symbol], I64), b.ptrtoint(bufs, I64), b.ptrtoint(sz, I64),
+                           b.ptrtoint(sc, I64), I64(0), extent, I64(c.align), parts]
+                    for w, v in enumerate(job):
+                        b.store(v, b.gep(jobs, [I64(j * pool_ir.JOB_WORDS + w)], inbounds=True))
+                b.call(pool_run, [jobs, I64(len(phase)), nthreads])
+            with on_caller:
+                for j, (c, (extent, _)) in enumerate(zip(phase, words)):
+                    bufs, sz, sc = args[index + j]
+                    with b.if_then(b.icmp_signed(">", extent, I64(0))):
+                        b.call(kernels[c.symbol], [bufs, sz, sc, I64(0), extent])
+        index += len(phase)
         for k, c in enumerate(phase):
             if c.status_at is not None:
                 word = b.inttoptr(b.load(b.gep(ptrs, [I64(c.status_at)], inbounds=True)), I64P)

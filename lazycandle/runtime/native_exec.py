@@ -1,31 +1,34 @@
 """Whole-program execution of a Plan: its generated kernels run from one native call per
 segment (codegen/program.py) on the native worker pool (native_pool.py).
 
-Built once per plan binding (Binding.native: one capture's sizes), it holds
-  * the memory plan as offsets into ONE arena: each intermediate buffer lives from the kernel
-    that first writes it to its last reader, and buffers whose lifetimes do not overlap share
-    bytes.  A small arena is kept by the plan; a large one is taken from buffers.alloc (which
-    recycles blocks) at each run.  Outputs are fresh arrays each run (the caller keeps them).
-  * `ptrs`: every kernel's buffer pointers back to back, `sizes`: every kernel's sizes;
-  * segments: runs of consecutive generated kernels (and index kernels, whose bad-id status
-    word is checked after their phase), split by the steps that need Python (BLAS matmul,
-    sort, ...).  A segment's kernels are grouped in phases of independent kernels, one
-    barrier per phase.
-Runs of one plan are serialised (its ptrs and arena are shared); runs of different plans
-queue on the pool's entry mutex."""
+Two parts, so that a new binding of a size class runs natively at once:
+  * NativeProgram, built once per plan (at its second run): the segments -- runs of
+    consecutive generated kernels (and index kernels, whose bad-id status word is checked
+    after their phase), split by the steps that need Python (BLAS matmul, ...) -- grouped in
+    phases of independent kernels (one barrier per phase), each call's positions in `ptrs`
+    and `sizes`, the arena slots, and the linked module.  None of it depends on sizes.
+  * NativePlan, one per plan Binding (one capture's sizes), plain Python over those
+    positions: `ptrs` (every kernel's buffer pointers back to back), `sizes` (per call its
+    extent, SERIAL / PARALLEL and its own sizes) and the memory plan as offsets into ONE
+    arena: each intermediate buffer lives from the kernel that first writes it to its last
+    reader, buffers whose lifetimes do not overlap share a slot, each slot as large as its
+    largest buffer at the binding's sizes.  A small arena is kept by the program (shared by
+    its bindings); a large one is taken from buffers.alloc (which recycles blocks) at each
+    run.  Outputs are fresh arrays each run (the caller keeps them).
+Runs of one plan, at any binding, are serialised (its arena is shared); runs of different
+plans queue on the pool's entry mutex."""
 from __future__ import annotations
 
 import ctypes
 import os
 import threading
 import weakref
-from math import prod
 
 import numpy as np
 
 from . import native_pool
 from .buffers import alloc
-from ..codegen.program import segment_names
+from ..codegen.program import PARALLEL, SERIAL, segment_names
 from .steps import NodeStep, run_step
 
 ARENA_KEEP_BYTES = 256 << 10      # a plan keeps its arena up to this size (512 cached plans: <= 128 MiB)
@@ -39,10 +42,10 @@ def _fn_address(fn) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
-def plan_arena(plan, numels):
-    """{node: byte offset} for the plan's intermediate buffers and the arena's size.  A buffer
-    is live from its first writer to its last reader (inclusive), and takes the lowest offset
-    that overlaps no live buffer (first fit, in order of first write)."""
+def _lifetimes(plan):
+    """[(node, first kernel, last kernel)] of the plan's intermediate buffers, in order of first
+    write: live from the kernel that first writes it to its last reader, inclusive (a buffer no
+    kernel writes is live throughout)."""
     n_k = len(plan.kernels)
     first, last = {}, {}
     for i, k in enumerate(plan.kernels):
@@ -57,25 +60,64 @@ def plan_arena(plan, numels):
                 if kind == "node":
                     last[idx] = max(last.get(idx, i), i)
     targets = set(plan.targets)
-    live = []                       # (start, end, offset, nbytes)
-    where, top = {}, 0
+    out = []
     for j in sorted(plan.materialized - targets, key=lambda j: (first.get(j, 0), j)):
-        dt = plan.dtypes[j]
-        nbytes = -(-max(numels[j] * dt.numpy.itemsize, 1) // ALIGN) * ALIGN
-        start = first.get(j, 0)
-        end = max(last.get(j, start), start)
-        if j not in first:
-            start, end = 0, n_k
-        busy = sorted((o, o + s) for a, e, o, s in live if not (e < start or a > end))
-        off = 0
-        for lo, hi in busy:
-            if off + nbytes <= lo:
-                break
-            off = max(off, hi)
-        live.append((start, end, off, nbytes))
-        where[j] = off
-        top = max(top, off + nbytes)
-    return where, top
+        if j in first:
+            out.append((j, first[j], max(last.get(j, first[j]), first[j])))
+        else:
+            out.append((j, 0, n_k))
+    return out
+
+
+def _nbytes(numel, dt) -> int:
+    return -(-max(numel * dt.numpy.itemsize, 1) // ALIGN) * ALIGN
+
+
+def arena_slots(plan):
+    """({node: slot}, slot count): intermediate buffers whose lifetimes do not overlap share a
+    slot.  Decided from lifetimes only, so it holds for every binding of the plan's size class;
+    a buffer takes the free slot whose size at the plan's own binding fits it best."""
+    numels = plan.binding.numels
+    slot_of, ends, sizes = {}, [], []          # per slot: last kernel of its latest buffer, own-binding bytes
+    for j, start, end in _lifetimes(plan):
+        want = _nbytes(numels[j], plan.dtypes[j])
+        free = [s for s, e in enumerate(ends) if e < start]
+        if free:
+            s = min(free, key=lambda s: (sizes[s] < want, abs(sizes[s] - want)))
+            ends[s], sizes[s] = end, max(sizes[s], want)
+        else:
+            s = len(ends)
+            ends.append(end)
+            sizes.append(want)
+        slot_of[j] = s
+    return slot_of, len(ends)
+
+
+def plan_arena(plan, numels):
+    """{node: byte offset} for the plan's intermediate buffers at buffer sizes `numels`, and the
+    arena's size: each slot (arena_slots) is as large as its largest buffer at these sizes, the
+    slots back to back."""
+    slot_of, n = arena_slots(plan)
+    return _slot_offsets([(j, s, plan.dtypes[j].numpy.itemsize) for j, s in slot_of.items()], n, numels)
+
+
+def _slot_offsets(slot_items, n_slots, numels):
+    at, top = _slot_starts(slot_items, n_slots, numels)
+    return {j: at[s] for j, s, _ in slot_items}, top
+
+
+def _slot_starts(slot_items, n_slots, numels):
+    """(byte offset per slot, arena bytes): each slot as large as its largest buffer."""
+    size = [ALIGN] * n_slots
+    for j, s, itemsize in slot_items:
+        nb = (numels[j] * itemsize + ALIGN - 1) & -ALIGN
+        if nb > size[s]:
+            size[s] = nb
+    at, top = [0] * n_slots, 0
+    for s, nb in enumerate(size):
+        at[s] = top
+        top += nb
+    return at, top
 
 
 def supports(plan) -> bool:
@@ -83,144 +125,230 @@ def supports(plan) -> bool:
     return not any(isinstance(s, SortTakeStep) for s in plan.steps)
 
 
-class NativePlan:
-    def __init__(self, plan, binding):
+_build_lock = threading.Lock()
+
+
+def program_of(plan) -> "NativeProgram":
+    """The plan's NativeProgram, built (and its module linked) on first use, once per plan."""
+    prog = plan.native_program
+    if prog is None:
+        with _build_lock:
+            prog = plan.native_program
+            if prog is None:
+                prog = plan.native_program = NativeProgram(plan)
+    return prog
+
+
+class NativeProgram:
+    """The size-independent part of a plan's whole-program form, built once per plan (one size
+    class): which steps run natively and in which segment, each call's pointer and size
+    positions, the arena slots, the phases and the linked module.  Nothing in it depends on a
+    binding's sizes: a call reads its extent and parallel flag from the sizes array, phases
+    are decided on slot identity (two buffers of one slot always clash).  A NativePlan binds
+    it to one Binding (pointers, sizes, extents, arena offsets)."""
+
+    def __init__(self, plan):
         from ..codegen import jit, program
-        self.plan, self.binding, self.numels = plan, binding, binding.numels
-        self.offsets, self.arena_bytes = plan_arena(plan, binding.numels)
-        self.keep_arena = self.arena_bytes <= ARENA_KEEP_BYTES
+        self.plan = plan
+        self.slots = arena_slots(plan)
         self.targets = list(dict.fromkeys(plan.targets))      # one buffer per node, even when
         self.target_index = {j: t for t, j in enumerate(self.targets)}     # several targets share it
         self.returned = [self.target_index[j] for j in plan.targets]
-        self.lock = threading.Lock()
-        _live.add(self)
         self.steps_of = {}                 # call label -> plan step (to raise its error)
-        refs, sizes, items = [], [], []    # items: ("native", [(call, regions)]) | ("python", (step, its binding layouts))
-        imports, names = {}, {}
+        # refs: per ptrs position ("slot", s) | ("node", j, element offset) | ("status", n); an
+        # element offset is an int or (step, read) into the binding's read_offsets
+        refs, self.calls_sized = [], []    # per native call: (word position, sizes position, what its sizes are, step)
+        items, imports, names = [], {}, {}     # items: ("native", [(call, regions)]) | ("python", step index)
+        n_words = 0
         status_words = 0
         for i, (step, k) in enumerate(zip(plan.steps, plan.kernels)):
-            sized = binding.steps[i]
-            if not isinstance(step, NodeStep) and not sized[1]:
-                continue                    # nothing to compute at these sizes
-            call = self._call_of(i, step, k, refs, sizes, imports, names, status_words)
-            if call is None:
-                items.append(("python", (step, sized)))
+            if not isinstance(step, NodeStep) and not plan.binding.steps[i][1]:
+                continue                    # a zero-size dim: nothing to compute at any size of the class
+            got = self._call_of(i, step, k, refs, n_words, imports, names, status_words)
+            if got is None:
+                items.append(("python", i))
                 continue
+            call, sized, n_sizes = got
+            self.calls_sized.append((call.word_at, call.sizes_at, sized, i))
+            n_words = call.word_at + 2 + n_sizes
             status_words += call.status_at is not None
             self.steps_of[call.label] = step
             if not items or items[-1][0] != "native":
                 items.append(("native", []))
             items[-1][1].append((call, self._regions(step, k)))
-        segments = [_phases(calls) for kind, calls in items if kind == "native"]
-        self.status = np.zeros(2 * max(status_words, 1), np.int64)
-        for pos, ref in enumerate(refs):
-            if ref[0] == "status":
-                refs[pos] = ("fixed", self.status.ctypes.data + 16 * ref[1])
-        self.segments = segments
-        self.refs = refs
-        self.sizes = np.array(sizes or [0], np.int64)
-        self.ptrs = np.zeros(max(len(refs), 1), np.int64)
+        self.segments = [_phases(calls) for kind, calls in items if kind == "native"]
         self.items = items
-        self.module = None
-        self.fns = []
-        if segments:
+        self.refs = refs
+        self.status = np.zeros(2 * max(status_words, 1), np.int64)     # shared: runs are serialised
+        # what a binding fills in: ptrs then sizes, one int64 block
+        self.n_refs = len(refs)
+        self.words = [0] * max(self.n_refs + n_words, 1)
+        self.slot_pos, self.out_refs, self.arena_refs = [], [], []   # (pos, target | slot, element offset, itemsize)
+        for pos, r in enumerate(refs):
+            if r[0] == "slot":
+                self.slot_pos.append((pos, r[1]))
+            elif r[0] == "status":
+                self.words[pos] = self.status.ctypes.data + 16 * r[1]
+            else:
+                j, size = r[1], plan.dtypes[r[1]].numpy.itemsize
+                if j in self.target_index:
+                    self.out_refs.append((pos, self.target_index[j], r[2], size))
+                else:
+                    self.arena_refs.append((pos, self.slots[0][j], r[2], size))
+        self.calls_sized = [(self.n_refs + w, None if at is None else self.n_refs + at, sized, i)
+                            for w, at, sized, i in self.calls_sized]
+        self.slot_items = [(j, s, plan.dtypes[j].numpy.itemsize) for j, s in self.slots[0].items()]
+        self.target_items = [(t, j, plan.dtypes[j].numpy.itemsize, plan.dtypes[j]) for t, j in enumerate(self.targets)]
+        self.python_steps = any(kind == "python" for kind, _ in items)
+        self.module, self.fns = None, []
+        if self.segments:
             imports["lc_pool_run"] = native_pool.address("lc_pool_run")
-            seg_names = segment_names(len(segments))
-            self.module = jit.link_ir(program.build(segments), seg_names, imports, optimize=False)
+            seg_names = segment_names(len(self.segments))
+            self.module = jit.link_ir(program.build(self.segments), seg_names, imports, optimize=False)
             self.fns = [SEGMENT_FN(self.module.address(n)) for n in seg_names]
-        self.call_steps = [[c for phase in seg for c in phase] for seg in segments]
+        self.call_steps = [[c for phase in seg for c in phase] for seg in self.segments]
         self.has_status = status_words > 0
-        self._fixed_bufs = None
-        self._by_pos = self._positions()
-        self.sizes_addr, self.ptrs_addr = self.sizes.ctypes.data, self.ptrs.ctypes.data
-        self._scalars, self._packed = None, None
-        self._plan_outputs()
-        self.arena = alloc(self.arena_bytes, np.uint8) if self.keep_arena else None
-        if self.keep_arena:
-            self._fill_arena(self.arena.ctypes.data)
+        self.lock = threading.Lock()       # serialises the runs of every binding (they may share an arena)
+        self.arena = None                  # (kept arena, address), grown for the largest binding so far
+        self.scalars, self.packed = None, None      # the last scalar list run and its packed form
+        _live.add(self)
 
-    # ---- building ---------------------------------------------------------------------
-    def _ref_of_bind(self, bind, plan, offset):
-        """The pointer ref of a kernel operand: a feed slot, or node bind[1] at element `offset`."""
+    def _ref_of_bind(self, bind, read):
+        """The pointer ref of a kernel operand: a feed slot, or node bind[1] at element `read`."""
         if bind[0] == "slot":
             return ("slot", bind[1])
-        j, off = bind[1], offset * plan.dtypes[bind[1]].numpy.itemsize
-        if j in self.target_index:
-            return ("out", self.target_index[j], off)
-        return ("arena", self.offsets[j] + off)
+        return ("node", bind[1], read)
 
-    def _call_of(self, i, step, k, refs, sizes, imports, names, status_no):
-        """The program.Call of plan step i (appending its pointer refs and sizes), or None for
-        a step that runs in Python."""
-        from ..codegen.program import Call, PARALLEL, SERIAL
+    def _call_of(self, i, step, k, refs, word_at, imports, names, status_no):
+        """(program.Call, what its sizes are, size count) of plan step i, appending its pointer
+        refs; None for a step that runs in Python.  `word_at`: where its [extent, parts] words
+        go in the sizes array (its own sizes follow them); what its sizes are: the step index
+        (the binding's (sizes, extent, cost) of that step), a constant (sizes, extent, cost),
+        or a function of the binding's entry for the step giving them (a node step's layouts).
+        The size count and every ref are the same at every binding of the plan."""
+        from ..codegen.program import Call
         from .index_steps import IndexStep
-        plan = self.plan
         bufs_at = len(refs)
         if isinstance(step, IndexStep):
             if step.fn is None:
                 return None
             refs += self._index_refs(step, status_no)
-            fn, sizes_at, extent, align, cost, slots = step.fn, None, step.spec.units, 1, step.spec.unit_cost, ()
+            fn, n_sizes, align, slots = step.fn, 0, 1, ()
+            sized = ((), step.spec.units, step.spec.unit_cost)
             status_at = bufs_at + 3
         elif isinstance(step, NodeStep):
             return None
         else:
-            step_sizes, extent, cost = self.binding.steps[i]
-            reads = iter(self.binding.read_offsets[i])
-            refs += [self._ref_of_bind(bind, plan, next(reads) if bind[0] == "node" else 0) for bind in k.inputs]
-            refs += [self._ref_of_bind(("node", j), plan, 0) for j in k.outputs]
-            sizes_at = len(sizes) if len(step_sizes) else None
-            sizes += [int(s) for s in step_sizes]
-            fn, align, slots = step.fn, step.align, tuple(k.scalars)
+            reads = iter(range(sum(1 for b in k.inputs if b[0] == "node")))
+            refs += [self._ref_of_bind(bind, (i, next(reads)) if bind[0] == "node" else 0) for bind in k.inputs]
+            refs += [self._ref_of_bind(("node", j), 0) for j in k.outputs]
+            n_sizes = len(self.plan.binding.steps[i][0])
+            fn, align, slots, sized = step.fn, step.align, tuple(k.scalars), i
             status_at = None
         addr = _fn_address(fn)
         sym = names.setdefault(addr, f"kernel{len(names)}")
         imports[sym] = addr
-        parts = PARALLEL if extent * cost >= MIN_PARALLEL_COST and extent > 1 else SERIAL
-        return Call(sym, int(extent), int(align), parts, bufs_at, sizes_at, slots, status_at,
+        call = Call(sym, word_at, int(align), bufs_at, word_at + 2 if n_sizes else None, slots, status_at,
                     label=f"#{i} {k.kind}")
+        return call, sized, n_sizes
 
     def _index_refs(self, step, status_no):
-        """The index kernel's pointers as index_steps.IndexStep.run_node passes them."""
+        """The index kernel's pointers as index_steps.IndexStep.run_node passes them (an index
+        step bakes its layouts: its plan has one binding)."""
         from ..codegen import index as K
 
         def operand(n):
             kind, idx, _, lay, _ = step.operands[n]
             if kind == "in":
                 return ("slot", idx)
-            return self._ref_of_bind(("node", idx), self.plan, lay.offset)
-        out = self._ref_of_bind(("node", step.out), self.plan, 0)
+            return self._ref_of_bind(("node", idx), lay.offset)
+        out = self._ref_of_bind(("node", step.out), 0)
         if step.op in K.GATHER_OPS:
             return [out, operand(0), operand(1), ("status", status_no)]
         return [out, operand(2), operand(1), ("status", status_no), operand(0)]
 
     def _regions(self, step, k):
-        """(reads, writes) of a step as memory regions: ("out", t), ("arena", lo, hi)."""
-        plan = self.plan
+        """(reads, writes) of a step as memory regions: ("out", t) or ("slot", s); buffers of
+        one slot are one region at every size."""
+        slot_of = self.slots[0]
 
         def region(j):
-            if j in self.target_index:
-                return ("out", self.target_index[j])
-            lo = self.offsets[j]
-            return ("arena", lo, lo + max(self.numels[j] * plan.dtypes[j].numpy.itemsize, 1))
+            return ("out", self.target_index[j]) if j in self.target_index else ("slot", slot_of[j])
         if isinstance(step, NodeStep):
             reads = [region(idx) for kind, idx, *_ in step.operands if kind == "node"]
             return reads, [region(step.out)]
         reads = [region(b[1]) for b in k.inputs if b[0] == "node"]
         return reads, [region(j) for j in k.outputs]
 
-    def _positions(self):
-        slot_pos, out_pos, arena_pos = [], [], []
-        for pos, ref in enumerate(self.refs):
-            if ref[0] == "slot":
-                slot_pos.append((pos, ref[1]))
-            elif ref[0] == "out":
-                out_pos.append((pos, ref[1], ref[2]))
-            elif ref[0] == "arena":
-                arena_pos.append((pos, ref[1]))
-            else:
-                self.ptrs[pos] = ref[1]
-        return slot_pos, out_pos, arena_pos
+    def arena_at_least(self, nbytes):
+        """(arena, its address): the program's kept arena, grown to at least `nbytes` (a
+        binding keeps the arena it was bound to: a grown one serves later bindings).  Read and
+        replaced as one tuple, so a binding built on another thread never mixes two arenas."""
+        got = self.arena
+        if got is None or got[0].size < nbytes:
+            grow = 0 if got is None else got[0].size * 2
+            arena = alloc(min(max(nbytes, grow), ARENA_KEEP_BYTES), np.uint8)
+            got = self.arena = (arena, arena.ctypes.data)
+        return got
+
+
+class NativePlan:
+    """A NativeProgram bound to one Binding: the pointer and sizes arrays its segments read, the
+    arena offsets and the output layout at those sizes.  Plain Python over the program's
+    precomputed positions (a new binding costs a few microseconds): it runs natively at once,
+    nothing is compiled."""
+
+    def __init__(self, plan, binding):
+        prog = plan.native_program or program_of(plan)
+        self.program = prog
+        self.plan, self.binding = plan, binding
+        numels = self.numels = binding.numels
+        self.slot_at, self.arena_bytes = slot_at, arena_bytes = _slot_starts(prog.slot_items, prog.slots[1], numels)
+        self.keep_arena = keep = arena_bytes <= ARENA_KEEP_BYTES
+        self.targets, self.target_index, self.returned = prog.targets, prog.target_index, prog.returned
+        self.steps_of, self.segments, self.module, self.fns = prog.steps_of, prog.segments, prog.module, prog.fns
+        self.call_steps, self.has_status, self.status = prog.call_steps, prog.has_status, prog.status
+        self.items = prog.items if not prog.python_steps else \
+            [("python", (plan.steps[what], binding.steps[what])) if kind == "python" else (kind, what)
+             for kind, what in prog.items]
+        words = prog.words.copy()
+        reads = binding.read_offsets
+        arena_pos = [(pos, slot_at[slot] + (e if e.__class__ is int else reads[e[0]][e[1]]) * size)
+                     for pos, slot, e, size in prog.arena_refs]
+        self.arena = None
+        if keep:
+            self.arena, base = prog.arena_at_least(arena_bytes)
+            for pos, off in arena_pos:
+                words[pos] = base + off
+        steps = binding.steps
+        for word_at, sizes_at, sized, i in prog.calls_sized:
+            sizes, extent, cost = steps[sized] if sized.__class__ is int else \
+                sized if sized.__class__ is tuple else sized(steps[i])
+            words[word_at] = extent
+            words[word_at + 1] = PARALLEL if extent * cost >= MIN_PARALLEL_COST and extent > 1 else SERIAL
+            if sizes_at is not None:
+                words[sizes_at:sizes_at + len(sizes)] = sizes
+        block = np.array(words, np.int64)
+        n_refs = prog.n_refs
+        self.ptrs, self.sizes = block[:max(n_refs, 1)], block[n_refs:]
+        self.ptrs_addr = block.ctypes.data
+        self.sizes_addr = self.ptrs_addr + 8 * n_refs
+        self._by_pos = (prog.slot_pos,
+                        [(pos, t, (e if e.__class__ is int else reads[e[0]][e[1]]) * size)
+                         for pos, t, e, size in prog.out_refs],
+                        arena_pos)
+        self._fixed_bufs = None
+        self._plan_outputs()
+
+    @property
+    def lock(self):
+        """The program's lock: every binding of a plan shares its kept arena."""
+        return self.program.lock
+
+    @property
+    def offsets(self) -> dict:
+        """{node: byte offset in the arena} of the intermediate buffers at this binding."""
+        return {j: self.slot_at[s] for j, s, _ in self.program.slot_items}
 
     def _fill_arena(self, base):
         for pos, off in self._by_pos[2]:
@@ -230,16 +358,16 @@ class NativePlan:
     def _plan_outputs(self):
         """Small outputs are carved from one block per run (one allocation, one address
         lookup); large ones come from buffers.alloc (recycled huge-page blocks)."""
-        small, top = [], 0
-        for t, j in enumerate(self.targets):
-            n, dt = self.numels[j], self.plan.dtypes[j]
-            if n * dt.numpy.itemsize < SMALL_OUTPUT_BYTES:
+        small, large, top, numels = [], [], 0, self.numels
+        for t, j, itemsize, dt in self.program.target_items:
+            n = numels[j]
+            nbytes = n * itemsize
+            if nbytes < SMALL_OUTPUT_BYTES:
                 small.append((t, top, n, dt.numpy))
-                top += -(-max(n * dt.numpy.itemsize, 1) // ALIGN) * ALIGN
-        self.small_outputs, self.small_bytes = small, top
-        taken = {t for t, *_ in small}
-        self.large_outputs = [(t, self.numels[j], self.plan.dtypes[j])
-                              for t, j in enumerate(self.targets) if t not in taken]
+                top += -(-max(nbytes, 1) // ALIGN) * ALIGN
+            else:
+                large.append((t, n, dt))
+        self.small_outputs, self.small_bytes, self.large_outputs = small, top, large
 
     def _outputs(self):
         outs = [None] * len(self.targets)
@@ -258,13 +386,15 @@ class NativePlan:
         return outs, addrs
 
     def _pack(self, scalars):
-        """The scalar slots packed as the kernels read them (kept while the same capture's
-        list comes back: a Program's instance passes one list every run)."""
-        if scalars is not self._scalars:
+        """The scalar slots packed as the kernels read them, kept by the program while the
+        same capture's list comes back (a Program passes one list every run, at every
+        binding); called under the program's lock."""
+        prog = self.program
+        if scalars is not prog.scalars:
             from .executor import pack_scalars
             packed = pack_scalars(scalars)
-            self._scalars, self._packed = scalars, (packed, packed.ctypes.data)
-        return self._packed
+            prog.scalars, prog.packed = scalars, (packed, packed.ctypes.data)
+        return prog.packed
 
     def run(self, in_bufs, offsets, scalars, slots):
         """Run the plan; returns the target buffers (as Plan.run)."""
@@ -344,8 +474,8 @@ class NativePlan:
             name = segment_names(len(self.segments))[seg]
             lines.append(f"  segment {name}: {len(self.segments[seg])} phase(s)")
             for p, phase in enumerate(self.segments[seg]):
-                how = "calling thread" if all(c.parts == 1 for c in phase) else "pool"
-                calls = ", ".join(f"{c.label} [0, {c.extent})" for c in phase)
+                how = "calling thread" if all(self.sizes[c.word_at + 1] == SERIAL for c in phase) else "pool"
+                calls = ", ".join(f"{c.label} [0, {self.sizes[c.word_at]})" for c in phase)
                 lines.append(f"    phase {p} ({how}): {calls}" + ("  | barrier" if how == "pool" else ""))
             seg += 1
         lines.append(f"  arena: {self.arena_bytes} bytes for {len(self.offsets)} intermediate buffer(s)"
@@ -353,12 +483,12 @@ class NativePlan:
         return lines
 
 
-_live = weakref.WeakSet()         # every NativePlan, for the fork handler
+_live = weakref.WeakSet()         # every NativeProgram, for the fork handler
 
 
 def _renew_locks_after_fork():
     """A forked child has only the forking thread: a run another thread was in holds its
-    plan's lock forever."""
+    program's lock forever."""
     for native in list(_live):
         native.lock = threading.Lock()
 
@@ -366,21 +496,13 @@ def _renew_locks_after_fork():
 os.register_at_fork(after_in_child=_renew_locks_after_fork)
 
 
-def _overlap(a, b) -> bool:
-    if a[0] != b[0]:
-        return False
-    if a[0] == "arena":
-        return a[1] < b[2] and b[1] < a[2]
-    return a == b
-
-
 def _phases(calls):
     """Group consecutive calls into phases of independent calls: a call joins the current
     phase unless it reads what a member writes or writes what a member reads or writes."""
     phases, members = [], []
     for call, (reads, writes) in calls:
-        clash = any(_overlap(w, x) for _, (r2, w2) in members for w in writes for x in r2 + w2) or \
-            any(_overlap(r, w) for _, (_, w2) in members for r in reads for w in w2)
+        clash = any(w == x for _, (r2, w2) in members for w in writes for x in r2 + w2) or \
+            any(r == w for _, (_, w2) in members for r in reads for w in w2)
         if clash or not members:
             if members:
                 phases.append([c for c, _ in members])

@@ -118,7 +118,7 @@ class MatmulStep(NodeStep):
             sizes = tuple(k.sizes)
             extent = k.spec.extent(sizes)
             self.ep_step = (Step(k, k.spec.rank == 1 and k.spec.tile is None),
-                            (np.array(sizes, np.int64), extent, k.spec.cost(sizes) / (extent or 1)))
+                            (sizes, extent, k.spec.cost(sizes) / (extent or 1)))
         return self.ep_step
 
     def run_node(self, in_bufs, offsets, bufs, layouts=None, scalars=None):
