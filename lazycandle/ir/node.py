@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..layout import contiguous_layout
+from ..layout import _contiguous, contiguous_layout
 from ..named_dims import SYMBOLIC, sizes_of
 from .ops import OPS, VIEW
 
@@ -47,7 +47,7 @@ class Node:
             self.layout = layout
         else:
             self._base = None          # itself (not stored: a self-reference would be a cycle)
-            self.layout = contiguous_layout(shape)
+            self.layout = _contiguous.get(shape) or contiguous_layout(shape)
 
     @property
     def base(self):

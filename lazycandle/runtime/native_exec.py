@@ -264,7 +264,7 @@ class NativePlan:
         used = sorted({slots[s][0] for _, s in slot_pos})
         feeds = [(pos, used.index(slots[s][0]), slots[s][0], s) for pos, s in slot_pos]
         small_at = {t: off for t, off, _, _ in self.small_outputs}
-        views = [(off, off + n * npdt.itemsize, npdt) for _, off, n, npdt in self.small_outputs]
+        views = [(npdt, n, off) for _, off, n, npdt in self.small_outputs]
         small_fill = [(pos, small_at[t] + off) for pos, t, off in out_pos if t in small_at]
         large_fill = [(pos, t, off) for pos, t, off in out_pos if t not in small_at]
         seq, seg = [], 0
@@ -274,6 +274,7 @@ class NativePlan:
                 seg += 1
             else:
                 seq.append((None, what[0], what[1]))
+        self._block = ctypes.c_char * (self.small_bytes + ALIGN)
         self._tables = (used, feeds, views, small_fill, large_fill, seq)
         return self._tables
 
@@ -282,14 +283,14 @@ class NativePlan:
 
     def _outputs(self, views, small_fill, large_fill):
         """This run's fresh output arrays by target (small ones carved from one 64-byte
-        aligned block: one allocation, one address lookup) and (pointer position, address)
-        of every output pointer."""
+        aligned ctypes block: one allocation whose address costs no buffer export) and
+        (pointer position, address) of every output pointer."""
         small, fill = [], []
         if views:
-            raw = np.empty(self.small_bytes + ALIGN, np.uint8)
-            addr = address(raw)
+            block = self._block()
+            addr = _addressof(block)
             skip = -addr % ALIGN
-            small = [raw[skip + lo: skip + hi].view(npdt) for lo, hi, npdt in views]
+            small = [np.frombuffer(block, npdt, n, skip + off) for npdt, n, off in views]
             addr += skip
             fill = [(pos, addr + off) for pos, off in small_fill]
         if not large_fill and not self.large_outputs:
