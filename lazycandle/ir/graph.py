@@ -96,27 +96,31 @@ def capture(targets) -> Capture:
     scalars, scalar_index = [], {}
 
     for root in targets:
-        stack = [(root, False)]
+        stack = [root]
         while stack:
-            n, expanded = stack.pop()
+            n = stack[-1]
             nid = id(n)
             if nid in index:
+                stack.pop()
                 continue
             kind_ = n.op
             op = kind_.name
             if n.buffer is not None or op == "placeholder":
+                stack.pop()
                 index[nid] = ("i", len(inputs))
                 inputs.append(n)
                 input_keys.append(("ph", n.arg, n.shape, n.dtype.name) if op == "placeholder"
                                   else ("buf", n.shape, n.dtype.name))
                 continue
-            if not expanded:
-                stack.append((n, True))
-                for s in reversed(n.srcs):
-                    b = s._base or s
-                    if id(b) not in index and not (b.buffer is None and b.op.name == "const"):
-                        stack.append((b, False))
+            pending = False             # sources not walked yet go first (depth first, in order)
+            for s in reversed(n.srcs):
+                b = s._base or s
+                if id(b) not in index and not (b.buffer is None and b.op.name == "const"):
+                    stack.append(b)
+                    pending = True
+            if pending:
                 continue
+            stack.pop()
             ops = []
             for src in n.srcs:
                 base, lay = src._base or src, src.layout
@@ -159,7 +163,7 @@ def capture(targets) -> Capture:
             args.append(arg)
             node_keys.append((op, arg, n.shape, n.dtype.name, ops))
     tgt = [index[id(t)][1] for t in targets]
-    key = (tuple(input_keys), tuple(node_keys), tuple(tgt), tuple(sk[:3] for sk in slot_index))
+    key = (tuple(input_keys), tuple(node_keys), tuple(tgt), tuple([sk[:3] for sk in slot_index]))
     return Capture(key, inputs, slots, nodes, None, tgt, raw, scalars, args)
 
 
