@@ -45,16 +45,20 @@ def time_call(fn) -> float:
 
 
 def time_alternating(fns: dict, repeats: int = 9, warmup: int = 1, slow_s: float = 3.0,
-                     slow_repeats: int = 3) -> dict:
+                     slow_repeats: int = 3, setup: dict | None = None) -> dict:
     """Time each `fns[name]()` `repeats` times, interleaved: round r calls every implementation
     once (the order rotates each round).  `warmup` untimed rounds come first; the first warm-up
     call of each implementation is kept as `Stats.first`.  An implementation whose warm-up took
     longer than `slow_s` seconds is timed only `slow_repeats` times (its `Stats.n` says so), which
-    keeps a very slow peer from blowing the suite's time budget."""
+    keeps a very slow peer from blowing the suite's time budget.  `setup[name]()`, when given,
+    runs untimed right before each call of `fns[name]` (e.g. selecting an execution mode)."""
     names = list(fns)
     stats = {k: Stats() for k in names}
+    setup = setup or {}
     for w in range(warmup):
         for k in names:
+            if k in setup:
+                setup[k]()
             t = time_call(fns[k])
             if w == 0:
                 stats[k].first = t
@@ -63,5 +67,7 @@ def time_alternating(fns: dict, repeats: int = 9, warmup: int = 1, slow_s: float
         order = names[r % len(names):] + names[:r % len(names)] if names else []
         for k in order:
             if len(stats[k].times) < budget[k]:
+                if k in setup:
+                    setup[k]()
                 stats[k].times.append(time_call(fns[k]))
     return stats

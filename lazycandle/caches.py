@@ -24,10 +24,11 @@ class LRU:
 
     def get(self, key, default=None):
         with self._lock:
-            value = self._data.get(key, default)
-            if key in self._data:
-                self._data.move_to_end(key)
-            return value
+            try:
+                self._data.move_to_end(key)     # hashes the key once more than a lookup: twice
+            except KeyError:
+                return default
+            return self._data[key]
 
     def put(self, key, value, replace: bool = False):
         """Store value under key unless another thread stored one first (or `replace`);

@@ -229,11 +229,15 @@ def _prepare_targets(nodes):
 
 def realize_nodes(nodes) -> None:
     """Compute and attach buffers to every node in `nodes` (one compiled graph for all)."""
-    work, finish, aliases = _prepare_targets(nodes)
+    n = nodes[0] if len(nodes) == 1 else None
+    if n is not None and n.buffer is None and n.op.category not in ("view", "source"):
+        work, finish, aliases = nodes, (None,), ()      # one computed node: it is its own target
+    else:
+        work, finish, aliases = _prepare_targets(nodes)
     if work:
         cap = capture(work)
         for inp in cap.inputs:
-            if not inp.realized:
+            if inp.buffer is None:
                 raise UnboundPlaceholder(f"placeholder {inp.arg!r} {inp.shape} {inp.dtype.name} is not bound: "
                                          f"realize it through lc.compile([...]).run({inp.arg}=...)")
         plan = get_plan(cap, work)

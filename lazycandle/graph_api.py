@@ -49,12 +49,12 @@ class _Instance:
     def run(self, arrays: dict, seconds=None) -> list:
         """arrays: flat contiguous array per placeholder name.  `seconds`: profile instead (the
         per-kernel path, each kernel's time added to its entry)."""
-        bufs = [n.buffer if n.realized else arrays[n.arg] for n in self.inputs]
+        bufs = [arrays[n.arg] if n.buffer is None else n.buffer for n in self.inputs]
         if seconds is None:
             outs = self.plan.run(bufs, self.offsets, self.scalars)
         else:
             outs = self.plan.run_python(bufs, self.offsets, self.scalars, seconds)
-        return [(o if off == 0 and o.size == n else o[off:off + n]).reshape(shape)
+        return [o if o.shape == shape else (o if off == 0 and o.size == n else o[off:off + n]).reshape(shape)
                 for o, (off, n, shape) in zip(outs, self.outputs)]
 
 
@@ -163,23 +163,25 @@ class Program:
             self._traced = _Traced(self._user_nodes, sorted(dims))
         self._bound = caches.LRU(self.BINDINGS_KEPT)
         self._last = self._fixed
-        self._exact = {name: (dt.numpy, spec) for name, spec, dt in self.inputs} if not self._symbolic else None
+        # name -> (numpy dtype, shape, rank 1) of each input, for the exact-feed fast path
+        self._exact = {name: (dt.numpy, spec, len(spec) == 1) for name, spec, dt in self.inputs} \
+            if not self._symbolic else None
         self._named = [(name, dt.numpy, spec) for name, spec, dt in self.inputs] if self._symbolic else None
 
     def _exact_feeds(self, feeds):
         """The flat feeds when every one is already a C-contiguous ndarray of exactly its
         input's dtype and shape (the common case, checked without conversions); else None."""
         exact = self._exact
-        if exact is None or len(feeds) != len(exact):
+        if len(feeds) != len(exact):
             return None
-        arrays = {}
         for name, v in feeds.items():
             want = exact.get(name)
-            if want is None or type(v) is not np.ndarray or v.dtype != want[0] or v.shape != want[1] \
+            if want is None or v.__class__ is not np.ndarray or v.dtype != want[0] or v.shape != want[1] \
                     or not v.flags.c_contiguous:
                 return None
-            arrays[name] = v if v.ndim == 1 else v.reshape(-1)
-        return arrays
+            if not want[2]:
+                feeds[name] = v.reshape(-1)
+        return feeds
 
     def _named_feeds(self, feeds):
         """(flat feeds, named dim sizes) when every feed is a C-contiguous ndarray of its
@@ -238,9 +240,10 @@ class Program:
         return inst
 
     def run(self, **feeds) -> list:
-        arrays = self._exact_feeds(feeds)
-        if arrays is not None:
-            return self._fixed.run(arrays)
+        if self._exact is not None:
+            arrays = self._exact_feeds(feeds)
+            if arrays is not None:
+                return self._fixed.run(arrays)
         got = self._named_feeds(feeds) or self._check_feeds(feeds)
         return self._instance(got[1]).run(got[0])
 

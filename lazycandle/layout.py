@@ -180,6 +180,7 @@ class Layout:
 
 MEMO_SHAPES = 4096      # distinct shapes each memo below keeps (a bound: shapes can be dynamic)
 _contiguous: dict = {}
+CONTIGUOUS_LAYOUTS = _contiguous     # the memo of contiguous_layout, read directly by Node() (a hot path)
 _scalar_broadcast: dict = {}
 
 

@@ -8,6 +8,7 @@ from math import prod
 import numpy as np
 
 from . import dtype as D, named_dims
+from .compiler import realize_nodes
 from .dtype import DType, as_dtype
 from .errors import ShapeMismatch, UnsupportedDType, UnsupportedDTypeForOp, UnboundPlaceholder
 from .ir.node import Node
@@ -90,7 +91,6 @@ class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, ConvTra
 
     # ---- realizing --------------------------------------------------------------------
     def realize(self) -> "Tensor":
-        from .compiler import realize_nodes
         realize_nodes([self._node])
         return self
 
@@ -216,7 +216,6 @@ def placeholder(name: str, shape, dtype=D.f32) -> Tensor:
 
 def realize(*ts) -> tuple:
     """Realize several tensors in ONE compiled graph (shared work is computed once)."""
-    from .compiler import realize_nodes
     if len(ts) == 1 and isinstance(ts[0], (list, tuple)):
         ts = tuple(ts[0])
     realize_nodes([t._node for t in ts])

@@ -55,12 +55,34 @@ def as_scalar(x):
 
 
 def const_node(value, dtype: D.DType) -> Node:
-    return Node("const", (), scalar_in_dtype(value, dtype), (), dtype)
+    return Node(_CONST, (), scalar_in_dtype(value, dtype), (), dtype)
+
+
+_CONST, VIEW_OP = OPS["const"], OPS["view"]
+
+
+def _scalar_node(value, dt: D.DType, shape: tuple) -> Node:
+    """`value` as a node of `shape` and `dt`: a scalar node broadcast by a view (what
+    `lc.full` builds; a storage-only dtype gets its data built now)."""
+    if dt.storage_only:
+        from .tensor import full
+        return full(value, shape, dt)._node
+    c = const_node(value, dt)
+    if not shape:
+        return c
+    layout, label = scalar_broadcast(shape)
+    return Node(VIEW_OP, (c,), None, shape, dt, layout=layout, label=label)
 
 
 def scalar_in_dtype(value, dtype: D.DType):
     """A Python scalar as the exact value it takes in `dtype` (float scalars with integer dtypes
     truncate toward zero; integers wrap)."""
+    fmt = dtype.struct_format
+    if value.__class__ is float and fmt is not None:      # the common case, checked first
+        try:
+            return _struct_unpack(fmt, _struct_pack(fmt, value))[0]
+        except OverflowError:       # rounds past the dtype's largest finite value: below
+            pass
     if isinstance(value, Size):
         raise UnboundPlaceholder(f"scalar: {value!r} is a size computed from named dims, known only at run; "
                                  f"it can size tensors but not be a scalar operand")
@@ -108,30 +130,29 @@ class MathMixin:
 
     # ---- building blocks ---------------------------------------------------------------
     def _unary(self, op, arg=None):
-        check_dtype(op, self.dtype, self.shape)
-        return type(self)(Node(op, (self._node,), arg, self.shape, self.dtype))
+        node, kind = self._node, OPS[op]
+        dt = node.dtype
+        if dt.storage_only or (kind.float_only and not dt.is_float):
+            check_dtype(op, dt, node.shape)         # raises
+        return type(self)(Node(kind, (node,), arg, node.shape, dt))
 
     def _scalar_like(self, value):
         """`value` as a constant of this tensor's shape and dtype: what `lc.full` builds (a
         scalar node broadcast by a view) without validating again a shape and dtype the
         tensor already has."""
-        from .tensor import full
-        dt, shape = self.dtype, self.shape
-        if dt.storage_only:
-            return full(value, shape, dt)
-        c = const_node(value, dt)
-        if not shape:
-            return type(self)(c)
-        layout, label = scalar_broadcast(shape)
-        return type(self)(Node("view", (c,), None, shape, dt, layout=layout, label=label))
+        node = self._node
+        return type(self)(_scalar_node(value, node.dtype, node.shape))
 
     def _binary(self, op, other, broadcast: bool, reflected=False):
-        T = type(self)
+        T, kind = type(self), OPS[op]
         scalar = as_scalar(other)
         if scalar is not None:          # the constant takes this tensor's shape and dtype
-            check_dtype(op, self.dtype, self.shape)
-            other = self._scalar_like(scalar)
-            a, b = (other, self) if reflected else (self, other)
+            node = self._node
+            dt = node.dtype
+            if dt.storage_only or (kind.float_only and not dt.is_float):
+                check_dtype(op, dt, node.shape)     # raises
+            c = _scalar_node(scalar, dt, node.shape)
+            a, b = (c, node) if reflected else (node, c)
         else:
             other = as_operand(other, T)
             if other is None:
@@ -147,8 +168,8 @@ class MathMixin:
                                                 f"(dtype {a.dtype.name})")
                 shape = broadcast_shapes(a.shape, b.shape, f"broadcast_{op}")
                 a, b = a.broadcast_as(shape), b.broadcast_as(shape)
-        a, b = a._node, b._node
-        return T(Node(OPS[op], (a, b), None, a.shape, D.u8 if OPS[op].out_dtype == "u8" else a.dtype))
+            a, b = a._node, b._node
+        return T(Node(kind, (a, b), None, a.shape, D.u8 if kind.out_dtype == "u8" else a.dtype))
 
     # ---- unary -------------------------------------------------------------------------
     def exp(self): return self._unary("exp")

@@ -97,6 +97,14 @@ def test_time_alternating_counts_and_warmup():
     assert st["x"].n == 3 and st["x"].min <= st["x"].median <= st["x"].max
 
 
+def test_time_alternating_runs_setup_untimed_right_before_each_call():
+    calls = []
+    st = time_alternating({"x": lambda: calls.append("x"), "y": lambda: calls.append("y")}, repeats=2, warmup=1,
+                          setup={"x": lambda: calls.append("sx")})
+    assert calls == ["sx", "x", "y", "sx", "x", "y", "y", "sx", "x"]
+    assert st["x"].n == 2 and st["y"].n == 2
+
+
 def test_every_case_has_all_modes_and_work():
     for c in C.ALL_CASES:
         assert set(c.sizes) == set(C.MODES), c.name

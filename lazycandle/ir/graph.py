@@ -87,48 +87,51 @@ def _argkey(a):
 
 
 def capture(targets) -> Capture:
-    """Canonical capture of everything the (unrealized, non-view) `targets` depend on."""
+    """Canonical capture of everything the (unrealized, non-view) `targets` depend on.  (The
+    walk is on the eager realize path, once per realize: `src._base or src` is a view's base
+    without the property call, a Node being always true.)"""
     index: dict = {}
     inputs, input_keys, nodes, raw, node_keys, args = [], [], [], [], [], []
     slots, slot_index = [], {}
     scalars, scalar_index = [], {}
 
-    def scalar_slot(value, dt):
-        sk = (dt.name, repr(value))
-        k = scalar_index.get(sk)
-        if k is None:
-            k = scalar_index[sk] = len(scalars)
-            scalars.append((value, dt))
-        return k
-
     for root in targets:
-        stack = [(root, False)]
+        stack = [root]
         while stack:
-            n, expanded = stack.pop()
+            n = stack[-1]
             nid = id(n)
             if nid in index:
+                stack.pop()
                 continue
-            op = n.op.name
+            kind_ = n.op
+            op = kind_.name
             if n.buffer is not None or op == "placeholder":
+                stack.pop()
                 index[nid] = ("i", len(inputs))
                 inputs.append(n)
                 input_keys.append(("ph", n.arg, n.shape, n.dtype.name) if op == "placeholder"
                                   else ("buf", n.shape, n.dtype.name))
                 continue
-            if not expanded:
-                stack.append((n, True))
-                for s in reversed(n.srcs):
-                    b = s.base
-                    if id(b) not in index and not (b.buffer is None and b.op.name == "const"):
-                        stack.append((b, False))
+            pending = False             # sources not walked yet go first (depth first, in order)
+            for s in reversed(n.srcs):
+                b = s._base or s
+                if id(b) not in index and not (b.buffer is None and b.op.name == "const"):
+                    stack.append(b)
+                    pending = True
+            if pending:
                 continue
-            kind_ = n.op
+            stack.pop()
             ops = []
             for src in n.srcs:
-                base, lay = src.base, src.layout
+                base, lay = src._base or src, src.layout
                 if base.buffer is None and base.op.name == "const":
-                    ops.append(("c", scalar_slot(base.arg, base.dtype), base.dtype.name, lay.shape,
-                                scalar_class(kind_, base.arg)))
+                    value, dt = base.arg, base.dtype
+                    sk = (dt.name, repr(value))
+                    k = scalar_index.get(sk)
+                    if k is None:
+                        k = scalar_index[sk] = len(scalars)
+                        scalars.append((value, dt))
+                    ops.append(("c", k, dt.name, lay.shape, scalar_class(kind_, value) if kind_.keyed_scalars else None))
                     continue
                 kind, idx = index[id(base)]
                 if kind == "i":
@@ -143,7 +146,13 @@ def capture(targets) -> Capture:
             arg = n.arg
             if kind_.scalar_args:
                 values = arg if isinstance(arg, tuple) else (arg,)
-                ops.extend(("c", scalar_slot(v, n.dtype), n.dtype.name, (), None) for v in values)
+                for v in values:
+                    sk = (n.dtype.name, repr(v))
+                    k = scalar_index.get(sk)
+                    if k is None:
+                        k = scalar_index[sk] = len(scalars)
+                        scalars.append((v, n.dtype))
+                    ops.append(("c", k, n.dtype.name, (), None))
                 arg = kind_.arg_class(values, n.dtype) if kind_.arg_class else None
             elif not (arg is None or isinstance(arg, (int, float, str))):
                 arg = _argkey(arg)
@@ -154,7 +163,7 @@ def capture(targets) -> Capture:
             args.append(arg)
             node_keys.append((op, arg, n.shape, n.dtype.name, ops))
     tgt = [index[id(t)][1] for t in targets]
-    key = (tuple(input_keys), tuple(node_keys), tuple(tgt), tuple(sk[:3] for sk in slot_index))
+    key = (tuple(input_keys), tuple(node_keys), tuple(tgt), tuple([sk[:3] for sk in slot_index]))
     return Capture(key, inputs, slots, nodes, None, tgt, raw, scalars, args)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..layout import contiguous_layout
+from ..layout import CONTIGUOUS_LAYOUTS, contiguous_layout
 from ..named_dims import SYMBOLIC, sizes_of
 from .ops import OPS, VIEW
 
@@ -15,6 +15,9 @@ _ids = itertools.count()
 # Set by the autograd layer: keep_origin(node) says whether a node being realized keeps how it
 # was computed (reverse mode walks realized nodes through it).  None: never.
 KEEP_ORIGIN = None
+
+
+_BUFFER = OPS["buffer"]
 
 
 class Origin:
@@ -47,7 +50,7 @@ class Node:
             self.layout = layout
         else:
             self._base = None          # itself (not stored: a self-reference would be a cycle)
-            self.layout = contiguous_layout(shape)
+            self.layout = CONTIGUOUS_LAYOUTS.get(shape) or contiguous_layout(shape)
 
     @property
     def base(self):
@@ -62,12 +65,13 @@ class Node:
         unless KEEP_ORIGIN asks to keep them in `origin`)."""
         if KEEP_ORIGIN is not None and self.srcs and KEEP_ORIGIN(self):
             self.origin = Origin(self)
-        self.op = OPS["buffer"]
+        self.op = _BUFFER
         self.srcs = ()
         self.arg = None
         self.buffer = buf
-        self._base = None
-        self.layout = contiguous_layout(self.shape)
+        if self._base is not None:      # a view becomes contiguous (other nodes already are)
+            self._base = None
+            self.layout = contiguous_layout(self.shape)
 
     def __repr__(self):
         return f"Node#{self.id}({self.op.name}, {self.shape}, {self.dtype.name})"

@@ -4,12 +4,12 @@ the runtime only executes them."""
 from __future__ import annotations
 
 import ctypes
-import os
 from math import prod
 from time import perf_counter
 
 import numpy as np
 
+from .. import config
 from ..layout import Layout
 from . import pool
 from .steps import STEPS, NodeStep, run_step
@@ -232,8 +232,8 @@ class Plan:
         (LAZYCANDLE_EXEC=native: at its first), so a graph realized once never pays for it; from
         then on every binding, a new one included, runs natively at its first run."""
         b = binding or self.binding
-        mode = os.environ.get("LAZYCANDLE_EXEC", "")
-        if os.environ.get("LAZYCANDLE_PROFILE", "") not in ("", "0"):
+        mode, profiling = config.exec_flags()
+        if profiling:
             from . import profile
             seconds = [0.0] * len(self.kernels)
             outs = self.run_python(in_bufs, offsets, scalars, seconds, b)

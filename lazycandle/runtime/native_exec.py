@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
 import weakref
 
@@ -35,11 +36,24 @@ ARENA_KEEP_BYTES = 256 << 10      # a plan keeps its arena up to this size (512 
 MIN_PARALLEL_COST = 65536.0       # as runtime/pool.py: smaller kernels run on the calling thread
 ALIGN = 64
 SMALL_OUTPUT_BYTES = 1 << 16      # outputs below this share one allocation per run
+_SCALAR_CODES = {"f": "d", "i": "q", "u": "Q"}     # struct code of a scalar slot by dtype kind
 SEGMENT_FN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
 
 def _fn_address(fn) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def address(a: np.ndarray) -> int:
+    """The data address of a contiguous array, through a ctypes view of its buffer (~0.5 us,
+    a third of `a.ctypes.data`); a read-only or empty array has no such view: `.ctypes`."""
+    try:
+        return _addressof(_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
+
+
+_char, _addressof = ctypes.c_char, ctypes.addressof
 
 
 def _lifetimes(plan):
@@ -211,6 +225,7 @@ class NativeProgram:
         self.lock = threading.Lock()       # serialises the runs of every binding (they may share an arena)
         self.arena = None                  # (kept arena, address), grown for the largest binding so far
         self.scalars, self.packed = None, None      # the last scalar list run and its packed form
+        self.scalar_struct = None          # the struct.Struct packing the plan's scalar slots (fixed dtypes)
         _live.add(self)
 
     def _ref_of_bind(self, bind, read):
@@ -369,66 +384,106 @@ class NativePlan:
                 large.append((t, n, dt))
         self.small_outputs, self.small_bytes, self.large_outputs = small, top, large
 
-    def _outputs(self):
-        outs = [None] * len(self.targets)
-        addrs = [0] * len(self.targets)
-        if self.small_outputs:
-            raw = np.empty(self.small_bytes + ALIGN, np.uint8)
-            addr = raw.ctypes.data
-            skip = (-addr) % ALIGN
+    def _run_tables(self, slots):
+        """What every run fills, worked out at the first: (pointer position, feed number,
+        operand slot) per feed pointer and the inputs those feeds are; per small output, its
+        slice of the run's block and the pointers into it; per large output, its pointers;
+        the call sequence (a segment function, or a Python step with its sizes)."""
+        slot_pos, out_pos, _ = self._by_pos
+        used = sorted({slots[s][0] for _, s in slot_pos})
+        feeds = [(pos, used.index(slots[s][0]), slots[s][0], s) for pos, s in slot_pos]
+        small_at = {t: off for t, off, _, _ in self.small_outputs}
+        views = [(npdt, n, off) for _, off, n, npdt in self.small_outputs]
+        small_fill = [(pos, small_at[t] + off) for pos, t, off in out_pos if t in small_at]
+        large_fill = [(pos, t, off) for pos, t, off in out_pos if t not in small_at]
+        seq, seg = [], 0
+        for kind, what in self.items:
+            if kind == "native":
+                seq.append((self.fns[seg], seg, None))
+                seg += 1
+            else:
+                seq.append((None, what[0], what[1]))
+        self._block = ctypes.c_char * (self.small_bytes + ALIGN)
+        self._tables = (used, feeds, views, small_fill, large_fill, seq)
+        return self._tables
+
+    _tables = None          # built by _run_tables at the first run
+
+    def _outputs(self, views, small_fill, large_fill):
+        """This run's fresh output arrays by target (small ones carved from one 64-byte
+        aligned ctypes block: one allocation whose address costs no buffer export) and
+        (pointer position, address) of every output pointer."""
+        small, fill = [], []
+        if views:
+            block = self._block()
+            addr = _addressof(block)
+            skip = -addr % ALIGN
+            small = [np.frombuffer(block, npdt, n, skip + off) for npdt, n, off in views]
             addr += skip
-            for t, off, n, npdt in self.small_outputs:
-                outs[t] = raw[skip + off: skip + off + n * npdt.itemsize].view(npdt)
-                addrs[t] = addr + off
+            fill = [(pos, addr + off) for pos, off in small_fill]
+        if not large_fill and not self.large_outputs:
+            return small, fill              # every output is small: `small` is in target order
+        outs = [None] * len(self.targets)
+        for (t, *_), o in zip(self.small_outputs, small):
+            outs[t] = o
+        large = {}
         for t, n, dt in self.large_outputs:
-            o = outs[t] = alloc(n, dt)
-            addrs[t] = o.ctypes.data
-        return outs, addrs
+            outs[t] = o = alloc(n, dt)
+            large[t] = address(o)
+        fill += [(pos, large[t] + off) for pos, t, off in large_fill]
+        return outs, fill
 
     def _pack(self, scalars):
-        """The scalar slots packed as the kernels read them, kept by the program while the
-        same capture's list comes back (a Program passes one list every run, at every
-        binding); called under the program's lock."""
+        """The scalar slots packed as the kernels read them (executor.pack_scalars' layout:
+        f64 bits for floats, i64 / u64 for ints), into one array per program, kept by the
+        program while the same capture's list comes back (a Program passes one list every run,
+        at every binding).  Called under the program's lock."""
         prog = self.program
         if scalars is not prog.scalars:
-            from .executor import pack_scalars
-            packed = pack_scalars(scalars)
-            prog.scalars, prog.packed = scalars, (packed, packed.ctypes.data)
+            packer = prog.scalar_struct
+            if packer is None:
+                packer = struct.Struct("=" + "".join(_SCALAR_CODES[dt.kind] for _, dt in scalars))
+                packed = np.zeros(max(len(scalars), 1), np.int64)
+                prog.scalar_struct, prog.packed = packer, (packed, packed.ctypes.data)
+            try:
+                packer.pack_into(prog.packed[0], 0, *[v for v, _ in scalars])
+            except struct.error:        # a value its slot's code does not take as it is
+                from .executor import pack_scalars
+                prog.packed[0][:len(scalars)] = pack_scalars(scalars)
+            prog.scalars = scalars
         return prog.packed
 
     def run(self, in_bufs, offsets, scalars, slots):
         """Run the plan; returns the target buffers (as Plan.run)."""
-        outs, out_addr = self._outputs()
-        in_addr = [b.ctypes.data for b in in_bufs] if len(in_bufs) != 1 else (in_bufs[0].ctypes.data,)
+        used, feeds, views, small_fill, large_fill, seq = self._tables or self._run_tables(slots)
+        in_addr = [address(in_bufs[i]) for i in used]
+        outs, out_fill = self._outputs(views, small_fill, large_fill)
         nthreads = native_pool.threads()
         with self.lock:
             arena = self.arena
             if arena is None:
                 arena = alloc(self.arena_bytes, np.uint8)
-                self._fill_arena(arena.ctypes.data)
+                self._fill_arena(address(arena))
             ptrs = self.ptrs
-            slot_pos, out_pos, _ = self._by_pos
-            for pos, s in slot_pos:
-                i = slots[s][0]
-                ptrs[pos] = in_addr[i] + offsets[s] * in_bufs[i].itemsize
-            for pos, t, off in out_pos:
-                ptrs[pos] = out_addr[t] + off
+            for pos, k, i, s in feeds:
+                off = offsets[s]
+                ptrs[pos] = in_addr[k] + off * in_bufs[i].itemsize if off else in_addr[k]
+            for pos, addr in out_fill:
+                ptrs[pos] = addr
             if self.has_status:
-                self.status[:] = 0
+                self.status.fill(0)
             packed, sc = self._pack(scalars)
             p, sz = self.ptrs_addr, self.sizes_addr
-            seg = 0
             bufs = None
-            for kind, what in self.items:
-                if kind == "native":
-                    rc = self.fns[seg](p, sz, sc, nthreads)
+            for fn, seg, sized in seq:
+                if fn is not None:
+                    rc = fn(p, sz, sc, nthreads)
                     if rc:
                         self._raise_status(seg, rc - 1)
-                    seg += 1
                 else:
                     if bufs is None:
                         bufs = self._node_buffers(arena, outs)
-                    run_step(what[0], in_bufs, offsets, bufs, what[1], packed)
+                    run_step(seg, in_bufs, offsets, bufs, sized, packed)
         return [outs[t] for t in self.returned]
 
     def _node_buffers(self, arena, outs):
