@@ -27,7 +27,7 @@ from ..codegen import gemm, gemm_copy, gemm_epilogue
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
-from . import blas, matmul_auto, pool
+from . import blas, matmul_auto, matmul_skinny, pool
 
 PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (~30-40 us here) costs more than it saves
 
@@ -557,7 +557,7 @@ _MAX_PLANS = 512
 
 def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, threads: int,
              epilogue=None, ep_layouts=()):
-    """The cached plan of one problem.  With `epilogue` (an ir/kernels.EwSpec over the output,
+    """The cached plan of one problem (under "auto", the small-m kernel when it applies).  With `epilogue` (an ir/kernels.EwSpec over the output,
     and which of its inputs is the product: see `epilogue_spec`) and its other operands'
     layouts, a tiled plan applies it in the micro-kernel; a BLAS plan leaves it to the caller."""
     key = (dtype.name, a_layout.shape, a_layout.strides, b_layout.shape, b_layout.strides, backend, threads,
@@ -565,7 +565,9 @@ def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, thr
     plan = _plans.get(key)
     if plan is None:
         g = geometry(a_layout, b_layout, dtype, ep_layouts)
-        if choose_backend(g, backend, threads) == "blas":
+        if backend == "auto" and matmul_skinny.applies(g):
+            plan = matmul_skinny.SkinnyPlan(g, threads, epilogue_spec(epilogue, g) if epilogue else None)
+        elif choose_backend(g, backend, threads) == "blas":
             plan = BlasPlan(g, threads)
         else:
             plan = TiledPlan(g, threads, epilogue_spec(epilogue, g) if epilogue else None)

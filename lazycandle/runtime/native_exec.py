@@ -26,7 +26,7 @@ import numpy as np
 from . import native_pool
 from .buffers import alloc
 from ..codegen.program import segment_names
-from .steps import NodeStep, run_step
+from .steps import MatmulStep, NodeStep, run_step
 
 ARENA_KEEP_BYTES = 256 << 10      # a plan keeps its arena up to this size (512 cached plans: <= 128 MiB)
 MIN_PARALLEL_COST = 65536.0       # as runtime/pool.py: smaller kernels run on the calling thread
@@ -95,6 +95,7 @@ class NativePlan:
         self.lock = threading.Lock()
         _live.add(self)
         self.steps_of = {}                 # call label -> plan step (to raise its error)
+        self.kept_plans = []               # small-m matmul plans the program calls
         refs, sizes, items = [], [], []    # items: ("native", [(call, regions)]) | ("python", (step, its binding layouts))
         imports, names = {}, {}
         status_words = 0
@@ -162,6 +163,8 @@ class NativePlan:
             refs += self._index_refs(step, status_no)
             fn, sizes_at, extent, align, cost, slots = step.fn, None, step.spec.units, 1, step.spec.unit_cost, ()
             status_at = bufs_at + 3
+        elif isinstance(step, MatmulStep):
+            return self._matmul_call(i, step, refs, sizes, imports, names)
         elif isinstance(step, NodeStep):
             return None
         else:
@@ -179,6 +182,33 @@ class NativePlan:
         parts = PARALLEL if extent * cost >= MIN_PARALLEL_COST and extent > 1 else SERIAL
         return Call(sym, int(extent), int(align), parts, bufs_at, sizes_at, slots, status_at,
                     label=f"#{i} {k.kind}")
+
+    def _matmul_call(self, i, step, refs, sizes, imports, names):
+        """The program Call of a matmul step whose plan at this binding is the small-m kernel
+        (it takes the standard kernel arguments: a, b, out, epilogue operands), else None (a
+        BLAS or tiled plan runs in Python between segments)."""
+        from ..codegen.program import Call, PARALLEL, SERIAL
+        lays = self.binding.steps[i]
+        plan = step.native_plan(lays)
+        if plan is None or not plan.extent:
+            return None
+        self.kept_plans.append(plan)            # keeps its compiled kernel alive
+        bufs_at = len(refs)
+        for n in (0, 1):
+            kind, idx, _, lay, _ = step.operands[n]
+            off = lays[n].offset if step.binds_layouts else lay.offset
+            refs.append(("slot", idx) if kind == "in" else self._ref_of_bind(("node", idx), self.plan, off))
+        refs.append(self._ref_of_bind(("node", step.out), self.plan, 0))
+        for kind, buf, slot, offset in step.ep_reads:
+            refs.append(("slot", slot) if kind == "in" else self._ref_of_bind(("node", buf), self.plan, offset))
+        sizes_at = len(sizes)
+        sizes += plan.sizes_list
+        addr = _fn_address(plan.fn)
+        sym = names.setdefault(addr, f"kernel{len(names)}")
+        imports[sym] = addr
+        parts = PARALLEL if plan.extent * plan.cost >= MIN_PARALLEL_COST and plan.extent > 1 else SERIAL
+        slots = tuple(step.kernel.epilogue.kernel.scalars) if step.ep_key else ()
+        return Call(sym, int(plan.extent), 1, parts, bufs_at, sizes_at, slots, None, label=f"#{i} matmul (small-m)")
 
     def _index_refs(self, step, status_no):
         """The index kernel's pointers as index_steps.IndexStep.run_node passes them."""
@@ -205,6 +235,7 @@ class NativePlan:
             return ("arena", lo, lo + max(self.numels[j] * plan.dtypes[j].numpy.itemsize, 1))
         if isinstance(step, NodeStep):
             reads = [region(idx) for kind, idx, *_ in step.operands if kind == "node"]
+            reads += [region(idx) for kind, idx, *_ in getattr(step, "ep_reads", ()) if kind == "node"]
             return reads, [region(step.out)]
         reads = [region(b[1]) for b in k.inputs if b[0] == "node"]
         return reads, [region(j) for j in k.outputs]

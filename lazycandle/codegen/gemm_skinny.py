@@ -1,0 +1,272 @@
+"""The small-m GEMM: out = a @ b for a few rows of a (m up to ~16), at the memory limit.
+
+A transformer at batch 1 with a short sequence multiplies 1-16 rows by weights of 0.5-10 MB:
+the time is the time to stream the weight once.  The tiled GEMM packs B (a second pass over it)
+and BLAS at m = 8 reaches ~40 % of the bandwidth here, so this kernel reads B in place, each
+element once from DRAM, while the rows of a stay in L1 and the accumulators in registers:
+
+    for each unit (batch, block of `ucols` output columns)     <- units split over the pool
+      for each group of G columns of the block:                   its slice of B is read from DRAM
+        for each block of MR rows of a:                           ... and from L1 for the next block
+          for k: acc[r][c] += a[r, k] * b[k, c]                   MR x G accumulators
+
+Two forms of B, by which of its strides is 1:
+  * "t", B[k, j] at j * ldb + k (x @ w.T with w (n, k) row-major, as nn.linear): each output is
+    a dot product over k; G columns at once, each a vector of VW lanes along k per row, summed
+    across lanes at the end; the k tail is one masked step.  a's k stride must be 1.
+  * "n", B[k, j] at k * ldb + j (x @ w with w (k, n) row-major): G = NV vectors of VW output
+    columns; each k broadcasts a[r, k] (any strides) against NV vectors of row k of B; the
+    column tail of a block is the same loop with masked loads.
+Row and column indices past the end are clamped to the last one, so partial blocks compute a
+duplicate (stored to the same place with the same bits) instead of needing their own code; the
+spec's MR is chosen per m (runtime/matmul_skinny.py) to keep the duplicates few.
+
+The epilogue of the matmul (bias, activation, residual: ir/epilogue.py) is applied to each
+value as it is stored (codegen/gemm_epilogue.Emitter), so `(x @ w + b).gelu()` is this one
+kernel.  Calling convention: the kernels' own, `void k(i8** bufs, i64* sizes, i64* scalars,
+i64 lo, i64 hi)` with bufs (a, b, out, epilogue operands...) and sizes SIZES then per epilogue
+operand (row stride, col stride, batch stride); [lo, hi) are units, so the kernel runs in a
+phase of the native program like any other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llvmlite.ir as ir
+
+from ..dtype import DType
+from ..ir.kernels import KernelSpec
+from . import jit, registry
+from .gemm_epilogue import Emitter, Epilogue
+from .gemm_ir import (ZERO, acc_type, add, finalize_ir, for_range, from_acc, gep, i64, imin, load, mul,
+                      storage_type, to_acc, type_bytes, vload, vstore, zero)
+from .llvmutil import I32, call_intrinsic, intrinsic, splat, type_suffix, vec
+from .loops import KERNEL_FN, kernel_function, new_module
+
+SIZES = ("m", "n", "k", "rsa", "csa", "ldb", "ldo", "nb", "bsa", "bsb", "bso", "ucols", "ublocks")
+EP_SIZES = ("rse", "cse", "bse")        # per epilogue operand, after SIZES
+MAX_GROUP = 8                           # "t": most dot products at once (streams of B)
+
+
+def registers() -> int:
+    """Vector registers of the host (32 with AVX-512, else 16)."""
+    return 32 if jit.vector_bits() >= 512 else 16
+
+
+def max_rows() -> int:
+    """Most rows of a row block: MR x G accumulators + G loaded vectors + 1 must fit."""
+    return 8 if registers() >= 32 else 4
+
+
+def lanes_of(dt: DType) -> int:
+    return jit.vector_bits() // (8 * type_bytes(acc_type(dt)))
+
+
+def group_of(layout: str, mr: int) -> int:
+    """G: columns ("t") or vectors of columns ("n") per group for MR rows."""
+    g = (registers() - 1) // (mr + 1)
+    return max(1, min(g, MAX_GROUP if layout == "t" else 4))
+
+
+@dataclass(frozen=True)
+class SkinnySpec(KernelSpec):
+    """One small-m GEMM kernel: dtype, B's form ("t" | "n"), rows per block, columns (or
+    vectors) per group, lanes, and the fused epilogue (or None)."""
+    dtype: DType
+    layout: str
+    mr: int
+    group: int
+    vw: int
+    epilogue: Epilogue | None = None
+
+    @property
+    def group_cols(self) -> int:
+        """Output columns per group: a block's `ucols` is a multiple of this."""
+        return self.group if self.layout == "t" else self.group * self.vw
+
+    def extent(self, sizes) -> int:
+        s = dict(zip(SIZES, sizes))
+        return s["nb"] * s["ublocks"] if s["m"] and s["n"] else 0
+
+    def cost(self, sizes) -> float:
+        s = dict(zip(SIZES, sizes))
+        return 2.0 * s["nb"] * s["m"] * s["n"] * max(s["k"], 1)
+
+    def describe(self) -> str:
+        form = "x @ w.T (w rows along k)" if self.layout == "t" else "x @ w (w rows along n)"
+        ep = f", epilogue {', '.join(i[0] for i in self.epilogue.ew.instrs)}" if self.epilogue else ""
+        return (f"small-m GEMM {self.dtype.name}, {form}, {self.mr} rows x {self.group_cols} columns "
+                f"per step, {self.vw} lanes{ep}")
+
+
+class _Builder:
+    """Emits one SkinnySpec's kernel."""
+
+    def __init__(self, spec: SkinnySpec):
+        self.spec = spec
+        self.m = new_module(f"skinny_{spec.dtype.name}_{spec.layout}")
+        fn, self.b = kernel_function(self.m, "skinny")
+        self.fn = fn
+        dt = spec.dtype
+        self.st, self.at = storage_type(dt), acc_type(dt)
+        self.eb = dt.size_in_bytes
+        self.vt = vec(self.at, spec.vw)
+
+    # ---- helpers ---------------------------------------------------------------------
+    def _masked_load(self, ptr, idx, mask):
+        b, vt = self.b, vec(self.st, self.spec.vw)
+        p = b.bitcast(gep(b, ptr, idx), vt.as_pointer())
+        f = intrinsic(self.m, f"llvm.masked.load.{type_suffix(vt)}.p0{type_suffix(vt)}", vt,
+                      [vt.as_pointer(), I32, mask.type, vt])
+        return b.call(f, [p, I32(self.eb), mask, zero(vt)])
+
+    def _vec_load(self, ptr, idx, mask=None):
+        """VW accumulator lanes from ptr[idx ...] (masked lanes read as 0)."""
+        b = self.b
+        raw = vload(b, ptr, idx, self.spec.vw, self.eb) if mask is None else self._masked_load(ptr, idx, mask)
+        return to_acc(b, self.spec.dtype, raw)
+
+    def _lane_mask(self, count):
+        """Lanes i < count of a VW vector."""
+        b, vw = self.b, self.spec.vw
+        lanes = ir.Constant(vec(ir.IntType(64), vw), [i64(i) for i in range(vw)])
+        return b.icmp_signed("<", lanes, splat(b, count, vw))
+
+    def _fma(self, x, y, acc):
+        return call_intrinsic(self.b, "fma", [x, y, acc])
+
+    # ---- the kernel --------------------------------------------------------------------
+    def build(self) -> str:
+        spec, b = self.spec, self.b
+        bufs, sizes, scal, lo, hi = self.fn.args
+        s = {name: load(b, sizes, i64(i), 8) for i, name in enumerate(SIZES)}
+        ep = spec.epilogue
+        n_extra = len(ep.extras) if ep else 0
+        es = [{name: load(b, sizes, i64(len(SIZES) + 3 * x + i), 8) for i, name in enumerate(EP_SIZES)}
+              for x in range(n_extra)]
+        ptr_t = self.st.as_pointer()
+
+        def buf(i, t):
+            return b.bitcast(load(b, bufs, i64(i), 8), t)
+        a0, b0, o0 = buf(0, ptr_t), buf(1, ptr_t), buf(2, ptr_t)
+        extra_t = [storage_type(DType.from_name(ep.ew.inputs[x][0])).as_pointer() for x in ep.extras] if ep else []
+        e0 = [buf(3 + x, t) for x, t in enumerate(extra_t)]
+        # accumulators: entry-block allocas, promoted to registers by the optimiser
+        ncols = spec.group
+        self.acc = [[b.alloca(self.vt) for _ in range(ncols)] for _ in range(spec.mr)]
+        self.spill = b.alloca(self.vt)
+        with for_range(b, lo, hi, name="u") as u:
+            bi, blk = b.sdiv(u, s["ublocks"]), b.srem(u, s["ublocks"])
+            a = gep(b, a0, mul(b, bi, s["bsa"]))
+            bm = gep(b, b0, mul(b, bi, s["bsb"]))
+            o = gep(b, o0, mul(b, bi, s["bso"]))
+            self.emitter = None
+            if ep:
+                args = [scal]
+                for x in range(n_extra):
+                    args += [gep(b, e0[x], mul(b, bi, es[x]["bse"])), es[x]["rse"], es[x]["cse"]]
+                self.emitter = Emitter(b, ep, args)
+            j0 = mul(b, blk, s["ucols"])
+            j1 = imin(b, s["n"], add(b, j0, s["ucols"]))
+            with for_range(b, j0, j1, i64(spec.group_cols), name="j") as j:
+                with for_range(b, ZERO, s["m"], i64(spec.mr), name="i0") as i0:
+                    last = b.sub(s["m"], i64(1))
+                    rows = [imin(b, add(b, i0, i64(r)), last) for r in range(spec.mr)]
+                    if spec.layout == "t":
+                        self._group_t(s, a, bm, o, rows, j, j1)
+                    else:
+                        self._group_n(s, a, bm, o, rows, j, j1)
+        b.ret_void()
+        return finalize_ir(self.m)
+
+    def _zero_acc(self):
+        for row in self.acc:
+            for p in row:
+                self.b.store(zero(self.vt), p)
+
+    def _store(self, o, s, row, col, value, w):
+        """Round, apply the epilogue, store w lanes at (row, col)."""
+        b = self.b
+        v = from_acc(b, self.spec.dtype, value)
+        if self.emitter is not None:
+            v = self.emitter.apply(v, row, col, w)
+        idx = add(b, mul(b, row, s["ldo"]), col)
+        if w == 1:
+            b.store(v, gep(b, o, idx), align=self.eb)
+        else:
+            vstore(b, v, o, idx, self.eb)
+
+    def _group_t(self, s, a, bm, o, rows, j, j1):
+        """G dot products over k for the block's rows: columns j.. (clamped to j1 - 1)."""
+        spec, b = self.spec, self.b
+        vw = spec.vw
+        lastc = b.sub(j1, i64(1))
+        cols = [imin(b, add(b, j, i64(c)), lastc) for c in range(spec.group)]
+        arow = [gep(b, a, mul(b, r, s["rsa"])) for r in rows]
+        brow = [gep(b, bm, mul(b, c, s["ldb"])) for c in cols]
+        self._zero_acc()
+        kv = mul(b, b.sdiv(s["k"], i64(vw)), i64(vw))
+
+        def step(kk, mask):
+            wv = [self._vec_load(p, kk, mask) for p in brow]
+            for r, ap in enumerate(arow):
+                av = self._vec_load(ap, kk, mask)
+                for c, w in enumerate(wv):
+                    p = self.acc[r][c]
+                    b.store(self._fma(av, w, b.load(p)), p)
+        with for_range(b, ZERO, kv, i64(vw), name="k") as kk:
+            step(kk, None)
+        with b.if_then(b.icmp_signed("<", kv, s["k"])):
+            step(kv, self._lane_mask(b.sub(s["k"], kv)))
+        red = intrinsic(self.m, f"llvm.vector.reduce.fadd.{type_suffix(self.vt)}", self.at, [self.at, self.vt])
+        for r, row in enumerate(rows):
+            for c, col in enumerate(cols):
+                total = b.call(red, [ir.Constant(self.at, -0.0), b.load(self.acc[r][c])], fastmath=("reassoc",))
+                self._store(o, s, row, col, total, 1)
+
+    def _group_n(self, s, a, bm, o, rows, j, j1):
+        """NV vectors of output columns j.. for the block's rows; a masked copy for a partial group."""
+        spec, b = self.spec, self.b
+        vw, gc = spec.vw, spec.group_cols
+        left = b.sub(j1, j)
+        with b.if_else(b.icmp_signed(">=", left, i64(gc))) as (full, part):
+            with full:
+                self._loop_n(s, a, bm, o, rows, j, None, j1)
+            with part:
+                masks = [self._lane_mask(b.sub(left, i64(c * vw))) for c in range(spec.group)]
+                self._loop_n(s, a, bm, o, rows, j, masks, j1)
+
+    def _loop_n(self, s, a, bm, o, rows, j, masks, j1):
+        spec, b = self.spec, self.b
+        vw = spec.vw
+        self._zero_acc()
+        arow = [gep(b, a, mul(b, r, s["rsa"])) for r in rows]
+        with for_range(b, ZERO, s["k"], name="k") as kk:
+            brow = gep(b, bm, add(b, mul(b, kk, s["ldb"]), j))
+            bv = [self._vec_load(brow, i64(c * vw), masks[c] if masks else None) for c in range(spec.group)]
+            for r, ap in enumerate(arow):
+                av = splat(b, to_acc(b, spec.dtype, load(b, ap, mul(b, kk, s["csa"]), self.eb)), vw)
+                for c, v in enumerate(bv):
+                    p = self.acc[r][c]
+                    b.store(self._fma(av, v, b.load(p)), p)
+        for r, row in enumerate(rows):
+            for c in range(spec.group):
+                col = add(b, j, i64(c * vw))
+                value = b.load(self.acc[r][c])
+                if masks is None:
+                    self._store(o, s, row, col, value, vw)
+                    continue
+                # the partial group's columns one at a time, through the stack
+                b.store(value, self.spill)
+                lanes = b.bitcast(self.spill, self.at.as_pointer())
+                count = imin(b, i64(vw), b.sub(b.sub(j1, j), i64(c * vw)))
+                with for_range(b, ZERO, count, name="t") as t:
+                    self._store(o, s, row, add(b, col, t), load(b, lanes, t, self.eb), 1)
+
+
+def build(spec: SkinnySpec) -> str:
+    return _Builder(spec).build()
+
+
+get_kernel = jit.KernelCache(lambda spec: (build(spec), "skinny"), KERNEL_FN)
+registry.register(SkinnySpec, build, get_kernel, lambda spec: spec.vw)

@@ -1,0 +1,98 @@
+"""The small-m matmul path (codegen/gemm_skinny.py): when it applies, and its plan.
+
+Under the "auto" backend a float matmul whose rows (batch rows of a broadcast B folded in) are
+at most MAX_M runs the small-m kernel: it reads B once, in place, where the tiled GEMM packs it
+first and BLAS at m = 8 reaches well under half of the bandwidth here (bench/skinny_gemm.py).
+The kernel takes the standard kernel arguments, so the native program calls it in one of its
+phases (runtime/native_exec.py) and the Python executor runs the same kernel over the pool.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import replace
+
+import numpy as np
+
+from ..codegen import gemm_skinny as K
+from . import pool
+
+MAX_M = 16          # measured crossover with BLAS / tiled (bench/skinny_gemm.py)
+UNITS = 16          # units (column blocks) a call aims at, so two threads share evenly
+
+
+def _fold_batch(g):
+    """g with a batch of a broadcast B folded into m (the rows of a, the output and every
+    epilogue operand continue across batches), when that is exact; else g."""
+    if len(g.bshape) != 1 or g.nbatch <= 1 or g.bsb[0] != 0:
+        return g
+
+    def rows(rs, bs):           # the folded row stride, or None
+        return bs if g.m == 1 else rs if bs == g.m * rs else None
+    rsa, rso = rows(g.rsa, g.bsa[0]), rows(g.ldo, g.bso[0])
+    eps = [rows(rs, bs[0]) for rs, _, bs in g.ep]
+    if rsa is None or rso != g.ldo or any(r is None for r in eps):
+        return g
+    ep = tuple((r, cs, (0,)) for r, (_, cs, _) in zip(eps, g.ep))
+    return replace(g, m=g.m * g.nbatch, rsa=rsa, bshape=(1,), bsa=(0,), bsb=(0,), bso=(0,), ep=ep)
+
+
+def layout_of(g):
+    """"t" | "n": the kernel form for geometry g (already folded), or None when the small-m
+    kernel does not apply (rows above MAX_M, non-float, a batch that does not merge to one dim,
+    or no unit stride where the form needs one)."""
+    if not g.dtype.is_float or g.m > MAX_M or len(g.bshape) != 1:
+        return None
+    if g.rsb == 1 and g.csa == 1:
+        return "t"
+    if g.csb == 1:
+        return "n"
+    return None
+
+
+def applies(g) -> bool:
+    return layout_of(_fold_batch(g)) is not None
+
+
+def _ceil(x: int, y: int) -> int:
+    return -(-x // y)
+
+
+def rows_per_block(m: int) -> int:
+    """MR: the fewest row blocks of at most max_rows(), as even as possible (m = 9 -> 5 + 4)."""
+    blocks = -(-max(m, 1) // K.max_rows())
+    return -(-max(m, 1) // blocks)
+
+
+class SkinnyPlan:
+    """The small-m kernel on one geometry: its spec, sizes and unit count."""
+    backend = "skinny"
+
+    def __init__(self, g, threads: int, epilogue=None):
+        self.g, self.threads = g, threads
+        f = _fold_batch(g)
+        layout = layout_of(f)
+        mr = rows_per_block(f.m)
+        self.spec = K.SkinnySpec(g.dtype, layout, mr, K.group_of(layout, mr), K.lanes_of(g.dtype), epilogue)
+        self.fn = self.spec.compiled()
+        gc = self.spec.group_cols
+        per = max(1, -(-UNITS // max(f.nbatch, 1)))
+        ucols = max(gc, -(-_ceil(f.n, per) // gc) * gc)
+        ldb = f.csb if layout == "t" else f.rsb
+        sizes = [f.m, f.n, f.k, f.rsa, f.csa, ldb, f.ldo, f.nbatch, f.bsa[0], f.bsb[0], f.bso[0],
+                 ucols, -(-f.n // ucols)]
+        for rs, cs, bs in f.ep:
+            sizes += [rs, cs, bs[0]]
+        self.sizes_list = sizes
+        self.sizes = np.array(sizes, np.int64)
+        self.extent = self.spec.extent(sizes)
+        self.cost = self.spec.cost(sizes) / max(self.extent, 1)
+        self.out_elems = g.nbatch * g.m * g.n
+
+    def run(self, a: int, b: int, o: int, extras=(), scalars: int = 0) -> None:
+        """Addresses of a, b, the output, the epilogue operands, and its packed scalars."""
+        if not self.extent:
+            return
+        addrs = (ctypes.c_void_p * (3 + len(extras)))(a, b, o, *extras)
+        bufs, sz, fn = ctypes.addressof(addrs), self.sizes.ctypes.data, self.fn
+        pool.parallel_for(lambda lo, hi: fn(bufs, sz, scalars or None, lo, hi), 0, self.extent,
+                          cost_per_item=self.cost, threads=self.threads)
