@@ -60,7 +60,7 @@ def test_small_m_matmul_matches_numpy_both_weight_forms_native_and_python_bit_id
     xp, wp = lc.placeholder("x", x.shape, lc.f32), lc.placeholder("w", w.shape, lc.f32)
     prog = lc.compile([xp @ wp.T if form == "t" else xp @ wp])
     ref = x.astype(np.float64) @ (w.T if form == "t" else w).astype(np.float64)
-    if m > SK.MAX_M:
+    if m > SK.RULE_M:
         _close(prog.run(x=x, w=w)[0], ref, 1e-5)
         return
     (py,), (nat,) = _run_both(prog, dict(x=x, w=w), monkeypatch)
@@ -86,7 +86,7 @@ def test_small_m_plan_is_chosen_for_both_forms_and_not_for_many_rows():
     f32 = DType.from_name("f32")
     t = MM.geometry(Layout((8, 64), (64, 1)), Layout((64, 32), (1, 64)), f32)
     n = MM.geometry(Layout((8, 64), (1, 8)), Layout((64, 32), (32, 1)), f32)
-    big = MM.geometry(Layout((SK.MAX_M + 1, 64), (64, 1)), Layout((64, 32), (1, 64)), f32)
+    big = MM.geometry(Layout((SK.MEASURED_M + 1, 64), (64, 1)), Layout((64, 32), (1, 64)), f32)
     ints = MM.geometry(Layout((8, 64), (64, 1)), Layout((64, 32), (1, 64)), DType.from_name("i32"))
     gap = MM.geometry(Layout((8, 64), (64, 1)), Layout((64, 32), (2, 128)), f32)
     assert SK.layout_of(SK._fold_batch(t)) == "t" and SK.layout_of(SK._fold_batch(n)) == "n"
@@ -187,3 +187,28 @@ def test_gpt2_style_linear_chain_runs_as_one_native_segment(monkeypatch):
     ref = _gelu(x.astype(np.float64) @ w1.T + b1) @ w2.T + b2 + x
     _close(nat, ref, 1e-5)
     _assert_bits_equal(py, nat)
+
+
+def test_auto_runs_small_m_kernel_by_rule_then_where_it_measured_fastest(monkeypatch):
+    from lazycandle import clear_caches
+    from lazycandle.runtime import matmul_auto
+    timings = {"blas": 2.0, "tiled": 3.0, "skinny": 1.0}
+    calls = []
+
+    def fake_measure(g, threads, make_plans):
+        calls.append(sorted(make_plans(g)))
+        return {k: timings[k] for k in make_plans(g)}
+
+    monkeypatch.setattr(matmul_auto, "measure", fake_measure)
+    f32 = DType.from_name("f32")
+
+    def backend(m):
+        return MM.plan_for(Layout((m, 64), (64, 1)), Layout((64, 48), (1, 64)), f32, "auto", 1).backend
+    clear_caches()
+    assert backend(SK.RULE_M) == "skinny" and not calls              # by rule: nothing timed
+    assert backend(40) == "skinny" and calls == [["blas", "skinny", "tiled"]]
+    assert backend(41) == "skinny" and len(calls) == 1               # same bucket
+    timings.update(skinny=5.0)
+    clear_caches()
+    assert backend(40) == "blas" and len(calls) == 3                 # small-m lost, then blas vs tiled
+    clear_caches()

@@ -517,7 +517,22 @@ def choose_backend(g: Geometry, backend: str, threads: int) -> str:
         return "tiled"
     if backend == "blas":
         return "blas"
-    return matmul_auto.choose(g, threads, lambda p: {"blas": BlasPlan(p, threads), "tiled": TiledPlan(p, threads)})
+    return matmul_auto.choose(g, threads, lambda p: _candidates(p, threads, True))
+
+
+def _candidates(g: Geometry, threads: int, blas_ok: bool) -> dict:
+    plans = {"tiled": TiledPlan(g, threads)}
+    if blas_ok:
+        plans["blas"] = BlasPlan(g, threads)
+    return plans
+
+
+def backend_for(g: Geometry, backend: str, threads: int) -> str:
+    """What plan_for runs g on: under "auto" the small-m kernel where it is chosen (by rule or
+    measurement: runtime/matmul_skinny.py), else choose_backend's pick."""
+    if backend == "auto" and matmul_skinny.chosen(g, threads, lambda p: _candidates(p, threads, _blas_ok(p))):
+        return "skinny"
+    return choose_backend(g, backend, threads)
 
 
 def epilogue_spec(epilogue, g: Geometry) -> gemm_epilogue.Epilogue:
@@ -565,9 +580,10 @@ def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, thr
     plan = _plans.get(key)
     if plan is None:
         g = geometry(a_layout, b_layout, dtype, ep_layouts)
-        if backend == "auto" and matmul_skinny.applies(g):
+        picked = backend_for(g, backend, threads)
+        if picked == "skinny":
             plan = matmul_skinny.SkinnyPlan(g, threads, epilogue_spec(epilogue, g) if epilogue else None)
-        elif choose_backend(g, backend, threads) == "blas":
+        elif picked == "blas":
             plan = BlasPlan(g, threads)
         else:
             plan = TiledPlan(g, threads, epilogue_spec(epilogue, g) if epilogue else None)

@@ -1,8 +1,12 @@
 """The small-m matmul path (codegen/gemm_skinny.py): when it applies, and its plan.
 
 Under the "auto" backend a float matmul whose rows (batch rows of a broadcast B folded in) are
-at most MAX_M runs the small-m kernel: it reads B once, in place, where the tiled GEMM packs it
-first and BLAS at m = 8 reaches well under half of the bandwidth here (bench/skinny_gemm.py).
+at most RULE_M runs the small-m kernel: it is bound by reading B, which it reads once, in place,
+where the tiled GEMM packs it first and BLAS at m = 8 reaches well under half of the bandwidth
+here (bench/skinny_gemm.py).  Up to MEASURED_M rows it runs where it measured faster than both
+BLAS and the tiled GEMM on a problem of the bucket (runtime/matmul_auto.py's timing and size
+classes; here it won up to m = 128 on the transformer shapes, but the crossover moves with the
+register count, the cache sizes and k, since each column group re-reads all of a from L2).
 The kernel takes the standard kernel arguments, so the native program calls it in one of its
 phases (runtime/native_exec.py) and the Python executor runs the same kernel over the pool.
 """
@@ -13,10 +17,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from .. import caches
 from ..codegen import gemm_skinny as K
-from . import pool
+from . import matmul_auto, pool
 
-MAX_M = 16          # measured crossover with BLAS / tiled (bench/skinny_gemm.py)
+RULE_M = 16         # up to this many rows: always the small-m kernel
+MEASURED_M = 128    # up to this many: where it measured fastest
 UNITS = 16          # units (column blocks) a call aims at, so two threads share evenly
 
 
@@ -38,9 +44,9 @@ def _fold_batch(g):
 
 def layout_of(g):
     """"t" | "n": the kernel form for geometry g (already folded), or None when the small-m
-    kernel does not apply (rows above MAX_M, non-float, a batch that does not merge to one dim,
+    kernel does not apply (rows above MEASURED_M, non-float, a batch that does not merge to one dim,
     or no unit stride where the form needs one)."""
-    if not g.dtype.is_float or g.m > MAX_M or len(g.bshape) != 1:
+    if not g.dtype.is_float or g.m > MEASURED_M or len(g.bshape) != 1:
         return None
     if g.rsb == 1 and g.csa == 1:
         return "t"
@@ -50,7 +56,27 @@ def layout_of(g):
 
 
 def applies(g) -> bool:
+    """The kernel can run g (whether it is chosen is `chosen`'s call)."""
     return layout_of(_fold_batch(g)) is not None
+
+
+_choices: dict = caches.register("matmul small-m choices", {})
+
+
+def chosen(g, threads: int, others) -> bool:
+    """Whether the auto backend runs g on the small-m kernel: by rule up to RULE_M rows, then
+    by measurement against `others(geometry) -> {backend: plan}` (once per size bucket)."""
+    f = _fold_batch(g)
+    if layout_of(f) is None:
+        return False
+    if f.m <= RULE_M:
+        return True
+    key = matmul_auto.bucket(f, threads) + (layout_of(f),)
+    hit = _choices.get(key)
+    if hit is None:
+        best = matmul_auto.measure(f, threads, lambda p: dict(others(p), skinny=SkinnyPlan(p, threads)))
+        hit = _choices.setdefault(key, matmul_auto.pick(f, best) == "skinny")
+    return hit
 
 
 def _ceil(x: int, y: int) -> int:

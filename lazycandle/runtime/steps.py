@@ -84,8 +84,7 @@ class MatmulStep(NodeStep):
     takes_scalars = True
 
     def setup(self, cap):
-        from . import matmul_skinny
-        from .matmul import choose_backend, geometry
+        from .matmul import backend_for, geometry
         la, lb = self.operands[0][3], self.operands[1][3]
         self.out = self.kernel.outputs[0]
         ep = self.kernel.epilogue
@@ -98,9 +97,7 @@ class MatmulStep(NodeStep):
                                   for o in ep.operands)
         setting = config.get_matmul_backend()
         try:
-            g = geometry(la, lb, self.dtype, self.ep_layouts)
-            picked = "skinny" if setting == "auto" and matmul_skinny.applies(g) else \
-                choose_backend(g, setting, config.get_num_threads())
+            picked = backend_for(geometry(la, lb, self.dtype, self.ep_layouts), setting, config.get_num_threads())
         except Exception:   # the runtime decides again at each call
             picked = setting
         self._describe(picked, setting)
