@@ -52,7 +52,8 @@ def _assert_bits_equal(a, b):
 
 @pytest.mark.parametrize("form", ["t", "n"])
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 7, 5), (7, 15, 17), (15, 17, 33), (16, 100, 31),
-                                   (17, 33, 9), (8, 768, 96), (3, 1, 70), (9, 64, 129)])
+                                   (17, 33, 9), (8, 768, 96), (3, 1, 70), (9, 64, 129), (5, 1000, 40),
+                                   (16, 3001, 20)])
 def test_small_m_matmul_matches_numpy_both_weight_forms_native_and_python_bit_identical(form, m, k, n, monkeypatch):
     rng = np.random.default_rng(m * 1000 + k * 10 + n)
     x = _arr(rng, (m, k), np.float32)
@@ -95,11 +96,21 @@ def test_small_m_plan_is_chosen_for_both_forms_and_not_for_many_rows():
     assert MM.plan_for(Layout((8, 64), (64, 1)), Layout((64, 32), (1, 64)), f32, "blas", 1).backend == "blas"
 
 
-def test_rows_per_block_splits_rows_evenly():
+def test_long_k_is_chunked_so_a_row_block_of_a_stays_in_l1():
+    f32 = DType.from_name("f32")
+    plan = SK.SkinnyPlan(MM.geometry(Layout((8, 3072), (3072, 1)), Layout((3072, 768), (1, 3072)), f32), 1)
+    size = dict(zip(SK.K.SIZES, plan.sizes_list))
+    assert size["kchunks"] > 1 and size["kc"] * 8 * 4 <= SK.A_L1_BYTES and size["kc"] % plan.spec.vw == 0
+    f16 = DType.from_name("f16")         # partial sums would round to f16: never chunked
+    plan = SK.SkinnyPlan(MM.geometry(Layout((8, 3072), (3072, 1)), Layout((3072, 768), (1, 3072)), f16), 1)
+    assert dict(zip(SK.K.SIZES, plan.sizes_list))["kchunks"] == 1
+
+
+def test_rows_per_block_is_a_power_of_two_holding_m_up_to_the_register_limit():
     top = SK.K.max_rows()
-    assert SK.rows_per_block(1) == 1 and SK.rows_per_block(top) == top
-    assert SK.rows_per_block(top + 1) == -(-(top + 1) // 2)
-    assert all(SK.rows_per_block(m) <= top for m in range(1, 40))
+    assert SK.rows_per_block(1) == 1 and SK.rows_per_block(3) == 4 and SK.rows_per_block(top) == top
+    assert SK.rows_per_block(top + 1) == top and SK.rows_per_block(100) == top
+    assert {SK.rows_per_block(m) for m in range(1, 130)} == {1 << i for i in range(top.bit_length())}
 
 
 @pytest.mark.parametrize("case", ["x_transposed_w_nk", "x_transposed_w_kn", "w_rows_with_gap",
@@ -143,11 +154,11 @@ def _gelu(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-@pytest.mark.parametrize("form", ["t", "n"])
+@pytest.mark.parametrize("form,k", [("t", 53), ("n", 53), ("t", 1001)])    # k = 1001: a in k chunks
 @pytest.mark.parametrize("epilogue", ["bias_gelu", "residual", "scaled_bias_relu", "row_bias"])
-def test_small_m_epilogue_applied_in_the_store_matches_numpy(form, epilogue, monkeypatch):
+def test_small_m_epilogue_applied_in_the_store_matches_numpy(form, k, epilogue, monkeypatch):
     rng = np.random.default_rng(17)
-    m, k, n = 7, 53, 70
+    m, n = 7, 70
     x, r = _arr(rng, (1, m, k), np.float32), _arr(rng, (1, m, n), np.float32)
     w = _arr(rng, (n, k) if form == "t" else (k, n), np.float32, k ** -0.5)
     b, c = _arr(rng, (n,), np.float32), _arr(rng, (m, 1), np.float32)

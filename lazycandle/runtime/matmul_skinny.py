@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import caches
 from ..codegen import gemm_skinny as K
+from ..codegen.gemm_ir import acc_type, storage_type
 from . import matmul_auto, pool
 
 RULE_M = 16         # up to this many rows: always the small-m kernel
@@ -84,9 +85,28 @@ def _ceil(x: int, y: int) -> int:
 
 
 def rows_per_block(m: int) -> int:
-    """MR: the fewest row blocks of at most max_rows(), as even as possible (m = 9 -> 5 + 4)."""
-    blocks = -(-max(m, 1) // K.max_rows())
-    return -(-max(m, 1) // blocks)
+    """MR: a power of two up to max_rows() (the kernel's row count is compiled in; four row
+    classes keep the compiles few): the smallest that holds m, so a decode step (m = 1) does
+    no FMA for rows it does not have."""
+    mr = 1
+    while mr < min(m, K.max_rows()):
+        mr *= 2
+    return mr
+
+
+PREFETCH_ROWS = 4         # "t": prefetch B from this many rows per block on (gemm_skinny.SkinnySpec)
+A_L1_BYTES = 24 << 10     # "t": a row block's chunk of a stays in L1 (half of a 48 KB L1d)
+
+
+def _k_chunk(spec, k: int) -> int:
+    """Columns of a per k chunk: all of k when a row block of a fits A_L1_BYTES (or the dtype
+    is stored narrower than it accumulates: partial sums go through the output), else a
+    multiple of the lanes that does.  Measured at m = 8, k = 3072: a from L2 on every step
+    held the kernel to ~65 % of the stream rate."""
+    esz = spec.dtype.size_in_bytes
+    if spec.layout != "t" or storage_type(spec.dtype) != acc_type(spec.dtype) or spec.mr * k * esz <= A_L1_BYTES:
+        return max(k, 1)
+    return max(spec.vw, A_L1_BYTES // (spec.mr * esz) // spec.vw * spec.vw)
 
 
 class SkinnyPlan:
@@ -98,14 +118,16 @@ class SkinnyPlan:
         f = _fold_batch(g)
         layout = layout_of(f)
         mr = rows_per_block(f.m)
-        self.spec = K.SkinnySpec(g.dtype, layout, mr, K.group_of(layout, mr), K.lanes_of(g.dtype), epilogue)
+        self.spec = K.SkinnySpec(g.dtype, layout, mr, K.group_of(layout, mr), K.lanes_of(g.dtype), epilogue,
+                                 prefetch=layout == "t" and mr >= PREFETCH_ROWS)
         self.fn = self.spec.compiled()
         gc = self.spec.group_cols
         per = max(1, -(-UNITS // max(f.nbatch, 1)))
         ucols = max(gc, -(-_ceil(f.n, per) // gc) * gc)
         ldb = f.csb if layout == "t" else f.rsb
+        kc = _k_chunk(self.spec, f.k)
         sizes = [f.m, f.n, f.k, f.rsa, f.csa, ldb, f.ldo, f.nbatch, f.bsa[0], f.bsb[0], f.bso[0],
-                 ucols, -(-f.n // ucols)]
+                 ucols, -(-f.n // ucols), kc, max(1, _ceil(f.k, kc))]
         for rs, cs, bs in f.ep:
             sizes += [rs, cs, bs[0]]
         self.sizes_list = sizes
