@@ -2,7 +2,8 @@
 matmul paths, on the transformer shapes: x (m, k) @ w.T with w (n, k) row-major (nn.linear's
 layout) and x @ w with w (k, n), for m in {1, 8, 32, 128}.
 
-    PYTHONPATH=/work/peers python -m bench.skinny_gemm [--threads 1,2] [--repeats 15] [--mb 32]
+    PYTHONPATH=/work/peers python -m bench.skinny_gemm [--threads 1,2] [--repeats 15] [--mb 256]
+    python -m bench.skinny_gemm --gpt2        # the GPT-2 block: native / python, before / after
 
 Per case: median ms (all implementations rotate in one loop, with "stream": bench/bandwidth.py's
 read-only stream kernel over the weight itself, so the weight's bytes per second of "skinny" is
@@ -67,6 +68,44 @@ def case(m, k, n, form, threads, mods, repeats):
     return time_alternating(fns, repeats=repeats, warmup=2), w.nbytes
 
 
+GPT2_MODES = {              # name: (LAZYCANDLE_EXEC, matmul backend)
+    "native": ("native", "auto"), "python": ("python", "auto"),
+    "python+blas": ("python", "blas"), "python+tiled": ("python", "tiled")}
+
+
+def gpt2_block(seq, threads, repeats):
+    """bench/dispatch.py's GPT-2 block program on (1, seq, 768): the native program and the
+    per-kernel path under auto (both with the small-m kernel), and the per-kernel path with the
+    BLAS or tiled matmul (what auto chose before the small-m kernel), in one loop."""
+    from bench import gpt2_block as G
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, seq, 768)).astype(np.float32)
+    blocks, mask = G.init_params(768, 1), G.causal_mask(seq)
+    xp = lc.placeholder("x", x.shape, lc.f32)
+    prog = lc.compile([G.stack(xp, G.as_placeholders(blocks), lc.tensor(mask), 12)])
+    feeds = dict(G.feeds(blocks), x=x)
+
+    def mode(exec_mode, backend):
+        def run():
+            os.environ["LAZYCANDLE_EXEC"] = exec_mode
+            lc.set_matmul_backend(backend)
+            return prog.run(**feeds)
+        return run
+    old = lc.get_matmul_backend()
+    try:
+        with lc.num_threads(threads):
+            fns = {name: mode(*m) for name, m in GPT2_MODES.items()}
+            ref = fns["python+blas"]()[0]
+            np.testing.assert_allclose(fns["native"]()[0], ref, rtol=1e-4, atol=1e-4)
+            st = time_alternating(fns, repeats=repeats, warmup=2)
+    finally:
+        lc.set_matmul_backend(old)
+    base = min(st["python+blas"].median, st["python+tiled"].median)
+    print(f"  GPT-2 block (1, {seq}, 768), {threads} thread(s): "
+          + "  ".join(f"{name} {s.median * 1e3:6.2f} ms" for name, s in st.items())
+          + f"  | native vs best python+blas/tiled {base / st['native'].median:.2f}x", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="1,2")
@@ -74,9 +113,17 @@ def main(argv=None) -> int:
     ap.add_argument("--mb", type=int, default=256, help="array size of the bandwidth peak, MiB")
     ap.add_argument("--forms", default="t,n")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
+    ap.add_argument("--gpt2", action="store_true", help="only the GPT-2 block figures")
     a = ap.parse_args(argv)
     mods, _ = peers.load_peers(("torch",))
     threads = [int(t) for t in a.threads.split(",")]
+    if a.gpt2:
+        print(f"load average {os.getloadavg()[0]:.2f}")
+        for seq in (8, 128):
+            for t in threads:
+                gpt2_block(seq, t, a.repeats)
+        print(f"load average {os.getloadavg()[0]:.2f}")
+        return 0
     if a.mb:
         peak = bandwidth.measure(a.mb, tuple(threads), reps=9)
         print(f"read peak ({a.mb} MiB): " + ", ".join(f"{t} thr {peak[t]['read']:.1f} GB/s" for t in threads))

@@ -1,4 +1,5 @@
-"""The small-m GEMM: out = a @ b for a few rows of a (m up to ~16), at the memory limit.
+"""The small-m GEMM: out = a @ b for a few rows of a (1-16, up to 128 where it measures
+fastest: runtime/matmul_skinny.py), at the memory limit.
 
 A transformer at batch 1 with a short sequence multiplies 1-16 rows by weights of 0.5-10 MB:
 the time is the time to stream the weight once.  The tiled GEMM packs B (a second pass over it)
@@ -6,9 +7,10 @@ and BLAS at m = 8 reaches ~40 % of the bandwidth here, so this kernel reads B in
 element once from DRAM, while the rows of a stay in L1 and the accumulators in registers:
 
     for each unit (batch, block of `ucols` output columns)     <- units split over the pool
-      for each group of G columns of the block:                   its slice of B is read from DRAM
-        for each block of MR rows of a:                           ... and from L1 for the next block
-          for k: acc[r][c] += a[r, k] * b[k, c]                   MR x G accumulators
+      for each k chunk (all of k unless a row block of a would not fit L1)
+        for each group of G columns of the block:                 its slice of B is read from DRAM
+          for each block of MR rows of a:                         ... and from L1 for the next block
+            for k in the chunk: acc[r][c] += a[r, k] * b[k, c]    MR x G accumulators
 
 Two forms of B, by which of its strides is 1:
   * "t", B[k, j] at j * ldb + k (x @ w.T with w (n, k) row-major, as nn.linear): each output is
@@ -45,7 +47,8 @@ from .gemm_ir import (ZERO, acc_type, add, finalize_ir, for_range, from_acc, gep
 from .llvmutil import I32, call_intrinsic, intrinsic, splat, type_suffix, vec
 from .loops import KERNEL_FN, kernel_function, new_module
 
-SIZES = ("m", "n", "k", "rsa", "csa", "ldb", "ldo", "nb", "bsa", "bsb", "bso", "ucols", "ublocks", "kc", "kchunks")
+SIZES = ("m", "n", "k", "rsa", "csa", "ldb", "ldo", "nb", "bsa", "bsb", "bso", "ucols", "ublocks",
+         "kc", "kchunks")
 EP_SIZES = ("rse", "cse", "bse")        # per epilogue operand, after SIZES
 MAX_GROUP = 8                           # "t": most dot products at once (streams of B)
 

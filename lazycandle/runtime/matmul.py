@@ -572,9 +572,10 @@ _MAX_PLANS = 512
 
 def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, threads: int,
              epilogue=None, ep_layouts=()):
-    """The cached plan of one problem (under "auto", the small-m kernel when it applies).  With `epilogue` (an ir/kernels.EwSpec over the output,
-    and which of its inputs is the product: see `epilogue_spec`) and its other operands'
-    layouts, a tiled plan applies it in the micro-kernel; a BLAS plan leaves it to the caller."""
+    """The cached plan of one problem (on `backend_for`'s backend).  With `epilogue` (an
+    ir/kernels.EwSpec over the output, and which of its inputs is the product: see
+    `epilogue_spec`) and its other operands' layouts, a tiled or small-m plan applies it as it
+    stores; a BLAS plan leaves it to the caller."""
     key = (dtype.name, a_layout.shape, a_layout.strides, b_layout.shape, b_layout.strides, backend, threads,
            epilogue, tuple((e.shape, e.strides) for e in ep_layouts))
     plan = _plans.get(key)

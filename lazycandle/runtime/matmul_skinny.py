@@ -23,7 +23,8 @@ from ..codegen.gemm_ir import acc_type, storage_type
 from . import matmul_auto, pool
 
 RULE_M = 16         # up to this many rows: always the small-m kernel
-MEASURED_M = 128    # up to this many: where it measured fastest
+MEASURED_M = 128    # up to this many: where it measured fastest ...
+WIN_MARGIN = 0.25   # ... by this much (a close call on a busy machine keeps BLAS / tiled)
 UNITS = 16          # units (column blocks) a call aims at, so two threads share evenly
 
 
@@ -66,7 +67,8 @@ _choices: dict = caches.register("matmul small-m choices", {})
 
 def chosen(g, threads: int, others) -> bool:
     """Whether the auto backend runs g on the small-m kernel: by rule up to RULE_M rows, then
-    by measurement against `others(geometry) -> {backend: plan}` (once per size bucket)."""
+    where it measured WIN_MARGIN faster than `others(geometry) -> {backend: plan}` (once per
+    size bucket)."""
     f = _fold_batch(g)
     if layout_of(f) is None:
         return False
@@ -76,7 +78,8 @@ def chosen(g, threads: int, others) -> bool:
     hit = _choices.get(key)
     if hit is None:
         best = matmul_auto.measure(f, threads, lambda p: dict(others(p), skinny=SkinnyPlan(p, threads)))
-        hit = _choices.setdefault(key, matmul_auto.pick(f, best) == "skinny")
+        others_best = min(t for name, t in best.items() if name != "skinny")
+        hit = _choices.setdefault(key, best["skinny"] * (1 + WIN_MARGIN) < others_best)
     return hit
 
 

@@ -208,7 +208,8 @@ class NativePlan:
         imports[sym] = addr
         parts = PARALLEL if plan.extent * plan.cost >= MIN_PARALLEL_COST and plan.extent > 1 else SERIAL
         slots = tuple(step.kernel.epilogue.kernel.scalars) if step.ep_key else ()
-        return Call(sym, int(plan.extent), 1, parts, bufs_at, sizes_at, slots, None, label=f"#{i} matmul (small-m)")
+        return Call(sym, int(plan.extent), 1, parts, bufs_at, sizes_at, slots, None,
+                    label=f"#{i} matmul (small-m)")
 
     def _index_refs(self, step, status_no):
         """The index kernel's pointers as index_steps.IndexStep.run_node passes them."""

@@ -108,7 +108,8 @@ class MatmulStep(NodeStep):
         self.backend = used if setting != "auto" else f"auto -> {used}"
         ep = self.kernel.epilogue
         if ep is not None:
-            where = f"in the {used} GEMM's store" if used in FUSED_BACKENDS else "as an in-place pass after the BLAS GEMM"
+            where = (f"in the {used} GEMM's store" if used in FUSED_BACKENDS
+                     else "as an in-place pass after the BLAS GEMM")
             self.detail = f"epilogue {', '.join(ep.ops)} applied {where}"
 
     def _epilogue_step(self):
