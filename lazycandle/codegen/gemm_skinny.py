@@ -26,11 +26,13 @@ long k is cut into chunks so a row block of a stays in L1 (partial sums go throu
 and the next group's rows of B are prefetched.
 
 The epilogue of the matmul (bias, activation, residual: ir/epilogue.py) is applied to each
-value as it is stored (codegen/gemm_epilogue.Emitter), so `(x @ w + b).gelu()` is this one
-kernel.  Calling convention: the kernels' own, `void k(i8** bufs, i64* sizes, i64* scalars,
-i64 lo, i64 hi)` with bufs (a, b, out, epilogue operands...) and sizes SIZES then per epilogue
-operand (row stride, col stride, batch stride); [lo, hi) are units, so the kernel runs in a
-phase of the native program like any other.
+tile of products right after it is stored, while it is in L1, by the tiled GEMM's epilogue
+function (codegen/gemm_epilogue.py, compiled once per epilogue; its address is the `ep_fn`
+size), so `(x @ w + b).gelu()` is this one kernel.  Calling convention: the kernels' own,
+`void k(i8** bufs, i64* sizes, i64* scalars, i64 lo, i64 hi)` with bufs (a, b, out, then
+MAX_EPILOGUE_INPUTS epilogue operands, unused ones 0), sizes SIZES then EP_SIZES per epilogue
+operand slot, scalars the epilogue's; [lo, hi) are units, so the kernel runs in a phase of the
+native program like any other.
 """
 from __future__ import annotations
 
@@ -41,15 +43,15 @@ import llvmlite.ir as ir
 from ..dtype import DType
 from ..ir.kernels import KernelSpec
 from . import jit, registry
-from .gemm_epilogue import Emitter, Epilogue
+from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
 from .gemm_ir import (ZERO, acc_type, add, finalize_ir, for_range, from_acc, gep, i64, imin, load, mul,
-                      storage_type, to_acc, type_bytes, vload, vstore, zero)
+                      storage_type, store, to_acc, type_bytes, vload, vstore, zero)
 from .llvmutil import I32, call_intrinsic, intrinsic, splat, type_suffix, vec
 from .loops import KERNEL_FN, kernel_function, new_module
 
 SIZES = ("m", "n", "k", "rsa", "csa", "ldb", "ldo", "nb", "bsa", "bsb", "bso", "ucols", "ublocks",
-         "kc", "kchunks")
-EP_SIZES = ("rse", "cse", "bse")        # per epilogue operand, after SIZES
+         "kc", "kchunks", "ep_fn")
+EP_SIZES = ("rse", "cse", "bse", "esz")     # per epilogue operand slot (MAX_EPILOGUE_INPUTS), after SIZES
 MAX_GROUP = 8                           # "t": most dot products at once (streams of B)
 
 
@@ -76,13 +78,13 @@ def group_of(layout: str, mr: int) -> int:
 @dataclass(frozen=True)
 class SkinnySpec(KernelSpec):
     """One small-m GEMM kernel: dtype, B's form ("t" | "n"), rows per block, columns (or
-    vectors) per group, lanes, and the fused epilogue (or None)."""
+    vectors) per group, lanes.  The epilogue is not part of it: it is a function whose address
+    comes in the sizes (0: none)."""
     dtype: DType
     layout: str
     mr: int
     group: int
     vw: int
-    epilogue: Epilogue | None = None
     prefetch: bool = False  # "t": prefetch the next group's rows of B (measured at m = 8, n = 3072:
                             # ~73 -> ~85 % of the stream rate; at m = 1 it only costs load slots)
 
@@ -101,9 +103,8 @@ class SkinnySpec(KernelSpec):
 
     def describe(self) -> str:
         form = "x @ w.T (w rows along k)" if self.layout == "t" else "x @ w (w rows along n)"
-        ep = f", epilogue {', '.join(i[0] for i in self.epilogue.ew.instrs)}" if self.epilogue else ""
         return (f"small-m GEMM {self.dtype.name}, {form}, {self.mr} rows x {self.group_cols} columns "
-                f"per step, {self.vw} lanes{ep}")
+                f"per step, {self.vw} lanes")
 
 
 class _Builder:
@@ -152,32 +153,21 @@ class _Builder:
         spec, b = self.spec, self.b
         bufs, sizes, scal, lo, hi = self.fn.args
         s = {name: load(b, sizes, i64(i), 8) for i, name in enumerate(SIZES)}
-        ep = spec.epilogue
-        n_extra = len(ep.extras) if ep else 0
-        es = [{name: load(b, sizes, i64(len(SIZES) + 3 * x + i), 8) for i, name in enumerate(EP_SIZES)}
-              for x in range(n_extra)]
         ptr_t = self.st.as_pointer()
 
         def buf(i, t):
             return b.bitcast(load(b, bufs, i64(i), 8), t)
         a0, b0, o0 = buf(0, ptr_t), buf(1, ptr_t), buf(2, ptr_t)
-        extra_t = [storage_type(DType.from_name(ep.ew.inputs[x][0])).as_pointer() for x in ep.extras] if ep else []
-        e0 = [buf(3 + x, t) for x, t in enumerate(extra_t)]
         # accumulators: entry-block allocas, promoted to registers by the optimiser
-        ncols = spec.group
-        self.acc = [[b.alloca(self.vt) for _ in range(ncols)] for _ in range(spec.mr)]
+        self.acc = [[b.alloca(self.vt) for _ in range(spec.group)] for _ in range(spec.mr)]
         self.spill = b.alloca(self.vt)
+        self._epilogue_args(bufs, sizes, scal, s)
         with for_range(b, lo, hi, name="u") as u:
             bi, blk = b.sdiv(u, s["ublocks"]), b.srem(u, s["ublocks"])
             a = gep(b, a0, mul(b, bi, s["bsa"]))
             bm = gep(b, b0, mul(b, bi, s["bsb"]))
             o = gep(b, o0, mul(b, bi, s["bso"]))
-            self.emitter = None
-            if ep:
-                args = [scal]
-                for x in range(n_extra):
-                    args += [gep(b, e0[x], mul(b, bi, es[x]["bse"])), es[x]["rse"], es[x]["cse"]]
-                self.emitter = Emitter(b, ep, args)
+            self.ep_base = [add(b, e["base"], mul(b, mul(b, bi, e["bse"]), e["esz"])) for e in self.ep_in]
             j0 = mul(b, blk, s["ucols"])
             j1 = imin(b, s["n"], add(b, j0, s["ucols"]))
             with for_range(b, ZERO, s["kchunks"], name="kc") as kc:
@@ -195,17 +185,45 @@ class _Builder:
         b.ret_void()
         return finalize_ir(self.m)
 
+    def _epilogue_args(self, bufs, sizes, scal, s):
+        """Entry-block state of the epilogue call: the tile function's address (0: none), per
+        operand its base address and sizes (EP_SIZES), and stack arrays of the operands' tile
+        addresses, row and column strides (gemm_epilogue.EP_FN's arguments)."""
+        b = self.b
+        i64t = ir.IntType(64)
+        self.scal, self.ep_fn = scal, s["ep_fn"]
+        arr = ir.ArrayType(i64t, MAX_EPILOGUE_INPUTS)
+        self.ep_ptrs, self.ep_rs, self.ep_cs = (b.bitcast(b.alloca(arr), i64t.as_pointer()) for _ in range(3))
+        self.ep_in = []
+        for x in range(MAX_EPILOGUE_INPUTS):
+            e = {name: load(b, sizes, i64(len(SIZES) + len(EP_SIZES) * x + i), 8) for i, name in enumerate(EP_SIZES)}
+            store(b, e["rse"], self.ep_rs, i64(x), 8)
+            store(b, e["cse"], self.ep_cs, i64(x), 8)
+            e["base"] = b.ptrtoint(load(b, bufs, i64(3 + x), 8), i64t)
+            self.ep_in.append(e)
+
+    def _apply_epilogue(self, s, o, row0, col0, rows, cols):
+        """Run the epilogue's tile function over the rows x cols tile at (row0, col0), which
+        holds the stored products (as the tiled GEMM does: one compiled function per epilogue,
+        not one small-m kernel per epilogue, keeps the compiles few)."""
+        b = self.b
+        with b.if_then(b.icmp_signed("!=", self.ep_fn, ZERO)):
+            for x, (e, base) in enumerate(zip(self.ep_in, self.ep_base)):
+                off = add(b, mul(b, row0, e["rse"]), mul(b, col0, e["cse"]))
+                store(b, add(b, base, mul(b, off, e["esz"])), self.ep_ptrs, i64(x), 8)
+            tile = b.bitcast(gep(b, o, add(b, mul(b, row0, s["ldo"]), col0)), ir.IntType(8).as_pointer())
+            fn = b.inttoptr(self.ep_fn, EP_FN.as_pointer())
+            b.call(fn, [tile, s["ldo"], rows, cols, self.ep_ptrs, self.ep_rs, self.ep_cs, self.scal])
+
     def _zero_acc(self):
         for row in self.acc:
             for p in row:
                 self.b.store(zero(self.vt), p)
 
     def _store(self, o, s, row, col, value, w):
-        """Round, apply the epilogue, store w lanes at (row, col)."""
+        """Round and store w lanes at (row, col)."""
         b = self.b
         v = from_acc(b, self.spec.dtype, value)
-        if self.emitter is not None:
-            v = self.emitter.apply(v, row, col, w)
         idx = add(b, mul(b, row, s["ldo"]), col)
         if w == 1:
             b.store(v, gep(b, o, idx), align=self.eb)
@@ -252,12 +270,10 @@ class _Builder:
                 with b.if_then(keep):
                     at = gep(b, o, add(b, mul(b, row, s["ldo"]), col))
                     before = to_acc(b, dt, b.load(at, align=self.eb))
-                    total = b.select(first, total, b.fadd(total, before))
-                    with b.if_else(last) as (done, partial):
-                        with done:
-                            self._store(o, s, row, col, total, 1)
-                        with partial:
-                            b.store(from_acc(b, dt, total), at, align=self.eb)
+                    b.store(from_acc(b, dt, b.select(first, total, b.fadd(total, before))), at, align=self.eb)
+        with b.if_then(last):
+            self._apply_epilogue(s, o, rows[0], j, imin(b, i64(spec.mr), b.sub(s["m"], rows[0])),
+                                 imin(b, i64(spec.group), b.sub(j1, j)))
 
     def _group_n(self, s, a, bm, o, rows, j, j1):
         """NV vectors of output columns j.. for the block's rows.  B is read with masked loads
@@ -290,6 +306,8 @@ class _Builder:
                         count = imin(b, i64(vw), b.sub(left, i64(c * vw)))
                         with for_range(b, ZERO, count, name="t") as t:
                             self._store(o, s, row, add(b, add(b, j, i64(c * vw)), t), load(b, lanes, t, self.eb), 1)
+        self._apply_epilogue(s, o, rows[0], j, imin(b, i64(spec.mr), b.sub(s["m"], rows[0])),
+                             imin(b, i64(spec.group_cols), left))
 
 
 def build(spec: SkinnySpec) -> str:

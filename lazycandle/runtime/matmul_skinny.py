@@ -18,7 +18,8 @@ from dataclasses import replace
 import numpy as np
 
 from .. import caches
-from ..codegen import gemm_skinny as K
+from ..dtype import DType
+from ..codegen import gemm_epilogue, gemm_skinny as K
 from ..codegen.gemm_ir import acc_type, storage_type
 from . import matmul_auto, pool
 
@@ -121,7 +122,7 @@ class SkinnyPlan:
         f = _fold_batch(g)
         layout = layout_of(f)
         mr = rows_per_block(f.m)
-        self.spec = K.SkinnySpec(g.dtype, layout, mr, K.group_of(layout, mr), K.lanes_of(g.dtype), epilogue,
+        self.spec = K.SkinnySpec(g.dtype, layout, mr, K.group_of(layout, mr), K.lanes_of(g.dtype),
                                  prefetch=layout == "t" and mr >= PREFETCH_ROWS)
         self.fn = self.spec.compiled()
         gc = self.spec.group_cols
@@ -131,8 +132,15 @@ class SkinnyPlan:
         kc = _k_chunk(self.spec, f.k)
         sizes = [f.m, f.n, f.k, f.rsa, f.csa, ldb, f.ldo, f.nbatch, f.bsa[0], f.bsb[0], f.bso[0],
                  ucols, -(-f.n // ucols), kc, max(1, _ceil(f.k, kc))]
-        for rs, cs, bs in f.ep:
-            sizes += [rs, cs, bs[0]]
+        self.ep_kernel, esz = None, ()
+        if epilogue is not None:        # compiled once per epilogue (kept alive by the plan)
+            self.ep_kernel = gemm_epilogue.get_kernel(epilogue)
+            esz = [DType.from_name(epilogue.ew.inputs[x][0]).size_in_bytes for x in epilogue.extras]
+        sizes.append(ctypes.cast(self.ep_kernel, ctypes.c_void_p).value if epilogue is not None else 0)
+        ep = [(rs, cs, bs[0], e) for (rs, cs, bs), e in zip(f.ep, esz)]
+        for rs, cs, bs, e in ep + [(0, 0, 0, 0)] * (K.MAX_EPILOGUE_INPUTS - len(ep)):
+            sizes += [rs, cs, bs, e]
+        self.n_extras = len(ep)
         self.sizes_list = sizes
         self.sizes = np.array(sizes, np.int64)
         self.extent = self.spec.extent(sizes)
@@ -143,7 +151,8 @@ class SkinnyPlan:
         """Addresses of a, b, the output, the epilogue operands, and its packed scalars."""
         if not self.extent:
             return
-        addrs = (ctypes.c_void_p * (3 + len(extras)))(a, b, o, *extras)
+        pad = (0,) * (K.MAX_EPILOGUE_INPUTS - len(extras))
+        addrs = (ctypes.c_void_p * (3 + K.MAX_EPILOGUE_INPUTS))(a, b, o, *extras, *pad)
         bufs, sz, fn = ctypes.addressof(addrs), self.sizes.ctypes.data, self.fn
         pool.parallel_for(lambda lo, hi: fn(bufs, sz, scalars or None, lo, hi), 0, self.extent,
                           cost_per_item=self.cost, threads=self.threads)

@@ -187,6 +187,7 @@ class NativePlan:
         """The program Call of a matmul step whose plan at this binding is the small-m kernel
         (it takes the standard kernel arguments: a, b, out, epilogue operands), else None (a
         BLAS or tiled plan runs in Python between segments)."""
+        from ..codegen.gemm_skinny import MAX_EPILOGUE_INPUTS
         from ..codegen.program import Call, PARALLEL, SERIAL
         lays = self.binding.steps[i]
         plan = step.native_plan(lays)
@@ -201,6 +202,7 @@ class NativePlan:
         refs.append(self._ref_of_bind(("node", step.out), self.plan, 0))
         for kind, buf, slot, offset in step.ep_reads:
             refs.append(("slot", slot) if kind == "in" else self._ref_of_bind(("node", buf), self.plan, offset))
+        refs += [("fixed", 0)] * (bufs_at + 3 + MAX_EPILOGUE_INPUTS - len(refs))     # unused epilogue slots
         sizes_at = len(sizes)
         sizes += plan.sizes_list
         addr = _fn_address(plan.fn)
