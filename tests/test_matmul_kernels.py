@@ -372,13 +372,14 @@ def test_auto_picks_the_backend_measured_faster_and_clear_caches_forgets_it(monk
 
     monkeypatch.setattr(matmul_auto, "measure", fake_measure)
     clear_caches()
-    out, used = mm_case(rng, D.f32, "auto", (40, 50), (50, 60))
+    # m above matmul_skinny.MEASURED_M: only BLAS and tiled are candidates
+    out, used = mm_case(rng, D.f32, "auto", (140, 50), (50, 60))
     assert used == "tiled" and len(calls) == 1
-    _, used = mm_case(rng, D.f32, "auto", (41, 52), (52, 63))      # same bucket: no new measurement
+    _, used = mm_case(rng, D.f32, "auto", (141, 52), (52, 63))      # same bucket: no new measurement
     assert used == "tiled" and len(calls) == 1
     timings.update(blas=0.5)
     clear_caches()
-    _, used = mm_case(rng, D.f32, "auto", (41, 52), (52, 63))
+    _, used = mm_case(rng, D.f32, "auto", (141, 52), (52, 63))
     assert used == "blas" and len(calls) == 2
     clear_caches()
 

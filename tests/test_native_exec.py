@@ -112,10 +112,10 @@ def test_bad_id_in_a_native_program_raises_index_out_of_bounds_and_process_stays
 
 def test_program_with_matmul_runs_in_segments_and_dumps_phases(monkeypatch):
     monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
-    x = lc.placeholder("x", (32, 48), lc.f32)
+    x = lc.placeholder("x", (160, 48), lc.f32)        # rows above matmul_skinny.MEASURED_M: a Python step
     w = lc.tensor(np.random.default_rng(2).uniform(-1, 1, (48, 16)).astype(np.float32))
     prog = lc.compile([((x * 0.5).tanh() @ w).relu() + 1.0, (x * 3.0).sin()])
-    xv = np.random.default_rng(3).uniform(-1, 1, (32, 48)).astype(np.float32)
+    xv = np.random.default_rng(3).uniform(-1, 1, (160, 48)).astype(np.float32)
     a, b = prog.run(x=xv)
     np.testing.assert_allclose(a, np.maximum(np.tanh(xv * 0.5) @ w.numpy(), 0) + 1, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(b, np.sin(xv * 3.0), rtol=1e-6, atol=1e-6)

@@ -258,7 +258,10 @@ class Plan:
             from . import native_exec
             if self.native_ok is None:
                 self.native_ok = native_exec.supports(self)
-            b.native = native_exec.NativePlan(self, b) if self.native_ok else False
+            try:
+                b.native = native_exec.NativePlan(self, b) if self.native_ok else False
+            except native_exec.NotNative:
+                b.native = False
         return b.native
 
     def run_python(self, in_bufs, offsets, scalars, seconds=None, binding=None):

@@ -27,7 +27,7 @@ from ..codegen import gemm, gemm_copy, gemm_epilogue
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
-from . import blas, matmul_auto, pool
+from . import blas, matmul_auto, matmul_skinny, pool
 
 PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (~30-40 us here) costs more than it saves
 
@@ -517,7 +517,22 @@ def choose_backend(g: Geometry, backend: str, threads: int) -> str:
         return "tiled"
     if backend == "blas":
         return "blas"
-    return matmul_auto.choose(g, threads, lambda p: {"blas": BlasPlan(p, threads), "tiled": TiledPlan(p, threads)})
+    return matmul_auto.choose(g, threads, lambda p: _candidates(p, threads, True))
+
+
+def _candidates(g: Geometry, threads: int, blas_ok: bool) -> dict:
+    plans = {"tiled": TiledPlan(g, threads)}
+    if blas_ok:
+        plans["blas"] = BlasPlan(g, threads)
+    return plans
+
+
+def backend_for(g: Geometry, backend: str, threads: int) -> str:
+    """What plan_for runs g on: under "auto" the small-m kernel where it is chosen (by rule or
+    measurement: runtime/matmul_skinny.py), else choose_backend's pick."""
+    if backend == "auto" and matmul_skinny.chosen(g, threads, lambda p: _candidates(p, threads, _blas_ok(p))):
+        return "skinny"
+    return choose_backend(g, backend, threads)
 
 
 def epilogue_spec(epilogue, g: Geometry) -> gemm_epilogue.Epilogue:
@@ -557,15 +572,19 @@ _MAX_PLANS = 512
 
 def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, threads: int,
              epilogue=None, ep_layouts=()):
-    """The cached plan of one problem.  With `epilogue` (an ir/kernels.EwSpec over the output,
-    and which of its inputs is the product: see `epilogue_spec`) and its other operands'
-    layouts, a tiled plan applies it in the micro-kernel; a BLAS plan leaves it to the caller."""
+    """The cached plan of one problem (on `backend_for`'s backend).  With `epilogue` (an
+    ir/kernels.EwSpec over the output, and which of its inputs is the product: see
+    `epilogue_spec`) and its other operands' layouts, a tiled or small-m plan applies it as it
+    stores; a BLAS plan leaves it to the caller."""
     key = (dtype.name, a_layout.shape, a_layout.strides, b_layout.shape, b_layout.strides, backend, threads,
            epilogue, tuple((e.shape, e.strides) for e in ep_layouts))
     plan = _plans.get(key)
     if plan is None:
         g = geometry(a_layout, b_layout, dtype, ep_layouts)
-        if choose_backend(g, backend, threads) == "blas":
+        picked = backend_for(g, backend, threads)
+        if picked == "skinny":
+            plan = matmul_skinny.SkinnyPlan(g, threads, epilogue_spec(epilogue, g) if epilogue else None)
+        elif picked == "blas":
             plan = BlasPlan(g, threads)
         else:
             plan = TiledPlan(g, threads, epilogue_spec(epilogue, g) if epilogue else None)

@@ -30,7 +30,7 @@ import numpy as np
 from . import native_pool
 from .buffers import alloc
 from ..codegen.program import PARALLEL, SERIAL, segment_names
-from .steps import NodeStep, run_step
+from .steps import MatmulStep, NodeStep, run_step
 
 ARENA_KEEP_BYTES = 256 << 10      # a plan keeps its arena up to this size (512 cached plans: <= 128 MiB)
 MIN_PARALLEL_COST = 65536.0       # as runtime/pool.py: smaller kernels run on the calling thread
@@ -81,6 +81,21 @@ def _lifetimes(plan):
         else:
             out.append((j, 0, n_k))
     return out
+
+
+def _element(e, reads, steps) -> int:
+    """An element offset of a pointer ref at a binding: an int, (step, read) into its
+    read_offsets, or ("layout", step, operand): a node step's operand layout offset."""
+    if e.__class__ is int:
+        return e
+    if len(e) == 2:
+        return reads[e[0]][e[1]]
+    return steps[e[1]][e[2]].offset
+
+
+class NotNative(Exception):
+    """A binding of the plan cannot run on the plan's native program (the plan runs it on the
+    per-kernel path)."""
 
 
 def _nbytes(numel, dt) -> int:
@@ -169,8 +184,10 @@ class NativeProgram:
         self.target_index = {j: t for t, j in enumerate(self.targets)}     # several targets share it
         self.returned = [self.target_index[j] for j in plan.targets]
         self.steps_of = {}                 # call label -> plan step (to raise its error)
+        self.kept_plans = []               # small-m matmul plans the program calls (keep their kernels)
         # refs: per ptrs position ("slot", s) | ("node", j, element offset) | ("status", n); an
-        # element offset is an int or (step, read) into the binding's read_offsets
+        # element offset is an int, (step, read) into the binding's read_offsets or
+        # ("layout", step, operand): the offset of a node step's operand layout at the binding
         refs, self.calls_sized = [], []    # per native call: (word position, sizes position, what its sizes are, step)
         items, imports, names = [], {}, {}     # items: ("native", [(call, regions)]) | ("python", step index)
         n_words = 0
@@ -203,6 +220,8 @@ class NativeProgram:
                 self.slot_pos.append((pos, r[1]))
             elif r[0] == "status":
                 self.words[pos] = self.status.ctypes.data + 16 * r[1]
+            elif r[0] == "fixed":
+                self.words[pos] = r[1]
             else:
                 j, size = r[1], plan.dtypes[r[1]].numpy.itemsize
                 if j in self.target_index:
@@ -251,6 +270,8 @@ class NativeProgram:
             fn, n_sizes, align, slots = step.fn, 0, 1, ()
             sized = ((), step.spec.units, step.spec.unit_cost)
             status_at = bufs_at + 3
+        elif isinstance(step, MatmulStep):
+            return self._matmul_call(i, step, refs, word_at, imports, names)
         elif isinstance(step, NodeStep):
             return None
         else:
@@ -265,6 +286,42 @@ class NativeProgram:
         imports[sym] = addr
         call = Call(sym, word_at, int(align), bufs_at, word_at + 2 if n_sizes else None, slots, status_at,
                     label=f"#{i} {k.kind}")
+        return call, sized, n_sizes
+
+    def _matmul_call(self, i, step, refs, word_at, imports, names):
+        """(Call, sizes function, size count) of a matmul step whose plan at the plan's own
+        binding is the small-m kernel (it takes the standard kernel arguments: a, b, out,
+        epilogue operands), else None (a BLAS or tiled plan runs in Python between segments).
+        At another binding the step must run the same kernel with as many sizes, else that
+        binding runs on the per-kernel path (NotNative)."""
+        from ..codegen.gemm_skinny import MAX_EPILOGUE_INPUTS
+        from ..codegen.program import Call
+        own = step.native_plan(self.plan.binding.steps[i])
+        if own is None:
+            return None
+        self.kept_plans.append(own)             # keeps its compiled kernel alive
+        bufs_at = len(refs)
+        for n in (0, 1):
+            kind, idx, _, lay, _ = step.operands[n]
+            off = ("layout", i, n) if step.binds_layouts else lay.offset
+            refs.append(("slot", idx) if kind == "in" else self._ref_of_bind(("node", idx), off))
+        refs.append(self._ref_of_bind(("node", step.out), 0))
+        for kind, buf, slot, offset in step.ep_reads:
+            refs.append(("slot", slot) if kind == "in" else self._ref_of_bind(("node", buf), offset))
+        refs += [("fixed", 0)] * (bufs_at + 3 + MAX_EPILOGUE_INPUTS - len(refs))     # unused epilogue slots
+        n_sizes = len(own.sizes_list)
+
+        def sized(layouts):
+            got = step.native_plan(layouts)
+            if got is None or got.fn is not own.fn or len(got.sizes_list) != n_sizes:
+                raise NotNative(f"step {i}: the matmul plan at this binding is not the program's kernel")
+            return got.sizes_list, got.extent, got.cost        # SkinnyPlan.cost is per unit
+        addr = _fn_address(own.fn)
+        sym = names.setdefault(addr, f"kernel{len(names)}")
+        imports[sym] = addr
+        slots = tuple(step.kernel.epilogue.kernel.scalars) if step.ep_key else ()
+        call = Call(sym, word_at, 1, bufs_at, word_at + 2 if n_sizes else None, slots, None,
+                    label=f"#{i} matmul (small-m)")
         return call, sized, n_sizes
 
     def _index_refs(self, step, status_no):
@@ -291,6 +348,7 @@ class NativeProgram:
             return ("out", self.target_index[j]) if j in self.target_index else ("slot", slot_of[j])
         if isinstance(step, NodeStep):
             reads = [region(idx) for kind, idx, *_ in step.operands if kind == "node"]
+            reads += [region(idx) for kind, idx, *_ in getattr(step, "ep_reads", ()) if kind == "node"]
             return reads, [region(step.out)]
         reads = [region(b[1]) for b in k.inputs if b[0] == "node"]
         return reads, [region(j) for j in k.outputs]
@@ -327,15 +385,14 @@ class NativePlan:
             [("python", (plan.steps[what], binding.steps[what])) if kind == "python" else (kind, what)
              for kind, what in prog.items]
         words = prog.words.copy()
-        reads = binding.read_offsets
-        arena_pos = [(pos, slot_at[slot] + (e if e.__class__ is int else reads[e[0]][e[1]]) * size)
+        reads, steps = binding.read_offsets, binding.steps
+        arena_pos = [(pos, slot_at[slot] + _element(e, reads, steps) * size)
                      for pos, slot, e, size in prog.arena_refs]
         self.arena = None
         if keep:
             self.arena, base = prog.arena_at_least(arena_bytes)
             for pos, off in arena_pos:
                 words[pos] = base + off
-        steps = binding.steps
         for word_at, sizes_at, sized, i in prog.calls_sized:
             sizes, extent, cost = steps[sized] if sized.__class__ is int else \
                 sized if sized.__class__ is tuple else sized(steps[i])
@@ -349,7 +406,7 @@ class NativePlan:
         self.ptrs_addr = block.ctypes.data
         self.sizes_addr = self.ptrs_addr + 8 * n_refs
         self._by_pos = (prog.slot_pos,
-                        [(pos, t, (e if e.__class__ is int else reads[e[0]][e[1]]) * size)
+                        [(pos, t, _element(e, reads, steps) * size)
                          for pos, t, e, size in prog.out_refs],
                         arena_pos)
         self._fixed_bufs = None

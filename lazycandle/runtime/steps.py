@@ -62,6 +62,7 @@ class NodeStep:
         raise NotImplementedError
 
 
+FUSED_BACKENDS = ("tiled", "skinny")     # matmul kernels that apply the epilogue as they store
 MATMUL_PLANS_KEPT = 16      # a step's matmul plans (one per backend, threads and bound shape)
 
 
@@ -77,13 +78,13 @@ def run_step(step, in_bufs, offsets, bufs, layouts, scalars) -> None:
 
 @register("matmul")
 class MatmulStep(NodeStep):
-    """BLAS or the tiled GEMM, chosen at run time by the backend setting.  With an epilogue
-    (the kernel's fused elementwise consumers, ir/epilogue.py) the tiled GEMM applies it as it
-    stores; after a BLAS GEMM it runs as the consumers' elementwise kernel, in place."""
+    """BLAS, the tiled GEMM or the small-m GEMM, chosen at run time by the backend setting.
+    With an epilogue (the kernel's fused elementwise consumers, ir/epilogue.py) the tiled and
+    small-m GEMMs apply it as they store; after a BLAS GEMM it runs as the consumers' elementwise kernel, in place."""
     takes_scalars = True
 
     def setup(self, cap):
-        from .matmul import choose_backend, geometry
+        from .matmul import backend_for, geometry
         la, lb = self.operands[0][3], self.operands[1][3]
         self.out = self.kernel.outputs[0]
         ep = self.kernel.epilogue
@@ -96,7 +97,7 @@ class MatmulStep(NodeStep):
                                   for o in ep.operands)
         setting = config.get_matmul_backend()
         try:
-            picked = choose_backend(geometry(la, lb, self.dtype, self.ep_layouts), setting, config.get_num_threads())
+            picked = backend_for(geometry(la, lb, self.dtype, self.ep_layouts), setting, config.get_num_threads())
         except Exception:   # the runtime decides again at each call
             picked = setting
         self._describe(picked, setting)
@@ -107,7 +108,8 @@ class MatmulStep(NodeStep):
         self.backend = used if setting != "auto" else f"auto -> {used}"
         ep = self.kernel.epilogue
         if ep is not None:
-            where = "in the tiled GEMM's store" if used == "tiled" else "as an in-place pass after the BLAS GEMM"
+            where = (f"in the {used} GEMM's store" if used in FUSED_BACKENDS
+                     else "as an in-place pass after the BLAS GEMM")
             self.detail = f"epilogue {', '.join(ep.ops)} applied {where}"
 
     def _epilogue_step(self):
@@ -121,23 +123,35 @@ class MatmulStep(NodeStep):
                             (sizes, extent, k.spec.cost(sizes) / (extent or 1)))
         return self.ep_step
 
-    def run_node(self, in_bufs, offsets, bufs, layouts=None, scalars=None):
-        from .matmul import plan_for, run_plan
-        (ka, ia, sa, la, _), (kb, ib, sb, lb, _) = self.operands
-        if layouts is not None:             # this run's sizes (a plan bound to another size)
-            la, lb = layouts[0], layouts[1]
+    def _plan(self, la, lb):
+        from .matmul import plan_for
         key = (config.get_matmul_backend(), config.get_num_threads(), la.shape, la.strides, lb.shape, lb.strides)
         plan = self.plans.get(key)
         if plan is None:
             if len(self.plans) >= MATMUL_PLANS_KEPT:
                 self.plans.clear()
             plan = self.plans[key] = plan_for(la, lb, self.dtype, key[0], key[1], self.ep_key, self.ep_layouts)
+        return plan
+
+    def native_plan(self, layouts):
+        """The small-m plan this step runs at a binding's operand layouts, or None: that kernel
+        takes the standard kernel arguments, so the native program can call it in a phase."""
+        la, lb = (layouts[0], layouts[1]) if self.binds_layouts else (self.operands[0][3], self.operands[1][3])
+        plan = self._plan(la, lb)
+        return plan if plan.backend == "skinny" else None
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None, scalars=None):
+        from .matmul import run_plan
+        (ka, ia, sa, la, _), (kb, ib, sb, lb, _) = self.operands
+        if layouts is not None:             # this run's sizes (a plan bound to another size)
+            la, lb = layouts[0], layouts[1]
+        plan = self._plan(la, lb)
         a, oa = (in_bufs[sa], offsets[ia]) if ka == "in" else (bufs[ia], la.offset)
         b, ob = (in_bufs[sb], offsets[ib]) if kb == "in" else (bufs[ib], lb.offset)
         out = bufs[self.out]
         if plan is not self.last_plan:
             self.last_plan = plan
-            self._describe(plan.backend, key[0])
+            self._describe(plan.backend, config.get_matmul_backend())
         if self.ep_key is None:
             run_plan(plan, a, oa, b, ob, out)
             return
@@ -146,7 +160,7 @@ class MatmulStep(NodeStep):
             arr = in_bufs[buf] if kind == "in" else bufs[buf]
             extras.append(arr.ctypes.data + (offsets[slot] if kind == "in" else offset) * arr.itemsize)
         ek = self.kernel.epilogue.kernel
-        if plan.backend == "tiled":
+        if plan.backend in FUSED_BACKENDS:
             scal = scalars[np.array(ek.scalars, np.intp)] if ek.scalars else np.zeros(1, np.int64)
             run_plan(plan, a, oa, b, ob, out, extras, scal.ctypes.data)
             return

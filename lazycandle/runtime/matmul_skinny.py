@@ -1,0 +1,158 @@
+"""The small-m matmul path (codegen/gemm_skinny.py): when it applies, and its plan.
+
+Under the "auto" backend a float matmul whose rows (batch rows of a broadcast B folded in) are
+at most RULE_M runs the small-m kernel: it is bound by reading B, which it reads once, in place,
+where the tiled GEMM packs it first and BLAS at m = 8 reaches well under half of the bandwidth
+here (bench/skinny_gemm.py).  Up to MEASURED_M rows it runs where it measured faster than both
+BLAS and the tiled GEMM on a problem of the bucket (runtime/matmul_auto.py's timing and size
+classes; here it won up to m = 128 on the transformer shapes, but the crossover moves with the
+register count, the cache sizes and k, since each column group re-reads all of a from L2).
+The kernel takes the standard kernel arguments, so the native program calls it in one of its
+phases (runtime/native_exec.py) and the Python executor runs the same kernel over the pool.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import replace
+
+import numpy as np
+
+from .. import caches
+from ..dtype import DType
+from ..codegen import gemm_epilogue, gemm_skinny as K
+from ..codegen.gemm_ir import acc_type, storage_type
+from . import matmul_auto, pool
+
+RULE_M = 16         # up to this many rows: always the small-m kernel
+MEASURED_M = 128    # up to this many: where it measured fastest ...
+WIN_MARGIN = 0.25   # ... by this much (a close call on a busy machine keeps BLAS / tiled)
+UNITS = 16          # units (column blocks) a call aims at, so two threads share evenly
+
+
+def _fold_batch(g):
+    """g with a batch of a broadcast B folded into m (the rows of a, the output and every
+    epilogue operand continue across batches), when that is exact; else g."""
+    if len(g.bshape) != 1 or g.nbatch <= 1 or g.bsb[0] != 0:
+        return g
+
+    def rows(rs, bs):           # the folded row stride, or None
+        return bs if g.m == 1 else rs if bs == g.m * rs else None
+    rsa, rso = rows(g.rsa, g.bsa[0]), rows(g.ldo, g.bso[0])
+    eps = [rows(rs, bs[0]) for rs, _, bs in g.ep]
+    if rsa is None or rso != g.ldo or any(r is None for r in eps):
+        return g
+    ep = tuple((r, cs, (0,)) for r, (_, cs, _) in zip(eps, g.ep))
+    return replace(g, m=g.m * g.nbatch, rsa=rsa, bshape=(1,), bsa=(0,), bsb=(0,), bso=(0,), ep=ep)
+
+
+def layout_of(g):
+    """"t" | "n": the kernel form for geometry g (already folded), or None when the small-m
+    kernel does not apply (rows above MEASURED_M, non-float, a batch that does not merge to one dim,
+    or no unit stride where the form needs one)."""
+    if not g.dtype.is_float or g.m > MEASURED_M or len(g.bshape) != 1:
+        return None
+    if g.rsb == 1 and g.csa == 1:
+        return "t"
+    if g.csb == 1:
+        return "n"
+    return None
+
+
+def applies(g) -> bool:
+    """The kernel can run g (whether it is chosen is `chosen`'s call)."""
+    return layout_of(_fold_batch(g)) is not None
+
+
+_choices: dict = caches.register("matmul small-m choices", {})
+
+
+def chosen(g, threads: int, others) -> bool:
+    """Whether the auto backend runs g on the small-m kernel: by rule up to RULE_M rows, then
+    where it measured WIN_MARGIN faster than `others(geometry) -> {backend: plan}` (once per
+    size bucket)."""
+    f = _fold_batch(g)
+    if layout_of(f) is None:
+        return False
+    if f.m <= RULE_M:
+        return True
+    key = matmul_auto.bucket(f, threads) + (layout_of(f),)
+    hit = _choices.get(key)
+    if hit is None:
+        best = matmul_auto.measure(f, threads, lambda p: dict(others(p), skinny=SkinnyPlan(p, threads)))
+        others_best = min(t for name, t in best.items() if name != "skinny")
+        hit = _choices.setdefault(key, best["skinny"] * (1 + WIN_MARGIN) < others_best)
+    return hit
+
+
+def _ceil(x: int, y: int) -> int:
+    return -(-x // y)
+
+
+def rows_per_block(m: int) -> int:
+    """MR: a power of two up to max_rows() (the kernel's row count is compiled in; four row
+    classes keep the compiles few): the smallest that holds m, so a decode step (m = 1) does
+    no FMA for rows it does not have."""
+    mr = 1
+    while mr < min(m, K.max_rows()):
+        mr *= 2
+    return mr
+
+
+PREFETCH_ROWS = 4         # "t": prefetch B from this many rows per block on (gemm_skinny.SkinnySpec)
+A_L1_BYTES = 24 << 10     # "t": a row block's chunk of a stays in L1 (half of a 48 KB L1d)
+
+
+def _k_chunk(spec, k: int) -> int:
+    """Columns of a per k chunk: all of k when a row block of a fits A_L1_BYTES (or the dtype
+    is stored narrower than it accumulates: partial sums go through the output), else a
+    multiple of the lanes that does.  Measured at m = 8, k = 3072: a from L2 on every step
+    held the kernel to ~65 % of the stream rate."""
+    esz = spec.dtype.size_in_bytes
+    if spec.layout != "t" or storage_type(spec.dtype) != acc_type(spec.dtype) or spec.mr * k * esz <= A_L1_BYTES:
+        return max(k, 1)
+    return max(spec.vw, A_L1_BYTES // (spec.mr * esz) // spec.vw * spec.vw)
+
+
+class SkinnyPlan:
+    """The small-m kernel on one geometry: its spec, sizes and unit count."""
+    backend = "skinny"
+
+    def __init__(self, g, threads: int, epilogue=None):
+        self.g, self.threads = g, threads
+        f = _fold_batch(g)
+        layout = layout_of(f)
+        mr = rows_per_block(f.m)
+        self.spec = K.SkinnySpec(g.dtype, layout, mr, K.group_of(layout, mr), K.lanes_of(g.dtype),
+                                 prefetch=layout == "t" and mr >= PREFETCH_ROWS)
+        self.fn = self.spec.compiled()
+        gc = self.spec.group_cols
+        per = max(1, -(-UNITS // max(f.nbatch, 1)))
+        ucols = max(gc, -(-_ceil(f.n, per) // gc) * gc)
+        ldb = f.csb if layout == "t" else f.rsb
+        kc = _k_chunk(self.spec, f.k)
+        sizes = [f.m, f.n, f.k, f.rsa, f.csa, ldb, f.ldo, f.nbatch, f.bsa[0], f.bsb[0], f.bso[0],
+                 ucols, -(-f.n // ucols), kc, max(1, _ceil(f.k, kc))]
+        self.ep_kernel, esz = None, ()
+        if epilogue is not None:        # compiled once per epilogue (kept alive by the plan)
+            self.ep_kernel = gemm_epilogue.get_kernel(epilogue)
+            esz = [DType.from_name(epilogue.ew.inputs[x][0]).size_in_bytes for x in epilogue.extras]
+        sizes.append(ctypes.cast(self.ep_kernel, ctypes.c_void_p).value if epilogue is not None else 0)
+        ep = [(rs, cs, bs[0], e) for (rs, cs, bs), e in zip(f.ep, esz)]
+        for rs, cs, bs, e in ep + [(0, 0, 0, 0)] * (K.MAX_EPILOGUE_INPUTS - len(ep)):
+            sizes += [rs, cs, bs, e]
+        self.n_extras = len(ep)
+        self.sizes_list = sizes
+        self.sizes = np.array(sizes, np.int64)
+        self.extent = self.spec.extent(sizes)
+        self.cost = self.spec.cost(sizes) / max(self.extent, 1)
+        self.out_elems = g.nbatch * g.m * g.n
+
+    def run(self, a: int, b: int, o: int, extras=(), scalars: int = 0) -> None:
+        """Addresses of a, b, the output, the epilogue operands, and its packed scalars."""
+        if not self.extent:
+            return
+        pad = (0,) * (K.MAX_EPILOGUE_INPUTS - len(extras))
+        addrs = (ctypes.c_void_p * (3 + K.MAX_EPILOGUE_INPUTS))(a, b, o, *extras, *pad)
+        bufs, sz, fn = ctypes.addressof(addrs), self.sizes.ctypes.data, self.fn
+        pool.parallel_for(lambda lo, hi: fn(bufs, sz, scalars or None, lo, hi), 0, self.extent,
+                          cost_per_item=self.cost, threads=self.threads)
