@@ -157,10 +157,13 @@ class NativePlan:
         plan = self.plan
         bufs_at = len(refs)
         if isinstance(step, IndexStep):
-            if step.fn is None:
+            layouts = self.binding.steps[i]
+            launch = step.prepare(layouts)[0]
+            if launch.fn is None:
                 return None
-            refs += self._index_refs(step, status_no)
-            fn, sizes_at, extent, align, cost, slots = step.fn, None, step.spec.units, 1, step.spec.unit_cost, ()
+            refs += self._index_refs(step, layouts, status_no)
+            fn, sizes_at, extent, align, cost, slots = launch.fn, len(sizes), launch.units, 1, launch.unit_cost, ()
+            sizes += [int(s) for s in launch.sizes]
             status_at = bufs_at + 3
         elif isinstance(step, NodeStep):
             return None
@@ -180,19 +183,17 @@ class NativePlan:
         return Call(sym, int(extent), int(align), parts, bufs_at, sizes_at, slots, status_at,
                     label=f"#{i} {k.kind}")
 
-    def _index_refs(self, step, status_no):
-        """The index kernel's pointers as index_steps.IndexStep.run_node passes them."""
-        from ..codegen import index as K
-
+    def _index_refs(self, step, layouts, status_no):
+        """The index kernel's pointers as index_steps.IndexStep.run_node passes them (node
+        operands at this binding's offsets)."""
         def operand(n):
-            kind, idx, _, lay, _ = step.operands[n]
+            kind, idx, _, _, _ = step.operands[n]
             if kind == "in":
                 return ("slot", idx)
-            return self._ref_of_bind(("node", idx), self.plan, lay.offset)
+            return self._ref_of_bind(("node", idx), self.plan, layouts[n].offset)
         out = self._ref_of_bind(("node", step.out), self.plan, 0)
-        if step.op in K.GATHER_OPS:
-            return [out, operand(0), operand(1), ("status", status_no)]
-        return [out, operand(2), operand(1), ("status", status_no), operand(0)]
+        data, ids, *base = (operand(n) for n in step.kernel_operands)
+        return [out, data, ids, ("status", status_no)] + base
 
     def _regions(self, step, k):
         """(reads, writes) of a step as memory regions: ("out", t), ("arena", lo, hi)."""
@@ -323,14 +324,10 @@ class NativePlan:
 
     def _raise_status(self, seg, call_no):
         """A kernel of segment `seg` reported a bad id: raise the error its step raises."""
-        from ..errors import IndexOutOfBounds
         call = self.call_steps[seg][call_no]
         step = self.steps_of[call.label]
         status = np.frombuffer((ctypes.c_int64 * 2).from_address(int(self.ptrs[call.status_at])), np.int64)
-        shape = step.operands[0][3].shape
-        raise IndexOutOfBounds(
-            f"{step.op}: index {int(status[1])} out of range for dim {step.dim} of size {step.bound} "
-            f"(tensor shape {shape}, ids {step.id_dtype.name} shape {step.operands[1][3].shape})")
+        step.raise_bad_id(int(status[1]), self.binding.steps[self.plan.steps.index(step)])
 
     # ---- dump -------------------------------------------------------------------------
     def schedule_lines(self) -> list:

@@ -119,24 +119,36 @@ class SortTakeStep(NodeStep):
 
 @register("cumsum")
 class CumsumStep(NodeStep):
-    def setup(self, cap):
-        lay, dt = self.operands[0][3], self.operands[0][4]
-        dim = self.arg
-        out_strides = contiguous_strides(self.shape)
-        keep = [d for d in range(len(self.shape)) if d != dim]
-        outer = tuple(self.shape[d] for d in keep) or (1,)
-        in_st = tuple(lay.strides[d] for d in keep) or (0,)
-        out_st = tuple(out_strides[d] for d in keep) or (0,)
-        self.spec = SC.ScanSpec(dt.name, self.shape[dim], outer, in_st, out_st, lay.strides[dim], out_strides[dim])
-        self.fn = None
-        if prod(self.shape) > 0:
-            self.module, self.fn = SC.get_kernel(self.spec)
-        self.detail = f"cumsum along dim {dim}: {self.spec.lines} lines of {self.spec.n} {dt.name}"
+    """Its kernel takes sizes at run time (codegen/scan.py): one plan serves every size."""
+    binds_layouts = True
 
-    def run_node(self, in_bufs, offsets, bufs):
-        if self.fn is None:
+    def setup(self, cap):
+        dt = self.operands[0][4]
+        self._launch = {}
+        self.module, self.spec = self._prepare(self.operands[0][3])[:2]
+        self.detail = f"cumsum along dim {self.arg} of {dt.name} (sizes at run time)"
+
+    def _prepare(self, lay):
+        """(module, spec, fn, sizes array, lines, line length) at input layout `lay`."""
+        key = (lay.shape, lay.strides)
+        got = self._launch.get(key)
+        if got is None:
+            if len(self._launch) >= 16:
+                self._launch.clear()
+            spec, sizes = SC.scan_kernel(self.operands[0][4], lay.shape, self.arg, lay.strides,
+                                         contiguous_strides(lay.shape))
+            module = fn = None
+            if prod(lay.shape) > 0:
+                module, fn = SC.get_kernel(spec)
+            got = self._launch[key] = (module, spec, fn, np.array(sizes, np.int64), spec.extent(sizes),
+                                       spec.unit_cost(sizes))
+        return got
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
+        x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
+        _, _, fn, sizes, lines, n = self._prepare(lx)
+        if fn is None:
             return
-        x, lx = self.operand(0, in_bufs, offsets, bufs)
         addrs = (ctypes.c_void_p * 2)(bufs[self.out].ctypes.data, x.ctypes.data + lx.offset * x.itemsize)
-        base, fn = ctypes.addressof(addrs), self.fn
-        pool.parallel_for(lambda a, b: fn(base, None, None, a, b), 0, self.spec.lines, cost_per_item=float(self.spec.n))
+        base, sizes_ptr = ctypes.addressof(addrs), sizes.ctypes.data
+        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, lines, cost_per_item=n)
