@@ -192,3 +192,30 @@ def test_broadcast_ids_and_zero_sized_operands():
     assert emb.index_select(_t(np.zeros(0, np.int64)), 0).numpy().shape == (0, 4)
     assert lc.cat([_t(np.zeros((0, 4), np.float32)), emb], 0).numpy().shape == (9, 4)
     assert _t(np.zeros((0, 3), np.float32)).cumsum(0).numpy().shape == (0, 3)
+
+
+def test_named_dim_program_runs_index_cat_and_scan_natively_at_every_length(monkeypatch):
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    t = lc.placeholder("t", (40, 8), lc.f32)
+    ids = lc.placeholder("ids", ("n",), lc.i64)
+    k = lc.placeholder("k", ("n", 8), lc.f32)
+    rows = (t * 2.0).index_select(ids, 0)
+    prog = lc.compile([lc.cat([k, rows], 0).cumsum(0).exp(), rows.sum(-1)])
+    r = _rng(8)
+    tv = r.standard_normal((40, 8)).astype(np.float32) / 8
+    kernels = None
+    for n in (2, 3, 17, 100, 5):
+        iv = r.integers(0, 40, n).astype(np.int64)
+        kv = r.standard_normal((n, 8)).astype(np.float32) / 8
+        sel = tv[iv] * 2
+        for _ in range(2):          # the second run of a binding goes through the native program
+            got, s = prog.run(t=tv, ids=iv, k=kv)
+            np.testing.assert_allclose(got, np.exp(np.cumsum(np.concatenate([kv, sel]), 0)), rtol=1e-5)
+            np.testing.assert_allclose(s, sel.sum(-1), rtol=1e-5, atol=1e-6)
+        if n == 3:
+            kernels = _kernels()
+        bad = iv.copy()
+        bad[-1] = 40
+        with pytest.raises(lc.IndexOutOfBounds, match=f"ids i64 shape \\({n},\\)"):
+            prog.run(t=tv, ids=bad, k=kv)
+    assert _kernels() == kernels
