@@ -219,3 +219,23 @@ def test_named_dim_program_runs_index_cat_and_scan_natively_at_every_length(monk
         with pytest.raises(lc.IndexOutOfBounds, match=f"ids i64 shape \\({n},\\)"):
             prog.run(t=tv, ids=bad, k=kv)
     assert _kernels() == kernels
+
+
+def test_sort_compiles_once_per_power_of_two_row_length():
+    r = _rng(9)
+
+    def run(rows, n):
+        a = r.standard_normal((rows, n)).astype(np.float32)
+        v, i = _t(a).sort_last_dim()
+        assert np.array_equal(i.numpy(), np.argsort(a, -1, kind="stable").astype(np.uint32))
+        assert np.array_equal(v.numpy(), np.sort(a, -1))
+        b = r.standard_normal((n, 6)).astype(np.float32)      # rows of n read through a transpose
+        assert np.array_equal(_t(b).T.arg_sort_last_dim(asc=False).numpy(),
+                              np.argsort(-b.T, -1, kind="stable").astype(np.uint32))
+
+    run(3, 17)
+    run(5, 33)
+    before = _kernels()
+    for rows, n in ((4, 20), (9, 31), (2, 32), (7, 18), (6, 40), (3, 64), (11, 50)):
+        run(rows, n)
+    assert _kernels() == before
