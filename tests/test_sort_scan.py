@@ -128,6 +128,7 @@ def test_sort_network_for_narrower_vector_registers(monkeypatch, bits):
     """The network's shape follows the host's vector width; check the widths of other hosts."""
     from lazycandle.codegen import jit
     monkeypatch.setattr(jit, "vector_bits", lambda: bits)
+    lc.clear_caches()       # plans bind sizes: one cached at another width would be reused
     for n in (3, 5, 16, 17, 100, 300):
         a = sort_data(lc.f32, (5 + bits // 128, n), "narrow", bits)     # shapes no other test compiles
         ids = lc.tensor(a).arg_sort_last_dim(asc=n % 2 == 0)

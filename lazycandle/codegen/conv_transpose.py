@@ -19,7 +19,7 @@ import llvmlite.ir as ir
 
 from .. import dtype as D
 from . import codecs, jit
-from .index import _unravel
+from .sizes_arg import unravel as _unravel
 from .llvmutil import I64, ltype
 from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_module, unit_range
 

@@ -1,7 +1,8 @@
-"""LLVM kernel of cumsum: an inclusive scan along one dim (kernel ABI `void k(i8** ptrs, i64 lo,
-i64 hi)` over lines; ptrs = [out, input]).  A unit is one line (a position of every other dim);
-consecutive units are neighbouring positions of the last other dim, so a scan over a leading
-dim still walks memory that neighbouring units share.
+"""LLVM kernel of cumsum: an inclusive scan along one dim (the kernel ABI of codegen/loops.py,
+over lines; bufs = [out, input]; sizes and non-unit strides are run-time values,
+codegen/sizes_arg.py).  A unit is one line (a position of every other dim); consecutive units
+are neighbouring positions of the last other dim, so a scan over a leading dim still walks
+memory that neighbouring units share.
 
 The running sum lives in the accumulator type of the dtype: integers wrap in their own width
 (like `np.cumsum(x, dtype=x.dtype)`); f16 / bf16 / f8e4m3 accumulate in f32 and round each
@@ -16,38 +17,47 @@ from math import prod
 import llvmlite.ir as ir
 
 from .. import dtype as D
-from . import codecs, jit, registry
+from ..layout import merge_dims
+from . import codecs, jit, registry, sizes_arg as SA
 from .llvmutil import F32, F64, I64, ltype
 from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
-from .sort import row_offset
 from ..ir.kernels import KernelSpec
 
 
 
 @dataclass(frozen=True)
 class ScanSpec(KernelSpec):
-    """One cumsum kernel (also its cache key): lines over `outer` (sizes, input strides, output
-    strides), each `n` long with steps `in_step` / `out_step`."""
+    """Shape class of one cumsum kernel (also its cache key): dtype, the number of line dims
+    (the other dims, merged) and the stride classes of input and output over (line dims, the
+    scanned dim).  Sizes (`scan_kernel`): the line dims' sizes, the line length n, then the
+    RUNTIME strides of input and output."""
     dtype: str
-    n: int
-    outer: tuple
-    in_strides: tuple
-    out_strides: tuple
-    in_step: int
-    out_step: int
+    rank: int
+    src: tuple
+    dst: tuple
 
-    @property
-    def lines(self) -> int:
-        return prod(self.outer)
+    def extent(self, sizes) -> int:
+        return prod(sizes[:self.rank])
 
-    def extent(self, sizes=()) -> int:
-        return self.lines
+    def unit_cost(self, sizes) -> float:
+        return float(sizes[self.rank])
 
-    def cost(self, sizes=()) -> float:
-        return float(self.lines * self.n)
+    def cost(self, sizes) -> float:
+        return self.extent(sizes) * self.unit_cost(sizes)
 
     def describe(self) -> str:
-        return f"cumsum of {self.lines} lines of {self.n} {self.dtype}"
+        return f"cumsum of {self.dtype} lines over {self.rank} merged dims"
+
+
+def scan_kernel(dtype: D.DType, shape, dim, in_strides, out_strides):
+    """(ScanSpec, sizes) of cumsum along `dim` of `shape`, read and written with those strides."""
+    keep = [d for d in range(len(shape)) if d != dim]
+    lines, (ls, lo) = merge_dims(tuple(shape[d] for d in keep),
+                                 [tuple(in_strides[d] for d in keep), tuple(out_strides[d] for d in keep)])
+    src, dst = tuple(ls) + (in_strides[dim],), tuple(lo) + (out_strides[dim],)
+    spec = ScanSpec(dtype.name, len(lines), SA.classes(src), SA.classes(dst))
+    return spec, tuple(lines) + (shape[dim],) + SA.runtime_values(src) + SA.runtime_values(dst)
+
 
 def _accumulator(dt: D.DType):
     if dt.is_int:
@@ -64,9 +74,13 @@ def build_scan(spec: ScanSpec, name: str = "cumsum") -> str:
     out = arg_pointer(b, ptrs, 0, st, "out")
     src = arg_pointer(b, ptrs, 1, st, "src")
     al = dt.size_in_bytes
+    sz = SA.SizesReader(b, fn)
+    lines, n = sz.many(spec.rank, "lines"), sz.next("n")
+    src_st, dst_st = sz.strides(spec.src), sz.strides(spec.dst)
+    in_step, out_step = src_st[-1], dst_st[-1]
     with counted_loop(b, lo, hi, 1, "line") as r:
-        in_base = row_offset(b, r, spec.outer, spec.in_strides)
-        out_base = row_offset(b, r, spec.outer, spec.out_strides)
+        idx = SA.unravel(b, r, lines)
+        in_base, out_base = SA.dot(b, idx, src_st[:-1]), SA.dot(b, idx, dst_st[:-1])
         pre = b.block
         head = b.append_basic_block("scan.head")
         body = b.append_basic_block("scan.body")
@@ -77,9 +91,9 @@ def build_scan(spec: ScanSpec, name: str = "cumsum") -> str:
         acc = b.phi(acc_t, "acc")
         i.add_incoming(I64(0), pre)
         acc.add_incoming(ir.Constant(acc_t, 0), pre)
-        b.cbranch(b.icmp_signed("<", i, I64(spec.n)), body, done)
+        b.cbranch(b.icmp_signed("<", i, n), body, done)
         b.position_at_end(body)
-        x = b.load(b.gep(src, [b.add(in_base, b.mul(i, I64(spec.in_step)))], inbounds=True), align=al)
+        x = b.load(b.gep(src, [b.add(in_base, SA.scaled(b, i, in_step))], inbounds=True), align=al)
         if dt.is_int:
             nxt = b.add(acc, x)
             y = nxt
@@ -92,7 +106,7 @@ def build_scan(spec: ScanSpec, name: str = "cumsum") -> str:
                 y = codecs.encode(b, dt.codec, nxt)
             else:
                 y = b.fptrunc(nxt, st) if st != acc_t else nxt
-        b.store(y, b.gep(out, [b.add(out_base, b.mul(i, I64(spec.out_step)))], inbounds=True), align=al)
+        b.store(y, b.gep(out, [b.add(out_base, SA.scaled(b, i, out_step))], inbounds=True), align=al)
         i.add_incoming(b.add(i, I64(1), flags=("nsw",)), b.block)
         acc.add_incoming(nxt, b.block)
         b.branch(head)

@@ -1,5 +1,7 @@
-"""LLVM kernel of argsort: a stable sort of each row, rows independent (kernel ABI
-`void k(i8** ptrs, i64 lo, i64 hi)` over rows; ptrs = [ids out, input, workspace]).
+"""LLVM kernel of argsort: a stable sort of each row, rows independent (the kernel ABI of
+codegen/loops.py over rows; bufs = [ids out, input, workspace]; the row length, the outer
+sizes and non-unit strides are run-time values, codegen/sizes_arg.py, and the network is
+compiled per power-of-two padded length).
 
 Each element becomes one unsigned integer, the *composite* `key << 32 | index << 1 | z`, where
 `key` is an order-preserving unsigned image of the value and z is set for a float -0:
@@ -35,7 +37,7 @@ from math import prod
 import llvmlite.ir as ir
 
 from .. import dtype as D
-from . import codecs, jit, registry
+from . import codecs, jit, registry, sizes_arg as SA
 from .llvmutil import I1, I32, I64, ltype
 from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
 from ..ir.kernels import KernelSpec
@@ -44,38 +46,29 @@ from ..ir.kernels import KernelSpec
 
 @dataclass(frozen=True)
 class SortSpec(KernelSpec):
-    """One argsort kernel (also its cache key): rows over `outer` (sizes, input strides), each
-    row `n` elements `step` apart in the input; ids are written contiguously, n per row."""
+    """Shape class of one argsort kernel (also its cache key): rows over `rank` merged outer
+    dims (their stride classes, then the class of the step between a row's elements), rows
+    padded to the power of two `padded`; ids are written contiguously, n per row.  Sizes
+    (`sort_kernel`): the outer sizes, n, then the RUNTIME strides.  A new row length of the
+    same power-of-two class reuses the kernel."""
     dtype: str
-    n: int
-    outer: tuple
-    outer_strides: tuple
-    step: int
+    padded: int
+    wide: bool                # i128 composites (64-bit keys, or rows of 2**31 or more)
+    rank: int
+    strides: tuple            # stride classes of the outer dims, then of the row's step
     descending: bool
     id_dtype: str
     vector_bits: int          # the host's widest vectors (part of the key: it shapes the network)
     values: bool = False      # also write the sorted values (ptrs[3]), read back at the ids
 
     @property
-    def key_bits(self) -> int:
-        return D.DType.from_name(self.dtype).bits
-
-    @property
     def comp_bits(self) -> int:
-        return 64 if self.key_bits <= 32 and self.n < 1 << 31 else 128
-
-    @property
-    def padded(self) -> int:
-        return 1 << max(self.n - 1, 0).bit_length()
+        return 128 if self.wide else 64
 
     @property
     def width(self) -> int:
         w = self.vector_bits // 64 if self.comp_bits == 64 else 1
         return min(w, self.padded)
-
-    @property
-    def rows(self) -> int:
-        return prod(self.outer)
 
     @property
     def workspace_bytes(self) -> int:
@@ -86,18 +79,24 @@ class SortSpec(KernelSpec):
         lg = max(self.padded.bit_length() - 1, 1)
         return float(self.padded * lg * (lg + 1) // 2)
 
-    def extent(self, sizes=()) -> int:
-        return self.rows
+    def extent(self, sizes) -> int:
+        return prod(sizes[:self.rank])
 
-    def cost(self, sizes=()) -> float:
-        return float(self.rows * self.n * max(1, self.n.bit_length()))
+    def cost(self, sizes) -> float:
+        return self.extent(sizes) * self.row_cost
 
     def describe(self) -> str:
-        return f"argsort of {self.rows} rows of {self.n} {self.dtype}{' (descending)' if self.descending else ''}"
+        return (f"argsort of {self.dtype} rows padded to {self.padded}"
+                f"{' (descending)' if self.descending else ''}")
 
-def sort_spec(dt: D.DType, outer, outer_strides, n, step, descending, id_dt: D.DType, values=False) -> SortSpec:
-    return SortSpec(dt.name, int(n), tuple(outer), tuple(outer_strides), int(step), bool(descending), id_dt.name,
-                    jit.vector_bits(), bool(values))
+
+def sort_kernel(dt: D.DType, outer, outer_strides, n, step, descending, id_dt: D.DType, values=False):
+    """(SortSpec, sizes) of sorting rows of n elements `step` apart over `outer` (sizes, strides)."""
+    n = int(n)
+    strides = tuple(outer_strides) + (int(step),)
+    spec = SortSpec(dt.name, 1 << max(n - 1, 0).bit_length(), dt.bits > 32 or n >= 1 << 31, len(outer),
+                    SA.classes(strides), bool(descending), id_dt.name, jit.vector_bits(), bool(values))
+    return spec, tuple(outer) + (n,) + SA.runtime_values(strides)
 
 
 # ---- keys --------------------------------------------------------------------------------
@@ -460,18 +459,6 @@ def _bitonic(b, ws, ct, N, W):
 
 
 # ---- the kernel --------------------------------------------------------------------------
-def row_offset(b, r, sizes, strides):
-    """Element offset of flat row index r over `sizes` (last fastest) with `strides`."""
-    off = I64(0)
-    for d in range(len(sizes) - 1, -1, -1):
-        i = b.urem(r, I64(sizes[d])) if d else r
-        if strides[d]:
-            off = b.add(off, b.mul(i, I64(strides[d])))
-        if d:
-            r = b.udiv(r, I64(sizes[d]))
-    return off
-
-
 def _vector_bytes(t) -> int:
     return t.count * t.element.width // 8 if isinstance(t, ir.VectorType) else t.width // 8
 
@@ -484,7 +471,7 @@ def _store(b, value, ptr, align, streaming):
     st.set_metadata("nontemporal", b.module.add_metadata([I32(1)]))
 
 
-def _write_out(b, spec, dt, id_t, comps, at, ptrs, row_src, streaming=False):
+def _write_out(b, spec, dt, id_t, comps, at, ptrs, row_src, step, streaming=False):
     """Ids (and the values, decoded from the keys) of consecutive composites `comps` (one
     vector or one scalar) to output position `at`.  A NaN's bits are read back from the input
     at its id (its payload is not in the key); that branch is taken only where a NaN is.
@@ -512,7 +499,7 @@ def _write_out(b, spec, dt, id_t, comps, at, ptrs, row_src, streaming=False):
         for lane in range(lanes):
             j = b.extract_element(idx, I32(lane)) if lanes > 1 else idx
             j = b.zext(j, I64) if j.type.width < 64 else j
-            src_at = b.add(row_src, b.mul(j, I64(spec.step)))
+            src_at = b.add(row_src, SA.scaled(b, j, step))
             v = b.load(b.gep(raw_src, [src_at], inbounds=True), align=dt.size_in_bytes)
             b.store(v, b.gep(vals, [b.add(at, I64(lane))], inbounds=True), align=dt.size_in_bytes)
 
@@ -521,7 +508,7 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
     dt, id_dt = D.DType.from_name(spec.dtype), D.DType.from_name(spec.id_dtype)
     ct = ir.IntType(spec.comp_bits)
     index_t = ir.IntType(spec.comp_bits // 2)
-    N, W, n = spec.padded, spec.width, spec.n
+    N, W = spec.padded, spec.width
     m = new_module(name)
     fn, b = kernel_function(m, name)
     ptrs, (lo, hi) = fn.args[0], unit_range(fn)
@@ -533,30 +520,33 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
     if spec.values:
         vals = arg_pointer(b, ptrs, 3, raw_t, "vals")
         raw_src = b.bitcast(src, raw_t.as_pointer())
+    sz = SA.SizesReader(b, fn)
+    outer, n = sz.many(spec.rank, "outer"), sz.next("n")
+    strides = sz.strides(spec.strides)
+    step = strides[-1]
     id_t = ltype(id_dt.storage)
     vt = ir.VectorType(ct, W) if W > 1 else ct
-    whole = n // W
+    whole = b.udiv(n, I64(W))
     with counted_loop(b, lo, hi, 1, "row") as r:
-        base = row_offset(b, r, spec.outer, spec.outer_strides)
-        with counted_loop(b, I64(0), I64(n), 1, "load") as i:
-            at = b.add(base, b.mul(i, I64(spec.step)))
+        base = SA.dot(b, SA.unravel(b, r, outer), strides[:-1])
+        with counted_loop(b, I64(0), n, 1, "load") as i:
+            at = b.add(base, SA.scaled(b, i, step))
             stored = b.load(b.gep(src, [at], inbounds=True), align=dt.size_in_bytes)
             key, neg_zero = _key(b, dt, stored, spec.descending)
             c = _composite(b, key, b.trunc(i, index_t), neg_zero, ct)
             b.store(c, b.gep(ws, [i], inbounds=True), align=8)
-        if N > n:
-            with counted_loop(b, I64(n), I64(N), 1, "pad") as i:
-                b.store(ir.Constant(ct, -1), b.gep(ws, [i], inbounds=True), align=8)
+        with counted_loop(b, n, I64(N), 1, "pad") as i:
+            b.store(ir.Constant(ct, -1), b.gep(ws, [i], inbounds=True), align=8)
         _bitonic(b, ws, ct, N, W)
-        row_out = b.mul(r, I64(n))
+        row_out = b.mul(r, n)
         sinks = (out, vals, raw_src)
         ws_v = b.bitcast(ws, vt.as_pointer())
         def store_vectors(streaming):
-            with counted_loop(b, I64(0), I64(whole), 1, "store") as j:
+            with counted_loop(b, I64(0), whole, 1, "store") as j:
                 c = b.load(b.gep(ws_v, [j], inbounds=True), align=8)
-                _write_out(b, spec, dt, id_t, c, b.add(row_out, b.mul(j, I64(W))), sinks, base, streaming)
+                _write_out(b, spec, dt, id_t, c, b.add(row_out, b.mul(j, I64(W))), sinks, base, step, streaming)
 
-        if W > 1 and whole:
+        if W > 1:
             firsts = [b.gep(out, [row_out])] + ([b.gep(vals, [row_out])] if vals is not None else [])
             widths = [W * id_dt.size_in_bytes] + ([W * dt.size_in_bytes] if vals is not None else [])
             misaligned = I64(0)
@@ -571,10 +561,9 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
                     store_vectors(False)
         else:
             store_vectors(False)
-        if whole * W < n:
-            with counted_loop(b, I64(whole * W), I64(n), 1, "tail") as i:
-                c = b.load(b.gep(ws, [i], inbounds=True), align=8)
-                _write_out(b, spec, dt, id_t, c, b.add(row_out, i), sinks, base)
+        with counted_loop(b, b.mul(whole, I64(W)), n, 1, "tail") as i:
+            c = b.load(b.gep(ws, [i], inbounds=True), align=8)
+            _write_out(b, spec, dt, id_t, c, b.add(row_out, i), sinks, base, step)
     b.fence("seq_cst")          # the non-temporal stores are visible before the kernel returns
     b.ret_void()
     return str(m)
@@ -583,25 +572,31 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
 @dataclass(frozen=True)
 class TakeSpec(KernelSpec):
     """Values of a sort: out[r, i] = row r of the input at ids[r, i] (ids from argsort, so in
-    range by construction).  A raw copy of `esize`-byte elements; rows as in SortSpec."""
+    range by construction).  A raw copy of `esize`-byte elements; rows over `rank` merged
+    outer dims with stride classes `strides` (outer dims, then the row's step).  Sizes
+    (`take_kernel`): the outer sizes, n, then the RUNTIME strides."""
     esize: int
-    n: int
-    outer: tuple
-    outer_strides: tuple
-    step: int
+    rank: int
+    strides: tuple
 
-    @property
-    def rows(self) -> int:
-        return prod(self.outer)
+    def extent(self, sizes) -> int:
+        return prod(sizes[:self.rank])
 
-    def extent(self, sizes=()) -> int:
-        return self.rows
+    def unit_cost(self, sizes) -> float:
+        return float(sizes[self.rank])
 
-    def cost(self, sizes=()) -> float:
-        return float(self.rows * self.n)
+    def cost(self, sizes) -> float:
+        return self.extent(sizes) * self.unit_cost(sizes)
 
     def describe(self) -> str:
-        return f"sorted values: {self.rows} rows of {self.n} {self.esize}-byte elements"
+        return f"sorted values of {self.esize}-byte elements read at their ids"
+
+
+def take_kernel(esize, outer, outer_strides, n, step):
+    """(TakeSpec, sizes) of reading rows of n elements `step` apart over `outer` at their ids."""
+    strides = tuple(outer_strides) + (int(step),)
+    return TakeSpec(esize, len(outer), SA.classes(strides)), tuple(outer) + (int(n),) + SA.runtime_values(strides)
+
 
 def build_take(spec: TakeSpec, name: str = "take") -> str:
     et = ir.IntType(8 * spec.esize)
@@ -611,13 +606,16 @@ def build_take(spec: TakeSpec, name: str = "take") -> str:
     out = arg_pointer(b, ptrs, 0, et, "out")
     src = arg_pointer(b, ptrs, 1, et, "src")
     ids = arg_pointer(b, ptrs, 2, I32, "ids")
+    sz = SA.SizesReader(b, fn)
+    outer, n = sz.many(spec.rank, "outer"), sz.next("n")
+    strides = sz.strides(spec.strides)
     with counted_loop(b, lo, hi, 1, "row") as r:
-        base = row_offset(b, r, spec.outer, spec.outer_strides)
-        row_out = b.mul(r, I64(spec.n))
-        with counted_loop(b, I64(0), I64(spec.n), 1, "take") as i:
+        base = SA.dot(b, SA.unravel(b, r, outer), strides[:-1])
+        row_out = b.mul(r, n)
+        with counted_loop(b, I64(0), n, 1, "take") as i:
             at = b.add(row_out, i)
             j = b.zext(b.load(b.gep(ids, [at], inbounds=True), align=4), I64)
-            v = b.load(b.gep(src, [b.add(base, b.mul(j, I64(spec.step)))], inbounds=True), align=spec.esize)
+            v = b.load(b.gep(src, [b.add(base, SA.scaled(b, j, strides[-1]))], inbounds=True), align=spec.esize)
             b.store(v, b.gep(out, [at], inbounds=True), align=spec.esize)
     b.ret_void()
     return str(m)

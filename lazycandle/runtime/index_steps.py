@@ -1,8 +1,9 @@
 """Steps of the index / data-movement ops (registered by op name; the executor builds one per
-plan).  `setup` turns the operands' layouts (strides are part of the plan's structural key)
-into a kernel spec and compiles it once; `run_node` folds the run-time offsets into pointers,
-runs the kernel over the thread pool and, for the index ops, turns the kernel's status word
-into IndexOutOfBounds."""
+plan).  Their kernels take sizes and strides at run time (codegen/index.py), so the steps bind
+layouts: `run_node` gets this binding's operand Layouts, makes (once per shapes and strides)
+the kernel spec and its sizes array, folds the run-time offsets into pointers, runs the kernel
+over the thread pool and, for the index ops, turns the kernel's status word into
+IndexOutOfBounds.  One plan serves every size of its size class (symbolic_plan.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -21,10 +22,10 @@ def _addr(buf, lay) -> int:
     return buf.ctypes.data + lay.offset * buf.itemsize
 
 
-def _run(fn, addrs, units, cost) -> None:
+def _run(fn, addrs, units, cost, sizes) -> None:
     arr = (ctypes.c_void_p * len(addrs))(*addrs)
-    base = ctypes.addressof(arr)
-    pool.parallel_for(lambda a, b: fn(base, None, None, a, b), 0, units, cost_per_item=cost)
+    base, sizes_ptr = ctypes.addressof(arr), sizes.ctypes.data
+    pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, units, cost_per_item=cost)
     del arr
 
 
@@ -46,129 +47,197 @@ class _Modules:
         return "\n".join(cm.asm() for cm in self.cms)
 
 
-@register("index_select", "gather", "scatter", "scatter_add", "index_add")
-class IndexStep(NodeStep):
+class _Launch:
+    """One kernel call at one binding's sizes: the compiled function (None: nothing to run),
+    its sizes array, units and cost per unit."""
+    __slots__ = ("spec", "fn", "sizes", "units", "unit_cost", "module")
+
+    def __init__(self, spec, sizes, runs=True):
+        self.spec = spec
+        self.sizes = np.array(sizes or (0,), np.int64)
+        self.units = spec.extent(sizes) if runs else 0
+        self.unit_cost = spec.unit_cost(sizes) if self.units else 0.0
+        self.fn = self.module = None
+        if self.units > 0:
+            self.module, self.fn = K.get_kernel(spec)
+
+    def run(self, addrs) -> None:
+        if self.fn is not None:
+            _run(self.fn, addrs, self.units, self.unit_cost, self.sizes)
+
+
+class _SizedStep(NodeStep):
+    """A node step whose kernels take their sizes at run time: `prepare(layouts)` makes (and
+    keeps, per operand shapes and strides) what one binding's sizes need, so one plan serves
+    every size of its size class (binds_layouts)."""
+    binds_layouts = True
+    PREPARED_KEPT = 16
+
     def setup(self, cap):
-        node = cap.nodes[self.out]
-        op, dim = node.op.name, self.arg
-        self.op, self.dim = op, dim
-        t_lay, ids_lay = self.operands[0][3], self.operands[1][3]
+        self.reads = _Reads(self.operands)
+        self._prepared = {}
+        first = self.prepare(self.layouts())
+        launches = self.launches(first)
+        self.spec = launches[0].spec if len(launches) == 1 else None     # at the plan's own sizes
+        mods = [ln.module for ln in launches if ln.module is not None]
+        self.module = mods[0] if len(mods) == 1 else (_Modules(mods) if mods else None)
+        self.detail = self.describe(first)
+
+    def layouts(self, layouts=None):
+        return layouts if layouts is not None else [o[3] for o in self.operands]
+
+    def prepare(self, layouts):
+        key = tuple((lay.shape, lay.strides) for lay in layouts)
+        got = self._prepared.get(key)
+        if got is None:
+            if len(self._prepared) >= self.PREPARED_KEPT:
+                self._prepared.clear()
+            got = self._prepared[key] = self.make(layouts)
+        return got
+
+    def launches(self, prepared):
+        return [prepared]
+
+    def make(self, layouts):
+        raise NotImplementedError
+
+    def describe(self, prepared) -> str:
+        return ""
+
+
+@register("index_select", "gather", "scatter", "scatter_add", "index_add")
+class IndexStep(_SizedStep):
+    def setup(self, cap):
+        self.op, self.dim = cap.nodes[self.out].op.name, self.arg
         self.id_dtype = self.operands[1][4]
-        vector_ids = op in K.VECTOR_IDS
+        super().setup(cap)
+
+    def make(self, layouts):
+        """(launch, bound) of the kernel at these operand layouts."""
+        op, dim = self.op, self.dim
+        t_lay, ids_lay = layouts[0], layouts[1]
 
         def ids_over(shape):
-            if vector_ids:
+            if op in K.VECTOR_IDS:
                 return tuple(ids_lay.strides[0] if d == dim else 0 for d in range(len(shape)))
             return ids_lay.strides
 
         if op in K.GATHER_OPS:
-            S = self.shape
-            self.bound = t_lay.shape[dim]
-            spec = K.index_spec(op, self.dtype, self.id_dtype, S, dim, self.bound, t_lay.strides, ids_over(S),
-                                contiguous_strides(S))
+            S = ids_lay.shape if op == "gather" else t_lay.shape[:dim] + ids_lay.shape + t_lay.shape[dim + 1:]
+            bound = t_lay.shape[dim]
+            spec, sizes = K.index_kernel(op, self.dtype, self.id_dtype, S, dim, bound, t_lay.strides, ids_over(S),
+                                         contiguous_strides(S))
             runs = prod(S) > 0
         else:
-            src_lay = self.operands[2][3]
-            S = src_lay.shape
-            self.bound = self.shape[dim]
-            spec = K.index_spec(op, self.dtype, self.id_dtype, S, dim, self.bound, src_lay.strides, ids_over(S),
-                                contiguous_strides(self.shape), t_lay.strides)
-            runs = prod(self.shape) > 0 or prod(S) > 0
-        self.spec = spec
-        self.reads = _Reads(self.operands)
-        self.fn = None
-        if runs and spec.units > 0:
-            cm, self.fn = K.get_kernel(spec)
-            self.module = cm
-        self.detail = (f"{op} along dim {dim}: {spec.units} units (outer {spec.outer} x mid chunks of "
-                              f"{spec.mchunk} of {spec.mid} x inner blocks of {spec.block} of {spec.inner}); "
-                              f"ids {self.id_dtype.name} checked < {self.bound}")
+            src_lay = layouts[2]
+            S, bound = src_lay.shape, t_lay.shape[dim]
+            spec, sizes = K.index_kernel(op, self.dtype, self.id_dtype, S, dim, bound, src_lay.strides, ids_over(S),
+                                         contiguous_strides(t_lay.shape), t_lay.strides)
+            runs = prod(t_lay.shape) > 0 or prod(S) > 0
+        return _Launch(spec, sizes, runs), bound
 
-    def run_node(self, in_bufs, offsets, bufs):
-        if self.fn is None:
+    def launches(self, prepared):
+        return [prepared[0]]
+
+    def describe(self, prepared) -> str:
+        launch, bound = prepared
+        return (f"{self.op} along dim {self.dim}: {launch.units} units, sizes at run time; "
+                f"ids {self.id_dtype.name} checked < {bound}")
+
+    @property
+    def kernel_operands(self) -> tuple:
+        """Operand numbers of the kernel's buffers after out: data, ids, then (the scatter
+        family) t; the status word is bufs[3]."""
+        return (0, 1) if self.op in K.GATHER_OPS else (2, 1, 0)
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
+        layouts = self.layouts(layouts)
+        launch, bound = self.prepare(layouts)
+        if launch.fn is None:
             return
-        t, lt = self.operand(0, in_bufs, offsets, bufs)
-        ids, li = self.operand(1, in_bufs, offsets, bufs)
-        out = bufs[self.out]
         status = np.zeros(2, np.int64)
-        if self.op in K.GATHER_OPS:
-            addrs = [out.ctypes.data, _addr(t, lt), _addr(ids, li), status.ctypes.data]
-        else:
-            src, ls = self.operand(2, in_bufs, offsets, bufs)
-            addrs = [out.ctypes.data, _addr(src, ls), _addr(ids, li), status.ctypes.data, _addr(t, lt)]
-        _run(self.fn, addrs, self.spec.units, self.spec.unit_cost)
+        ops = [self.operand(n, in_bufs, offsets, bufs, layouts) for n in self.kernel_operands]
+        addrs = [bufs[self.out].ctypes.data, _addr(*ops[0]), _addr(*ops[1]), status.ctypes.data]
+        if len(ops) == 3:
+            addrs.append(_addr(*ops[2]))
+        launch.run(addrs)
         if status[0]:
-            shape = self.operands[0][3].shape
-            raise IndexOutOfBounds(
-                f"{self.op}: index {int(status[1])} out of range for dim {self.dim} of size {self.bound} "
-                f"(tensor shape {shape}, ids {self.id_dtype.name} shape {self.operands[1][3].shape})")
+            self.raise_bad_id(int(status[1]), layouts)
+
+    def raise_bad_id(self, bad: int, layouts=None):
+        layouts = self.layouts(layouts)
+        raise IndexOutOfBounds(
+            f"{self.op}: index {bad} out of range for dim {self.dim} of size {layouts[0].shape[self.dim]} "
+            f"(tensor shape {layouts[0].shape}, ids {self.id_dtype.name} shape {layouts[1].shape})")
 
 
 @register("cat")
-class CatStep(NodeStep):
+class CatStep(_SizedStep):
     """One strided copy per non-empty input into its slab of the output."""
 
-    def setup(self, cap):
+    def make(self, layouts):
+        """[(operand, element offset in the output, launch)] of the non-empty inputs."""
         dim = self.arg
-        self.reads = _Reads(self.operands)
-        out_strides = contiguous_strides(self.shape)
-        self.parts = []
-        start = 0
-        cms = []
-        for k, (_, _, _, lay, dt) in enumerate(self.operands):
+        shape = list(layouts[0].shape)
+        shape[dim] = sum(lay.shape[dim] for lay in layouts)
+        out_strides = contiguous_strides(tuple(shape))
+        parts, start = [], 0
+        for k, lay in enumerate(layouts):
             if prod(lay.shape) > 0:
-                spec = K.copy_spec(dt.size_in_bytes, lay.shape, lay.strides, out_strides)
-                cm, fn = K.get_kernel(spec)
-                cms.append(cm)
-                self.parts.append((k, start * out_strides[dim], spec, fn))
+                spec, sizes = K.copy_kernel(self.operands[k][4].size_in_bytes, lay.shape, lay.strides, out_strides)
+                parts.append((k, start * out_strides[dim], _Launch(spec, sizes)))
             start += lay.shape[dim]
-        if cms:
-            self.module = _Modules(cms)
-        self.detail = f"cat along dim {dim}: {len(self.parts)} strided copies"
+        return parts
 
-    def run_node(self, in_bufs, offsets, bufs):
+    def launches(self, prepared):
+        return [ln for _, _, ln in prepared]
+
+    def describe(self, prepared) -> str:
+        return f"cat along dim {self.arg}: {len(prepared)} strided copies, sizes at run time"
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
+        layouts = self.layouts(layouts)
         out = bufs[self.out]
-        for k, off, spec, fn in self.parts:
-            buf, lay = self.operand(k, in_bufs, offsets, bufs)
-            _run(fn, [out.ctypes.data + off * out.itemsize, _addr(buf, lay)], spec.units, float(spec.block))
+        for k, off, launch in self.prepare(layouts):
+            buf, lay = self.operand(k, in_bufs, offsets, bufs, layouts)
+            launch.run([out.ctypes.data + off * out.itemsize, _addr(buf, lay)])
 
 
 @register("im2col")
-class Im2colStep(NodeStep):
-    def setup(self, cap):
-        lay, dt = self.operands[0][3], self.operands[0][4]
-        kh, kw, ph, pw, sh, sw, dh, dw = self.arg
-        self.spec = K.Im2colSpec(dt.size_in_bytes, *lay.shape, kh, kw, ph, pw, sh, sw, dh, dw, tuple(lay.strides))
-        self.reads = _Reads(self.operands)
-        self.fn = None
-        if prod(self.shape) > 0:
-            cm, self.fn = K.get_kernel(self.spec)
-            self.module = cm
-        self.detail = (f"im2col {lay.shape} -> {self.shape}: kernel ({kh}, {kw}), padding ({ph}, {pw}), "
-                              f"stride ({sh}, {sw}), dilation ({dh}, {dw})")
+class Im2colStep(_SizedStep):
+    def make(self, layouts):
+        lay = layouts[0]
+        spec, sizes = K.im2col_kernel(self.operands[0][4].size_in_bytes, lay.shape, lay.strides, self.arg)
+        return _Launch(spec, sizes, prod(lay.shape) > 0 and sizes[4] > 0 and sizes[5] > 0)
 
-    def run_node(self, in_bufs, offsets, bufs):
-        if self.fn is None:
-            return
-        x, lx = self.operand(0, in_bufs, offsets, bufs)
-        s = self.spec
-        _run(self.fn, [bufs[self.out].ctypes.data, _addr(x, lx)], s.units, float(s.oh * s.ow))
+    def describe(self, prepared) -> str:
+        kh, kw, ph, pw, sh, sw, dh, dw = self.arg
+        return (f"im2col {self.operands[0][3].shape} -> {self.shape}: kernel ({kh}, {kw}), padding ({ph}, {pw}), "
+                f"stride ({sh}, {sw}), dilation ({dh}, {dw}); sizes at run time")
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
+        layouts = self.layouts(layouts)
+        x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
+        self.prepare(layouts).run([bufs[self.out].ctypes.data, _addr(x, lx)])
 
 
 @register("nonzero")
 class NonzeroStep(NodeStep):
     """Ids of the nonzero elements of a 1-D mask; the node's length (counted by the Tensor API
-    from the realized mask) caps how many the kernel writes."""
+    from the realized mask, so the size of the output buffer) caps how many the kernel writes."""
+    binds_layouts = True
 
     def setup(self, cap):
         lay, dt = self.operands[0][3], self.operands[0][4]
-        self.spec = K.NonzeroSpec(dt.size_in_bytes, lay.strides[0])
         self.reads = _Reads(self.operands)
-        self.module, self.fn = K.get_kernel(self.spec)
-        self.detail = f"nonzero ids of a {dt.name} mask of {lay.shape[0]} elements"
+        self.module, self.fn = K.get_kernel(K.nonzero_kernel(dt.size_in_bytes, lay.shape[0], lay.strides[0], 0)[0])
+        self.detail = f"nonzero ids of a {dt.name} mask (sizes at run time)"
 
-    def run_node(self, in_bufs, offsets, bufs):
-        m, lm = self.operand(0, in_bufs, offsets, bufs)
-        params = np.array([lm.shape[0], self.shape[0]], np.int64)
-        ptrs = (ctypes.c_void_p * 3)(bufs[self.out].ctypes.data, _addr(m, lm), params.ctypes.data)
-        self.fn(ctypes.addressof(ptrs), None, None, 0, 1)
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
+        m, lm = self.operand(0, in_bufs, offsets, bufs, layouts)
+        out = bufs[self.out]
+        spec, sizes = K.nonzero_kernel(self.operands[0][4].size_in_bytes, lm.shape[0], lm.strides[0], out.shape[0])
+        _, fn = K.get_kernel(spec)
+        params = np.array(sizes, np.int64)
+        ptrs = (ctypes.c_void_p * 2)(out.ctypes.data, _addr(m, lm))
+        fn(ctypes.addressof(ptrs), params.ctypes.data, None, 0, 1)

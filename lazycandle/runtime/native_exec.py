@@ -264,11 +264,17 @@ class NativeProgram:
         from .index_steps import IndexStep
         bufs_at = len(refs)
         if isinstance(step, IndexStep):
-            if step.fn is None:
+            own = step.prepare(self.plan.binding.steps[i])[0]
+            if own.fn is None:
                 return None
-            refs += self._index_refs(step, status_no)
-            fn, n_sizes, align, slots = step.fn, 0, 1, ()
-            sized = ((), step.spec.units, step.spec.unit_cost)
+            refs += self._index_refs(step, i, status_no)
+            fn, n_sizes, align, slots = own.fn, len(own.sizes), 1, ()
+
+            def sized(layouts):
+                got = step.prepare(layouts)[0]
+                if got.fn is not own.fn or len(got.sizes) != n_sizes:
+                    raise NotNative(f"step {i}: the index kernel at this binding is not the program's kernel")
+                return got.sizes, got.units, got.unit_cost
             status_at = bufs_at + 3
         elif isinstance(step, MatmulStep):
             return self._matmul_call(i, step, refs, word_at, imports, names)
@@ -324,20 +330,17 @@ class NativeProgram:
                     label=f"#{i} matmul (small-m)")
         return call, sized, n_sizes
 
-    def _index_refs(self, step, status_no):
-        """The index kernel's pointers as index_steps.IndexStep.run_node passes them (an index
-        step bakes its layouts: its plan has one binding)."""
-        from ..codegen import index as K
-
+    def _index_refs(self, step, i, status_no):
+        """The index kernel's pointers as index_steps.IndexStep.run_node passes them (node
+        operands at each binding's layout offsets)."""
         def operand(n):
-            kind, idx, _, lay, _ = step.operands[n]
+            kind, idx, _, _, _ = step.operands[n]
             if kind == "in":
                 return ("slot", idx)
-            return self._ref_of_bind(("node", idx), lay.offset)
+            return self._ref_of_bind(("node", idx), ("layout", i, n))
         out = self._ref_of_bind(("node", step.out), 0)
-        if step.op in K.GATHER_OPS:
-            return [out, operand(0), operand(1), ("status", status_no)]
-        return [out, operand(2), operand(1), ("status", status_no), operand(0)]
+        data, ids, *base = (operand(n) for n in step.kernel_operands)
+        return [out, data, ids, ("status", status_no)] + base
 
     def _regions(self, step, k):
         """(reads, writes) of a step as memory regions: ("out", t) or ("slot", s); buffers of
@@ -565,14 +568,10 @@ class NativePlan:
 
     def _raise_status(self, seg, call_no):
         """A kernel of segment `seg` reported a bad id: raise the error its step raises."""
-        from ..errors import IndexOutOfBounds
         call = self.call_steps[seg][call_no]
         step = self.steps_of[call.label]
         status = np.frombuffer((ctypes.c_int64 * 2).from_address(int(self.ptrs[call.status_at])), np.int64)
-        shape = step.operands[0][3].shape
-        raise IndexOutOfBounds(
-            f"{step.op}: index {int(status[1])} out of range for dim {step.dim} of size {step.bound} "
-            f"(tensor shape {shape}, ids {step.id_dtype.name} shape {step.operands[1][3].shape})")
+        step.raise_bad_id(int(status[1]), self.binding.steps[self.plan.steps.index(step)])
 
     # ---- dump -------------------------------------------------------------------------
     def schedule_lines(self) -> list:

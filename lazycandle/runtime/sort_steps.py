@@ -1,7 +1,7 @@
 """Steps of the model ops argsort, sort_take and cumsum (registered by op name; the executor
-builds one per plan).  `setup` turns the operand's layout into a kernel spec and compiles it
-once; `run_node` folds the run-time offset into the input pointer and runs rows / lines over the
-thread pool.  argsort gives every chunk of rows its own workspace (one row of composites).
+builds one per plan).  Their kernels take sizes at run time, so the steps bind layouts: `run_node`
+makes (once per operand shapes and strides) the kernel spec and its sizes array, folds the
+run-time offset into the input pointer and runs rows / lines over the thread pool.  argsort gives every chunk of rows its own workspace (one row of composites).
 
 sort_last_dim is two nodes (ids, then the values read at the ids), but one kernel: when the plan
 has a sort_take of the same input reading this argsort's ids, the argsort kernel also writes the
@@ -43,37 +43,68 @@ def _same_read(a, b) -> bool:
     return (a.index, a.strides, a.offset) == (b.index, b.strides, b.offset)
 
 
+class _Kernels:
+    """A step's kernels by operand shapes and strides (its kernels take sizes at run time, so
+    the step binds layouts: one plan serves every size of its size class)."""
+    KEPT = 16
+
+    def __init__(self, make):
+        self.make, self.got = make, {}
+
+    def __call__(self, lay):
+        key = (lay.shape, lay.strides)
+        got = self.got.get(key)
+        if got is None:
+            if len(self.got) >= self.KEPT:
+                self.got.clear()
+            got = self.got[key] = self.make(lay)
+        return got
+
+
+def _launch(spec, sizes, runs):
+    """(spec, compiled function or None, sizes array, rows) of a row kernel."""
+    fn = SO.get_kernel(spec)[1] if runs else None
+    return spec, fn, np.array(sizes, np.int64), spec.extent(sizes)
+
+
 @register("argsort")
 class ArgsortStep(NodeStep):
+    binds_layouts = True
+
     def setup(self, cap):
         lay, dt = self.operands[0][3], self.operands[0][4]
         descending, id_name = self.arg
-        outer, ostr = _split_rows(lay.shape, lay.strides)
-        n = lay.shape[-1]
         mine = cap.operands[self.out][0]
         self.values = any(node.op.name == "sort_take" and ops[1].kind == "node" and ops[1].index == self.out
                           and _same_read(ops[0], mine) for node, ops in zip(cap.nodes, cap.operands))
-        self.spec = SO.sort_spec(dt, outer, ostr, n, lay.strides[-1], descending, DType.from_name(id_name),
-                                 self.values)
-        self.fn = None
-        if prod(lay.shape) > 0:
-            self.module, self.fn = SO.get_kernel(self.spec)
-        s = self.spec
-        self.detail = (f"argsort {'descending' if descending else 'ascending'} of {s.rows} rows of {n} "
-                              f"{dt.name}: {s.comp_bits}-bit (key, index) composites, bitonic network over "
-                              f"{s.padded} with vectors of {s.width}; {id_name} ids"
-                              + ("; also writes the sorted values for sort_take" if self.values else ""))
 
-    def run_node(self, in_bufs, offsets, bufs):
-        if self.fn is None:
+        def make(lay):
+            outer, ostr = _split_rows(lay.shape, lay.strides)
+            spec, sizes = SO.sort_kernel(dt, outer, ostr, lay.shape[-1], lay.strides[-1], descending,
+                                         DType.from_name(id_name), self.values)
+            return _launch(spec, sizes, prod(lay.shape) > 0)
+
+        self.kernels = _Kernels(make)
+        s, fn, _, _ = self.kernels(lay)
+        self.spec = s
+        if fn is not None:
+            self.module = fn._module
+        self.detail = (f"argsort {'descending' if descending else 'ascending'} of rows of {lay.shape[-1]} "
+                       f"{dt.name}: {s.comp_bits}-bit (key, index) composites, bitonic network over "
+                       f"{s.padded} with vectors of {s.width}; {id_name} ids"
+                       + ("; also writes the sorted values for sort_take" if self.values else ""))
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
+        x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
+        spec, fn, sizes, nrows = self.kernels(lx)
+        if fn is None:
             return
-        x, lx = self.operand(0, in_bufs, offsets, bufs)
         out_addr = bufs[self.out].ctypes.data
         in_addr = x.ctypes.data + lx.offset * x.itemsize
-        fn, nbytes = self.fn, self.spec.workspace_bytes
+        nbytes, sizes_ptr = spec.workspace_bytes, sizes.ctypes.data
         extra = []
         if self.values:
-            vals = alloc(prod(self.shape), self.operands[0][4])
+            vals = alloc(prod(lx.shape), self.operands[0][4])
             bufs[_values_key(self.out)] = vals
             extra = [vals.ctypes.data]
 
@@ -81,62 +112,82 @@ class ArgsortStep(NodeStep):
             ws = np.empty(nbytes + 64, np.uint8)
             ptrs = [out_addr, in_addr, ws.ctypes.data + (-ws.ctypes.data) % 64] + extra
             addrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
-            fn(ctypes.addressof(addrs), None, None, a, b)
+            fn(ctypes.addressof(addrs), sizes_ptr, None, a, b)
 
-        pool.parallel_for(rows, 0, self.spec.rows, cost_per_item=self.spec.row_cost)
+        pool.parallel_for(rows, 0, nrows, cost_per_item=spec.row_cost)
 
 
 @register("sort_take")
 class SortTakeStep(NodeStep):
+    binds_layouts = True
+
     def setup(self, cap):
         lay, dt = self.operands[0][3], self.operands[0][4]
         ids_lay = self.operands[1][3]
         if ids_lay.strides != contiguous_strides(ids_lay.shape):
             raise TypeError("sort_take: ids must be argsort's own contiguous output")
-        outer, ostr = _split_rows(lay.shape, lay.strides)
-        self.spec = SO.TakeSpec(dt.size_in_bytes, lay.shape[-1], outer, ostr, lay.strides[-1])
-        self.fn = None
-        if prod(lay.shape) > 0:
-            self.module, self.fn = SO.get_kernel(self.spec)
-        self.detail = (f"sorted values: {self.spec.rows} rows of {self.spec.n} read at their argsort ids "
-                              f"(or adopted from the argsort kernel when it ran in this plan)")
 
-    def run_node(self, in_bufs, offsets, bufs):
+        def make(lay):
+            outer, ostr = _split_rows(lay.shape, lay.strides)
+            spec, sizes = SO.take_kernel(dt.size_in_bytes, outer, ostr, lay.shape[-1], lay.strides[-1])
+            return _launch(spec, sizes, prod(lay.shape) > 0)
+
+        self.kernels = _Kernels(make)
+        self.spec, fn, _, _ = self.kernels(lay)
+        if fn is not None:
+            self.module = fn._module
+        self.detail = (f"sorted values: rows of {lay.shape[-1]} read at their argsort ids "
+                       f"(or adopted from the argsort kernel when it ran in this plan)")
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
         kind, ids_index = self.operands[1][0], self.operands[1][1]
         written = bufs.pop(_values_key(ids_index), None) if kind == "node" else None
         if written is not None:
             bufs[self.out] = written
             return
-        if self.fn is None:
+        x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
+        ids, li = self.operand(1, in_bufs, offsets, bufs, layouts)
+        _, fn, sizes, nrows = self.kernels(lx)
+        if fn is None:
             return
-        x, lx = self.operand(0, in_bufs, offsets, bufs)
-        ids, li = self.operand(1, in_bufs, offsets, bufs)
         addrs = (ctypes.c_void_p * 3)(bufs[self.out].ctypes.data, x.ctypes.data + lx.offset * x.itemsize,
                                       ids.ctypes.data + li.offset * ids.itemsize)
-        base, fn = ctypes.addressof(addrs), self.fn
-        pool.parallel_for(lambda a, b: fn(base, None, None, a, b), 0, self.spec.rows, cost_per_item=float(self.spec.n))
+        base, sizes_ptr = ctypes.addressof(addrs), sizes.ctypes.data
+        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, nrows, cost_per_item=float(lx.shape[-1]))
 
 
 @register("cumsum")
 class CumsumStep(NodeStep):
-    def setup(self, cap):
-        lay, dt = self.operands[0][3], self.operands[0][4]
-        dim = self.arg
-        out_strides = contiguous_strides(self.shape)
-        keep = [d for d in range(len(self.shape)) if d != dim]
-        outer = tuple(self.shape[d] for d in keep) or (1,)
-        in_st = tuple(lay.strides[d] for d in keep) or (0,)
-        out_st = tuple(out_strides[d] for d in keep) or (0,)
-        self.spec = SC.ScanSpec(dt.name, self.shape[dim], outer, in_st, out_st, lay.strides[dim], out_strides[dim])
-        self.fn = None
-        if prod(self.shape) > 0:
-            self.module, self.fn = SC.get_kernel(self.spec)
-        self.detail = f"cumsum along dim {dim}: {self.spec.lines} lines of {self.spec.n} {dt.name}"
+    """Its kernel takes sizes at run time (codegen/scan.py): one plan serves every size."""
+    binds_layouts = True
 
-    def run_node(self, in_bufs, offsets, bufs):
-        if self.fn is None:
+    def setup(self, cap):
+        dt = self.operands[0][4]
+        self._launch = {}
+        self.module, self.spec = self._prepare(self.operands[0][3])[:2]
+        self.detail = f"cumsum along dim {self.arg} of {dt.name} (sizes at run time)"
+
+    def _prepare(self, lay):
+        """(module, spec, fn, sizes array, lines, line length) at input layout `lay`."""
+        key = (lay.shape, lay.strides)
+        got = self._launch.get(key)
+        if got is None:
+            if len(self._launch) >= 16:
+                self._launch.clear()
+            spec, sizes = SC.scan_kernel(self.operands[0][4], lay.shape, self.arg, lay.strides,
+                                         contiguous_strides(lay.shape))
+            module = fn = None
+            if prod(lay.shape) > 0:
+                module, fn = SC.get_kernel(spec)
+            got = self._launch[key] = (module, spec, fn, np.array(sizes, np.int64), spec.extent(sizes),
+                                       spec.unit_cost(sizes))
+        return got
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
+        x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
+        _, _, fn, sizes, lines, n = self._prepare(lx)
+        if fn is None:
             return
-        x, lx = self.operand(0, in_bufs, offsets, bufs)
         addrs = (ctypes.c_void_p * 2)(bufs[self.out].ctypes.data, x.ctypes.data + lx.offset * x.itemsize)
-        base, fn = ctypes.addressof(addrs), self.fn
-        pool.parallel_for(lambda a, b: fn(base, None, None, a, b), 0, self.spec.lines, cost_per_item=float(self.spec.n))
+        base, sizes_ptr = ctypes.addressof(addrs), sizes.ctypes.data
+        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, lines, cost_per_item=n)
