@@ -17,6 +17,7 @@ op (so fusion never changes a value) and encoded on store.
 """
 from __future__ import annotations
 
+import glob
 from math import prod
 
 import llvmlite.ir as ir
@@ -189,6 +190,44 @@ def _transpose(b, rows):
     return rows
 
 
+LINE = 64   # cache line bytes: streamed stores start on a line
+
+
+STREAM_DEFAULT_BYTES = 2 << 20    # when the host does not say: this machine's L2 (see below)
+_stream_min = []
+
+
+def streaming_min_bytes() -> int:
+    """Output bytes of one kernel from which its stores are non-temporal: the per-core L2 size
+    read from the host.  Measured here (bench: producer add then a consumer reading its
+    output, 1 and 2 threads): streaming loses below ~1 MiB (the output would have been read
+    back from L2), breaks even at 1 MiB and wins 1.1-1.4x from 2 MiB (= L2) up, since a plain
+    store first reads each output line it writes (read-for-ownership)."""
+    if not _stream_min:
+        _stream_min.append(_l2_bytes() or STREAM_DEFAULT_BYTES)
+    return _stream_min[0]
+
+
+def _l2_bytes() -> int | None:
+    """The level-2 data or unified cache of cpu0 in bytes (Linux sysfs), or None."""
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{d}/level") as f:
+                level = f.read().strip()
+            with open(f"{d}/type") as f:
+                kind = f.read().strip()
+            with open(f"{d}/size") as f:
+                size = f.read().strip()
+        except OSError:
+            continue
+        if level == "2" and kind in ("Data", "Unified"):
+            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            digits = size.rstrip("KMG")
+            if digits.isdigit():
+                return int(digits) * unit
+    return None
+
+
 SUPER = TILE_SUPER  # a tiled kernel's unit spans SUPER x SUPER tiles of W x W (EwSpec.extent)
 
 
@@ -274,9 +313,10 @@ class _Kernel:
             v = b.insert_element(v, b.load(p, align=al), I64(lane))
         return v
 
-    def eval_store(self, in_off, out_off, strides, w, given=None, mask=None):
+    def eval_store(self, in_off, out_off, strides, w, given=None, mask=None, streaming=False):
         """Evaluate the DAG for w lanes and store every output at `out_off`.  `given` maps an
-        input index to an already loaded raw value; `mask` limits loads and stores to a tail."""
+        input index to an already loaded raw value; `mask` limits loads and stores to a tail;
+        `streaming`: non-temporal stores, each vector aligned to min(its size, 64) bytes."""
         b = self.b
         given = given or {}
 
@@ -290,6 +330,9 @@ class _Kernel:
             al = self.out_dt[k].size_in_bytes
             if w == 1:
                 b.store(v, p, align=al)
+            elif mask is None and streaming:
+                st = b.store(v, b.bitcast(p, v.type.as_pointer()), align=min(w * al, LINE))
+                st.set_metadata("nontemporal", self.m.add_metadata([I32(1)]))
             elif mask is None:
                 b.store(v, b.bitcast(p, v.type.as_pointer()), align=al)
             else:
@@ -299,27 +342,82 @@ class _Kernel:
                 b.call(fn, [v, b.bitcast(p, vt.as_pointer()), I32(al), mask])
 
     # -- loops ---------------------------------------------------------------------------
-    def inner_loop(self, start, stop, in_base, out_base, strides):
+    def inner_loop(self, start, stop, in_base, out_base, strides, stream=None):
         """Lanes [start, stop) of the inner dim: W-wide vector body, then one masked vector
-        step for the tail (no scalar copy of the expression)."""
+        step for the tail (no scalar copy of the expression).  With `stream` (an i1: the
+        outputs are large, see streaming_wanted) and outputs that can be aligned, a masked head
+        step first brings output 0 to a cache-line boundary and the body's stores bypass the
+        cache."""
         b, W = self.b, self.W
         given = {}
         for k, s in enumerate(strides):      # broadcast inputs are loop-invariant: load once
             if s == 0:
                 given[k] = splat(b, self.load(k, in_base[k], 0, 1), W)
-        n = b.sub(stop, start)
-        vec_stop = b.add(start, b.mul(b.sdiv(n, I64(W)), I64(W)))
 
         def offsets_at(i):
             return [self.sadd(base, i, s) for base, s in zip(in_base, strides)]
 
-        with counted_loop(b, start, vec_stop, W, "v") as i:
-            self.eval_store(offsets_at(i), b.add(out_base, i), strides, W, given)
-        rem = b.sub(stop, vec_stop)
-        with b.if_then(b.icmp_signed(">", rem, I64(0))):
-            lanes = ir.Constant(ir.VectorType(I64, W), [I64(x) for x in range(W)])
-            mask = b.icmp_signed("<", lanes, splat(b, rem, W))
-            self.eval_store(offsets_at(vec_stop), b.add(out_base, vec_stop), strides, W, given, mask)
+        def masked_step(at, count):
+            with b.if_then(b.icmp_signed(">", count, I64(0))):
+                lanes = ir.Constant(ir.VectorType(I64, W), [I64(x) for x in range(W)])
+                mask = b.icmp_signed("<", lanes, splat(b, count, W))
+                self.eval_store(offsets_at(at), b.add(out_base, at), strides, W, given, mask)
+
+        def body(lo, hi, streaming):
+            with counted_loop(b, lo, hi, W, "v") as i:
+                self.eval_store(offsets_at(i), b.add(out_base, i), strides, W, given, streaming=streaming)
+
+        if stream is not None:
+            stream, head = self.stream_head(stream, b.add(out_base, start), b.sub(stop, start))
+            masked_step(start, head)
+            start = b.add(start, head)
+        vec_stop = b.add(start, b.mul(b.sdiv(b.sub(stop, start), I64(W)), I64(W)))
+        if stream is None:
+            body(start, vec_stop, False)
+        else:
+            with b.if_else(stream) as (nt, plain):
+                with nt:
+                    body(start, vec_stop, True)
+                with plain:
+                    body(start, vec_stop, False)
+        masked_step(vec_stop, b.sub(stop, vec_stop))
+
+    # -- non-temporal stores ---------------------------------------------------------------
+    def can_stream(self) -> bool:
+        """Streaming needs whole vector stores of >= 16 bytes per output, and a head of at most
+        W elements to align output 0 to a line (so the head is one masked step)."""
+        sizes = [dt.size_in_bytes for dt in self.out_dt]
+        return (bool(sizes) and all(self.W * e >= 16 for e in sizes) and LINE // sizes[0] <= self.W
+                and all(e == (e & -e) for e in sizes))
+
+    def streaming_wanted(self):
+        """i1 at entry: the outputs of the whole kernel (not this call's range) span at least
+        streaming_min_bytes(), so they will not stay in cache for the next kernel anyway and
+        need not be read into it first (read-for-ownership)."""
+        b = self.b
+        n = self.dims[0]
+        for d in self.dims[1:]:
+            n = b.mul(n, d)
+        total = b.mul(n, I64(sum(dt.size_in_bytes for dt in self.out_dt)))
+        return b.icmp_signed(">=", total, I64(streaming_min_bytes()))
+
+    def stream_head(self, stream, first, n):
+        """(stream and every output alignable, head elements) for a run of n elements starting
+        at element `first` of the outputs: the head brings output 0 to a 64-byte line, and the
+        other outputs must then sit on their vector alignment too (else no streaming: head 0)."""
+        b = self.b
+        e0 = self.out_dt[0].size_in_bytes
+        addr0 = b.add(b.ptrtoint(self.out_ptr[0], I64), b.mul(first, I64(e0)))
+        head = b.udiv(b.and_(b.sub(I64(0), addr0), I64(LINE - 1)), I64(e0))
+        head = b.select(b.icmp_signed("<", n, head), n, head)
+        bad = b.and_(addr0, I64(e0 - 1))
+        at = b.add(first, head)
+        for p, dt in zip(self.out_ptr[1:], self.out_dt[1:]):
+            e = dt.size_in_bytes
+            addr = b.add(b.ptrtoint(p, I64), b.mul(at, I64(e)))
+            bad = b.or_(bad, b.and_(addr, I64(min(self.W * e, LINE) - 1)))
+        ok = b.and_(stream, b.icmp_unsigned("==", bad, I64(0)))
+        return ok, b.select(ok, head, I64(0))
 
     def unravel(self, u, dims):
         """Index of each dim in `dims` (last fastest) for flat unit index u."""
@@ -347,12 +445,16 @@ class _Kernel:
     def build_rows(self):
         lo, hi = unit_range(self.fn)
         rank, n_in = self.spec.rank, len(self.in_dt)
+        stream = self.streaming_wanted() if self.can_stream() else None
         if rank == 1:
-            self.inner_loop(lo, hi, [I64(0)] * n_in, I64(0), [s[0] for s in self.strides])
-            return
-        with counted_loop(self.b, lo, hi, 1, "row") as r:
-            in_base, out_base = self.offsets(self.unravel(r, list(range(rank - 1))))
-            self.inner_loop(I64(0), self.dims[-1], in_base, out_base, [s[-1] for s in self.strides])
+            self.inner_loop(lo, hi, [I64(0)] * n_in, I64(0), [s[0] for s in self.strides], stream)
+        else:
+            with counted_loop(self.b, lo, hi, 1, "row") as r:
+                in_base, out_base = self.offsets(self.unravel(r, list(range(rank - 1))))
+                self.inner_loop(I64(0), self.dims[-1], in_base, out_base, [s[-1] for s in self.strides], stream)
+        if stream is not None:
+            with self.b.if_then(stream):
+                self.b.fence("seq_cst")     # the streamed stores are visible before we return
 
     def build_tiled(self, t):
         """Units are blocks of SB rows of dim t by SB columns of the inner dim (times the other
