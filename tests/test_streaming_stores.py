@@ -1,7 +1,7 @@
-"""Non-temporal (streaming) stores of elementwise kernels: large outputs are written with
-line-aligned streaming stores after a masked head, small ones with plain stores.  The kernels
-are built and called directly so the tests pick the output alignment (numpy buffers are not
-line aligned), the unit ranges a thread pool would hand out, and the streaming threshold."""
+"""Non-temporal (streaming) stores of elementwise kernels: large outputs whose run starts
+vector aligned are written with streaming stores, everything else with plain stores.  The
+kernels are built and called directly so the tests pick the output alignment (numpy buffers
+are not line aligned), the unit ranges a thread pool would hand out, and the threshold."""
 from __future__ import annotations
 
 import ctypes
@@ -59,28 +59,28 @@ def test_rank1_add_matches_numpy_at_any_output_alignment_and_split(shift, min_by
     out = _misaligned(n + 2, np.float32, shift)
     out[:] = -7.0
     body = out[1:n + 1]
-    # uneven unit ranges, as a pool split that is not a multiple of the vector width gives
-    _run(fn, [a, b, body], [n], [(0, 3), (3, 3), (3, 37), (37, 500), (500, n)])
+    # ranges on multiples of 16 (as the pool splits) and uneven ones
+    _run(fn, [a, b, body], [n], [(0, 3), (3, 3), (3, 37), (37, 48), (48, 512), (512, n)])
     np.testing.assert_array_equal(body, a + b)
     assert out[0] == -7.0 and out[-1] == -7.0          # nothing written outside the output
 
 
 @pytest.mark.parametrize("inner", [1, 7, 16, 33, 100])
-def test_rank2_broadcast_rows_streamed_each_row_aligned_on_its_own(inner, monkeypatch):
+def test_rank2_broadcast_rows_streamed_where_a_row_starts_aligned(inner, monkeypatch):
     rows = 9
     spec = EwSpec(2, (("f32", (inner, 1)), ("f32", (0, 1))), ADD, ((0, "f32"),), (), None)
     _, _, fn = _kernel(spec, 0, monkeypatch)
     rng = np.random.default_rng(inner)
     a = rng.standard_normal((rows, inner)).astype(np.float32)
     bias = rng.standard_normal(inner).astype(np.float32)
-    out = _misaligned(rows * inner, np.float32, 3)
+    out = _misaligned(rows * inner, np.float32, 0)
     _run(fn, [a.ravel(), bias, out], [rows, inner, inner], [(0, 4), (4, rows)])
     np.testing.assert_array_equal(out.reshape(rows, inner), a + bias)
 
 
 def test_two_outputs_of_different_widths_streamed_or_not_by_alignment(monkeypatch):
-    """Outputs f32 and f64: streamed when both line up after output 0's head, plain when the
-    second cannot (one element off); both give NumPy's values."""
+    """Outputs f32 and f64: streamed when both are aligned, plain when the second is one
+    element off; both give NumPy's values."""
     instrs = ADD + (("cast", None, "f32", "f64", (("v", 0),)),)
     spec = EwSpec(1, (("f32", (1,)), ("f32", (1,))), instrs, ((0, "f32"), (1, "f64")), (), None)
     _, _, fn = _kernel(spec, 0, monkeypatch)
@@ -88,8 +88,8 @@ def test_two_outputs_of_different_widths_streamed_or_not_by_alignment(monkeypatc
     rng = np.random.default_rng(1)
     a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
     for shift64 in (0, 1):
-        o32, o64 = _misaligned(n, np.float32, 2), _misaligned(n, np.float64, shift64)
-        _run(fn, [a, b, o32, o64], [n], [(0, 150), (150, n)])
+        o32, o64 = _misaligned(n, np.float32, 0), _misaligned(n, np.float64, shift64)
+        _run(fn, [a, b, o32, o64], [n], [(0, 160), (160, n)])
         np.testing.assert_array_equal(o32, a + b)
         np.testing.assert_array_equal(o64, (a + b).astype(np.float64))
 
@@ -98,9 +98,9 @@ def test_inplace_update_streamed_reads_each_element_before_it_is_written(monkeyp
     spec = EwSpec(1, (("f32", (1,)), ("f32", (1,))), ADD, ((0, "f32"),), (), None)
     _, _, fn = _kernel(spec, 0, monkeypatch)
     n = 517
-    x = _misaligned(n, np.float32, 9)
+    x = _misaligned(n, np.float32, 0)
     x[:] = np.arange(n, dtype=np.float32)
-    _run(fn, [x, x, x], [n], [(0, 250), (250, n)])
+    _run(fn, [x, x, x], [n], [(0, 256), (256, n)])
     np.testing.assert_array_equal(x, 2 * np.arange(n, dtype=np.float32))
 
 

@@ -190,7 +190,7 @@ def _transpose(b, rows):
     return rows
 
 
-LINE = 64   # cache line bytes: streamed stores start on a line
+LINE = 64   # cache line bytes: streamed vectors are aligned to min(their size, a line)
 
 
 STREAM_DEFAULT_BYTES = 2 << 20    # when the host does not say: this machine's L2 (see below)
@@ -226,6 +226,14 @@ def _l2_bytes() -> int | None:
             if digits.isdigit():
                 return int(digits) * unit
     return None
+
+
+def opaque(b, value):
+    """`value` through an empty inline-asm statement (no instruction): LLVM cannot prove the
+    result loop-invariant, so it does not unswitch a loop on it, which would copy the body
+    and double the compile time to save one predictable branch per vector."""
+    asm = ir.InlineAsm(ir.FunctionType(value.type, [value.type]), "", "=r,0", side_effect=True)
+    return b.call(asm, [value])
 
 
 SUPER = TILE_SUPER  # a tiled kernel's unit spans SUPER x SUPER tiles of W x W (EwSpec.extent)
@@ -330,9 +338,14 @@ class _Kernel:
             al = self.out_dt[k].size_in_bytes
             if w == 1:
                 b.store(v, p, align=al)
-            elif mask is None and streaming:
-                st = b.store(v, b.bitcast(p, v.type.as_pointer()), align=min(w * al, LINE))
-                st.set_metadata("nontemporal", self.m.add_metadata([I32(1)]))
+            elif mask is None and streaming is not False:
+                vp = b.bitcast(p, v.type.as_pointer())
+                with b.if_else(streaming) as (nt, plain):
+                    with nt:
+                        st = b.store(v, vp, align=min(w * al, LINE))
+                        st.set_metadata("nontemporal", self.m.add_metadata([I32(1)]))
+                    with plain:
+                        b.store(v, vp, align=al)
             elif mask is None:
                 b.store(v, b.bitcast(p, v.type.as_pointer()), align=al)
             else:
@@ -345,9 +358,11 @@ class _Kernel:
     def inner_loop(self, start, stop, in_base, out_base, strides, stream=None):
         """Lanes [start, stop) of the inner dim: W-wide vector body, then one masked vector
         step for the tail (no scalar copy of the expression).  With `stream` (an i1: the
-        outputs are large, see streaming_wanted) and outputs that can be aligned, a masked head
-        step first brings output 0 to a cache-line boundary and the body's stores bypass the
-        cache."""
+        outputs are large, see streaming_wanted) and every output vector-aligned at `start`,
+        the body's stores bypass the cache.  Runs that start unaligned keep plain stores: the
+        pool splits on multiples of W and buffers.alloc blocks are line aligned, so only
+        foreign buffers and odd row lengths do, and a masked head step to align them would
+        cost a third copy of the expression in compile time."""
         b, W = self.b, self.W
         given = {}
         for k, s in enumerate(strides):      # broadcast inputs are loop-invariant: load once
@@ -357,38 +372,22 @@ class _Kernel:
         def offsets_at(i):
             return [self.sadd(base, i, s) for base, s in zip(in_base, strides)]
 
-        def masked_step(at, count):
-            with b.if_then(b.icmp_signed(">", count, I64(0))):
-                lanes = ir.Constant(ir.VectorType(I64, W), [I64(x) for x in range(W)])
-                mask = b.icmp_signed("<", lanes, splat(b, count, W))
-                self.eval_store(offsets_at(at), b.add(out_base, at), strides, W, given, mask)
-
-        def body(lo, hi, streaming):
-            with counted_loop(b, lo, hi, W, "v") as i:
-                self.eval_store(offsets_at(i), b.add(out_base, i), strides, W, given, streaming=streaming)
-
-        if stream is not None:
-            stream, head = self.stream_head(stream, b.add(out_base, start), b.sub(stop, start))
-            masked_step(start, head)
-            start = b.add(start, head)
         vec_stop = b.add(start, b.mul(b.sdiv(b.sub(stop, start), I64(W)), I64(W)))
-        if stream is None:
-            body(start, vec_stop, False)
-        else:
-            with b.if_else(stream) as (nt, plain):
-                with nt:
-                    body(start, vec_stop, True)
-                with plain:
-                    body(start, vec_stop, False)
-        masked_step(vec_stop, b.sub(stop, vec_stop))
+        flag = None if stream is None else b.zext(self.stream_aligned(stream, b.add(out_base, start)), I8)
+        with counted_loop(b, start, vec_stop, W, "v") as i:
+            nt = False if flag is None else b.icmp_unsigned("!=", opaque(b, flag), I8(0))
+            self.eval_store(offsets_at(i), b.add(out_base, i), strides, W, given, streaming=nt)
+        rem = b.sub(stop, vec_stop)
+        with b.if_then(b.icmp_signed(">", rem, I64(0))):
+            lanes = ir.Constant(ir.VectorType(I64, W), [I64(x) for x in range(W)])
+            mask = b.icmp_signed("<", lanes, splat(b, rem, W))
+            self.eval_store(offsets_at(vec_stop), b.add(out_base, vec_stop), strides, W, given, mask)
 
     # -- non-temporal stores ---------------------------------------------------------------
     def can_stream(self) -> bool:
-        """Streaming needs whole vector stores of >= 16 bytes per output, and a head of at most
-        W elements to align output 0 to a line (so the head is one masked step)."""
-        sizes = [dt.size_in_bytes for dt in self.out_dt]
-        return (bool(sizes) and all(self.W * e >= 16 for e in sizes) and LINE // sizes[0] <= self.W
-                and all(e == (e & -e) for e in sizes))
+        """Streaming needs whole vector stores of >= 16 bytes (a power of two) per output."""
+        return bool(self.out_dt) and all(self.W * dt.size_in_bytes >= 16 and dt.size_in_bytes & (dt.size_in_bytes - 1) == 0
+                                         for dt in self.out_dt)
 
     def streaming_wanted(self):
         """i1 at entry: the outputs of the whole kernel (not this call's range) span at least
@@ -401,23 +400,16 @@ class _Kernel:
         total = b.mul(n, I64(sum(dt.size_in_bytes for dt in self.out_dt)))
         return b.icmp_signed(">=", total, I64(streaming_min_bytes()))
 
-    def stream_head(self, stream, first, n):
-        """(stream and every output alignable, head elements) for a run of n elements starting
-        at element `first` of the outputs: the head brings output 0 to a 64-byte line, and the
-        other outputs must then sit on their vector alignment too (else no streaming: head 0)."""
+    def stream_aligned(self, stream, first):
+        """stream and every output's element `first` on its streamed-store alignment,
+        min(W * element size, LINE) bytes."""
         b = self.b
-        e0 = self.out_dt[0].size_in_bytes
-        addr0 = b.add(b.ptrtoint(self.out_ptr[0], I64), b.mul(first, I64(e0)))
-        head = b.udiv(b.and_(b.sub(I64(0), addr0), I64(LINE - 1)), I64(e0))
-        head = b.select(b.icmp_signed("<", n, head), n, head)
-        bad = b.and_(addr0, I64(e0 - 1))
-        at = b.add(first, head)
-        for p, dt in zip(self.out_ptr[1:], self.out_dt[1:]):
+        bad = I64(0)
+        for p, dt in zip(self.out_ptr, self.out_dt):
             e = dt.size_in_bytes
-            addr = b.add(b.ptrtoint(p, I64), b.mul(at, I64(e)))
+            addr = b.add(b.ptrtoint(p, I64), b.mul(first, I64(e)))
             bad = b.or_(bad, b.and_(addr, I64(min(self.W * e, LINE) - 1)))
-        ok = b.and_(stream, b.icmp_unsigned("==", bad, I64(0)))
-        return ok, b.select(ok, head, I64(0))
+        return b.and_(stream, b.icmp_unsigned("==", bad, I64(0)))
 
     def unravel(self, u, dims):
         """Index of each dim in `dims` (last fastest) for flat unit index u."""
