@@ -400,6 +400,14 @@ class _Kernel:
         total = b.mul(n, I64(sum(dt.size_in_bytes for dt in self.out_dt)))
         return b.icmp_signed(">=", total, I64(streaming_min_bytes()))
 
+    def store_fence(self):
+        """sfence on x86 (a seq_cst fence there is a locked add, which Intel does not promise
+        orders write-combining stores), else a seq_cst fence."""
+        if self.m.triple.startswith(("x86_64", "i686", "i386")):
+            self.b.call(intrinsic(self.m, "llvm.x86.sse.sfence", VOID, []), [])
+        else:
+            self.b.fence("seq_cst")
+
     def stream_aligned(self, stream, first):
         """stream and every output's element `first` on its streamed-store alignment,
         min(W * element size, LINE) bytes."""
@@ -446,7 +454,7 @@ class _Kernel:
                 self.inner_loop(I64(0), self.dims[-1], in_base, out_base, [s[-1] for s in self.strides], stream)
         if stream is not None:
             with self.b.if_then(stream):
-                self.b.fence("seq_cst")     # the streamed stores are visible before we return
+                self.store_fence()          # the streamed stores are visible before we return
 
     def build_tiled(self, t):
         """Units are blocks of SB rows of dim t by SB columns of the inner dim (times the other
