@@ -1,22 +1,25 @@
-"""Speed of the vector math kernels against NumPy (issue 3 targets).
+"""Speed of the vector math kernels through the public API against NumPy, torch and JAX.
 
-    .venv/bin/python bench/bench_vmath.py            # public API if lc.tensor works, else kernels
-    .venv/bin/python bench/bench_vmath.py --kernel   # the vmath_run test kernels, 2 threads
+    PYTHONPATH=/work/peers .venv/bin/python bench/bench_vmath.py [--threads 1,2] [names...]
 
-4,194,304 float32 values, median of --reps runs after a warm-up, NumPy measured in the same
-run.  Ratio = NumPy time / our time (higher is better); targets: exp >= 1.2, tanh / log / sin
->= 2, gelu >= 8 (against NumPy's 0.5*x*(1+tanh(0.7978845608*(x+0.044715*x^3)))).
+4,194,304 float32 values; `t.fn().numpy()` on a realized tensor against NumPy's formula,
+torch (its own thread count set to ours) and JAX (jitted; only at the machine's CPU count,
+since XLA's pool always uses every CPU).  Every round calls each implementation once, in a
+rotating order, so load changes hit all of them alike; the table gives medians and the
+median of the per-round ratios (peer time / ours, > 1: we are faster).  Peers that are not
+installed are skipped.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import numpy as np
 
 N = 4_194_304
-TARGETS = {"exp": 1.2, "tanh": 2.0, "log": 2.0, "sin": 2.0, "gelu": 8.0}
+NAMES = ["exp", "tanh", "log", "sigmoid", "silu", "gelu", "gelu_erf", "erf", "sin"]
 
 
 def _numpy_gelu(x):
@@ -25,7 +28,7 @@ def _numpy_gelu(x):
 
 NUMPY = {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
          "gelu": _numpy_gelu, "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-         "silu": lambda x: x / (1 + np.exp(-x)), "erf": None, "sqrt": np.sqrt}
+         "silu": lambda x: x / (1 + np.exp(-x)), "sqrt": np.sqrt}
 
 
 def _inputs(name, rng):
@@ -36,60 +39,94 @@ def _inputs(name, rng):
     return rng.uniform(-10.0, 10.0, N).astype(np.float32)
 
 
-def _median_ms(fn, reps):
-    fn()
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+def _torch_fn(torch, name):
+    F = torch.nn.functional
+    return {"gelu": lambda t: F.gelu(t, approximate="tanh"), "gelu_erf": F.gelu, "silu": F.silu,
+            "sigmoid": torch.sigmoid}.get(name, getattr(torch, name, None))
 
 
-def _public_api():
-    """lc.tensor(x).<fn>().numpy() if the public API exists and works, else None."""
+def _jax_fn(jax, name):
+    jnp = jax.numpy
+    f = {"gelu": lambda x: jax.nn.gelu(x, approximate=True), "gelu_erf": lambda x: jax.nn.gelu(x, approximate=False),
+         "silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf}.get(name, getattr(jnp, name, None))
+    return None if f is None else jax.jit(f)
+
+
+def _peers(threads):
+    mods = {}
     try:
-        import lazycandle as lc
-        t = lc.tensor(np.ones(8, np.float32))
-        t.exp().numpy()
-        return lc
-    except Exception:
-        return None
+        import torch
+        torch.set_num_threads(threads)
+        mods["torch"] = torch
+    except ImportError:
+        pass
+    if threads == os.cpu_count():
+        try:
+            import jax
+            mods["jax"] = jax
+        except ImportError:
+            pass
+    return mods
+
+
+def _impls(lc, mods, name, x):
+    t = lc.tensor(x).realize()
+    fns = {"ours": lambda: getattr(t, name)().numpy()}
+    if name in NUMPY:
+        fns["numpy"] = lambda: NUMPY[name](x)
+    if "torch" in mods and _torch_fn(mods["torch"], name) is not None:
+        tf, tx = _torch_fn(mods["torch"], name), mods["torch"].from_numpy(x)
+        fns["torch"] = lambda: tf(tx).numpy()
+    if "jax" in mods and _jax_fn(mods["jax"], name) is not None:
+        jf, jx = _jax_fn(mods["jax"], name), mods["jax"].numpy.asarray(x)
+        fns["jax"] = lambda: np.asarray(jf(jx).block_until_ready())
+    return fns
+
+
+def time_rotating(fns: dict, reps: int) -> dict:
+    """Seconds per call of each fn, `reps` rounds after two warm-up rounds, order rotating."""
+    names, times = list(fns), {k: [] for k in fns}
+    for r in range(reps + 2):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            fns[k]()
+            if r >= 2:
+                times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def run(quick: bool = False, threads=(1, 2), names=NAMES, reps: int | None = None):
+    """Rows (dicts) of the table, per thread count and function; `lazycandle bench --extra`
+    renders them."""
+    import lazycandle as lc
+    rng = np.random.default_rng(0)
+    reps = reps or (5 if quick else 15)
+    for th in threads:
+        lc.set_num_threads(th)
+        mods = _peers(th)
+        for name in (names[:3] if quick else names):
+            times = time_rotating(_impls(lc, mods, name, _inputs(name, rng)), reps)
+            row = {"function": name, "threads": th, "load": os.getloadavg()[0]}
+            row.update({f"{k} ms": statistics.median(v) * 1e3 for k, v in times.items()})
+            row.update({f"{k}/ours": statistics.median(a / b for a, b in zip(v, times["ours"]))
+                        for k, v in times.items() if k != "ours"})
+            yield row
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kernel", action="store_true", help="time the vmath_run kernels (not the Tensor API)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=11)
-    ap.add_argument("names", nargs="*", default=["exp", "tanh", "log", "sin", "cos", "gelu", "sigmoid", "silu"])
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("names", nargs="*", default=NAMES)
     args = ap.parse_args(argv)
-    lc = None if args.kernel else _public_api()
-    rng = np.random.default_rng(0)
-    if lc is None:
-        from lazycandle.codegen import vmath_run
-        how = f"vmath_run kernels, {args.threads} threads"
-        out = np.empty(N, np.float32)
-        ours = lambda name, x: (lambda: vmath_run.run(name, x, threads=args.threads, out=out))
-    else:
-        how = "public Tensor API (t.fn().numpy() on a realized input tensor)"
-        lc.set_num_threads(args.threads)
-
-        def ours(name, x):
-            t = lc.tensor(x)                      # the input is realized once, like NumPy's array
-            return lambda: getattr(t, name)().numpy()
-    print(f"{N} float32, median of {args.reps}, {how}\n")
-    print("| function | numpy ms | ours ms | ratio | target |")
-    print("|---|---|---|---|---|")
-    for name in args.names:
-        x = _inputs(name, rng)
-        ref = NUMPY.get(name)
-        t_np = _median_ms(lambda: ref(x), args.reps) if ref else float("nan")
-        t_us = _median_ms(ours(name, x), args.reps)
-        target = TARGETS.get(name)
-        print(f"| {name} | {t_np:.2f} | {t_us:.2f} | {t_np / t_us:.1f}x | "
-              f"{'>= %.1fx' % target if target else '-'} |")
+    print(f"{N:,} float32, median of {args.reps} rotating rounds; ratio = median over rounds of "
+          f"peer time / ours (> 1: ours is faster)\n")
+    print("| function | threads | load | ours ms | numpy ms | torch ms | jax ms | numpy/ours | torch/ours | jax/ours |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in run(threads=[int(s) for s in args.threads.split(",")], names=args.names, reps=args.reps):
+        cells = [f"{r[k]:.3f}" if k in r else "-" for k in ("ours ms", "numpy ms", "torch ms", "jax ms")]
+        cells += [f"{r[k]:.2f}x" if k in r else "-" for k in ("numpy/ours", "torch/ours", "jax/ours")]
+        print(f"| {r['function']} | {r['threads']} | {r['load']:.1f} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -241,3 +241,52 @@ def test_full_accuracy_sweep():
     rows = acc.sweep(list(acc.TARGET["f32"]), 10_000_000, 200_000, out=sys.stderr)
     bad = [r for r in rows if r[2] > acc.TARGET[r[1]][r[0]]]
     assert not bad, bad
+
+
+# ---- vscalef (AVX-512) exp scaling against the two-factor scalar path -------------------------------
+def _edge_inputs(key):
+    """±0, ±inf, NaN, denormals, and the neighbours of exp's overflow, denormal and flush
+    thresholds (and of their negatives, where sigmoid / silu / gelu saturate)."""
+    dt = acc.DT[key]
+    fi = np.finfo(dt)
+    T = np.float64 if key == "f32" else np.longdouble
+    cuts = [np.log(T(fi.max)), np.log(T(fi.tiny)), np.log(T(fi.smallest_subnormal) / 2)]
+    x = [np.array([0.0, -0.0, np.inf, -np.inf, np.nan, fi.smallest_subnormal, -fi.smallest_subnormal,
+                   fi.tiny, -fi.tiny, fi.max, -fi.max, 1.0, -1.0], dt)]
+    for c in cuts:
+        x += [_neighbours(dt, c), _neighbours(dt, -c)]
+    return np.concatenate(x)
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("name", ["exp", "tanh", "sigmoid", "silu", "gelu", "erf", "gelu_erf", "powf"])
+def test_vscalef_widths_match_scalar_path_at_edge_values(name, key):
+    x = _edge_inputs(key)
+    params = PARAMS.get(name, ())
+    scalar = vmath_run.run(name, x, *params, lanes=1)
+    for lanes in (2, 4, 8, 16):
+        got = vmath_run.run(name, x, *params, lanes=lanes)
+        bad = ~_same(got, scalar)
+        assert not bad.any(), f"{name} {key} lanes={lanes}: {list(zip(x[bad], got[bad], scalar[bad]))}"
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("name", ["exp", "sigmoid", "silu", "gelu"])
+def test_edge_values_match_numpy_or_the_reference(name, key):
+    """Specials bit for bit like NumPy's formula; finite results within the ulp target."""
+    x = _edge_inputs(key)
+    got = vmath_run.run(name, x)
+    want = _numpy(name, x, ())
+    special = ~np.isfinite(x) | (x == 0)
+    assert _same(got[special], want[special]).all(), list(zip(x[special], got[special], want[special]))
+    fin = ~special & (np.abs(x) < 1e4)
+    if key == "f64" and name == "gelu" and acc.mpmath is None:
+        return
+    err = acc.ulp_errors(got[fin], acc.reference(name, x[fin]))
+    assert np.nanmax(err) <= acc.TARGET[key][name], f"{name} {key}: {np.nanmax(err):.3f} at {x[fin][np.nanargmax(err)]!r}"
+
+
+@pytest.mark.skipif(not jit.has_feature("avx512f"), reason="AVX-512 hosts only")
+def test_exp_uses_vscalef_at_full_width_on_avx512():
+    cm = jit.compile_ir(vmath_run.kernel_ir("exp", np.float32), export=["k"], name="vmath_exp_scalef")
+    assert "vscalefps" in cm.asm()

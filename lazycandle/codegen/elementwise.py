@@ -17,6 +17,7 @@ op (so fusion never changes a value) and encoded on store.
 """
 from __future__ import annotations
 
+import glob
 from math import prod
 
 import llvmlite.ir as ir
@@ -189,6 +190,52 @@ def _transpose(b, rows):
     return rows
 
 
+LINE = 64   # cache line bytes: streamed vectors are aligned to min(their size, a line)
+
+
+STREAM_DEFAULT_BYTES = 2 << 20    # when the host does not say: this machine's L2 (see below)
+_stream_min = []
+
+
+def streaming_min_bytes() -> int:
+    """Output bytes of one kernel from which its stores are non-temporal: the per-core L2 size
+    read from the host.  Measured here (bench: producer add then a consumer reading its
+    output, 1 and 2 threads): streaming loses below ~1 MiB (the output would have been read
+    back from L2), breaks even at 1 MiB and wins 1.1-1.4x from 2 MiB (= L2) up, since a plain
+    store first reads each output line it writes (read-for-ownership)."""
+    if not _stream_min:
+        _stream_min.append(_l2_bytes() or STREAM_DEFAULT_BYTES)
+    return _stream_min[0]
+
+
+def _l2_bytes() -> int | None:
+    """The level-2 data or unified cache of cpu0 in bytes (Linux sysfs), or None."""
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{d}/level") as f:
+                level = f.read().strip()
+            with open(f"{d}/type") as f:
+                kind = f.read().strip()
+            with open(f"{d}/size") as f:
+                size = f.read().strip()
+        except OSError:
+            continue
+        if level == "2" and kind in ("Data", "Unified"):
+            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            digits = size.rstrip("KMG")
+            if digits.isdigit():
+                return int(digits) * unit
+    return None
+
+
+def opaque(b, value):
+    """`value` through an empty inline-asm statement (no instruction): LLVM cannot prove the
+    result loop-invariant, so it does not unswitch a loop on it, which would copy the body
+    and double the compile time to save one predictable branch per vector."""
+    asm = ir.InlineAsm(ir.FunctionType(value.type, [value.type]), "", "=r,0", side_effect=True)
+    return b.call(asm, [value])
+
+
 SUPER = TILE_SUPER  # a tiled kernel's unit spans SUPER x SUPER tiles of W x W (EwSpec.extent)
 
 
@@ -274,9 +321,10 @@ class _Kernel:
             v = b.insert_element(v, b.load(p, align=al), I64(lane))
         return v
 
-    def eval_store(self, in_off, out_off, strides, w, given=None, mask=None):
+    def eval_store(self, in_off, out_off, strides, w, given=None, mask=None, streaming=False):
         """Evaluate the DAG for w lanes and store every output at `out_off`.  `given` maps an
-        input index to an already loaded raw value; `mask` limits loads and stores to a tail."""
+        input index to an already loaded raw value; `mask` limits loads and stores to a tail;
+        `streaming`: non-temporal stores, each vector aligned to min(its size, 64) bytes."""
         b = self.b
         given = given or {}
 
@@ -290,6 +338,14 @@ class _Kernel:
             al = self.out_dt[k].size_in_bytes
             if w == 1:
                 b.store(v, p, align=al)
+            elif mask is None and streaming is not False:
+                vp = b.bitcast(p, v.type.as_pointer())
+                with b.if_else(streaming) as (nt, plain):
+                    with nt:
+                        st = b.store(v, vp, align=min(w * al, LINE))
+                        st.set_metadata("nontemporal", self.m.add_metadata([I32(1)]))
+                    with plain:
+                        b.store(v, vp, align=al)
             elif mask is None:
                 b.store(v, b.bitcast(p, v.type.as_pointer()), align=al)
             else:
@@ -299,27 +355,69 @@ class _Kernel:
                 b.call(fn, [v, b.bitcast(p, vt.as_pointer()), I32(al), mask])
 
     # -- loops ---------------------------------------------------------------------------
-    def inner_loop(self, start, stop, in_base, out_base, strides):
+    def inner_loop(self, start, stop, in_base, out_base, strides, stream=None):
         """Lanes [start, stop) of the inner dim: W-wide vector body, then one masked vector
-        step for the tail (no scalar copy of the expression)."""
+        step for the tail (no scalar copy of the expression).  With `stream` (an i1: the
+        outputs are large, see streaming_wanted) and every output vector-aligned at `start`,
+        the body's stores bypass the cache.  Runs that start unaligned keep plain stores: the
+        pool splits on multiples of W and buffers.alloc blocks are line aligned, so only
+        foreign buffers and odd row lengths do, and a masked head step to align them would
+        cost a third copy of the expression in compile time."""
         b, W = self.b, self.W
         given = {}
         for k, s in enumerate(strides):      # broadcast inputs are loop-invariant: load once
             if s == 0:
                 given[k] = splat(b, self.load(k, in_base[k], 0, 1), W)
-        n = b.sub(stop, start)
-        vec_stop = b.add(start, b.mul(b.sdiv(n, I64(W)), I64(W)))
 
         def offsets_at(i):
             return [self.sadd(base, i, s) for base, s in zip(in_base, strides)]
 
+        vec_stop = b.add(start, b.mul(b.sdiv(b.sub(stop, start), I64(W)), I64(W)))
+        flag = None if stream is None else b.zext(self.stream_aligned(stream, b.add(out_base, start)), I8)
         with counted_loop(b, start, vec_stop, W, "v") as i:
-            self.eval_store(offsets_at(i), b.add(out_base, i), strides, W, given)
+            nt = False if flag is None else b.icmp_unsigned("!=", opaque(b, flag), I8(0))
+            self.eval_store(offsets_at(i), b.add(out_base, i), strides, W, given, streaming=nt)
         rem = b.sub(stop, vec_stop)
         with b.if_then(b.icmp_signed(">", rem, I64(0))):
             lanes = ir.Constant(ir.VectorType(I64, W), [I64(x) for x in range(W)])
             mask = b.icmp_signed("<", lanes, splat(b, rem, W))
             self.eval_store(offsets_at(vec_stop), b.add(out_base, vec_stop), strides, W, given, mask)
+
+    # -- non-temporal stores ---------------------------------------------------------------
+    def can_stream(self) -> bool:
+        """Streaming needs whole vector stores of >= 16 bytes (a power of two) per output."""
+        return bool(self.out_dt) and all(self.W * dt.size_in_bytes >= 16 and dt.size_in_bytes & (dt.size_in_bytes - 1) == 0
+                                         for dt in self.out_dt)
+
+    def streaming_wanted(self):
+        """i1 at entry: the outputs of the whole kernel (not this call's range) span at least
+        streaming_min_bytes(), so they will not stay in cache for the next kernel anyway and
+        need not be read into it first (read-for-ownership)."""
+        b = self.b
+        n = self.dims[0]
+        for d in self.dims[1:]:
+            n = b.mul(n, d)
+        total = b.mul(n, I64(sum(dt.size_in_bytes for dt in self.out_dt)))
+        return b.icmp_signed(">=", total, I64(streaming_min_bytes()))
+
+    def store_fence(self):
+        """sfence on x86 (a seq_cst fence there is a locked add, which Intel does not promise
+        orders write-combining stores), else a seq_cst fence."""
+        if self.m.triple.startswith(("x86_64", "i686", "i386")):
+            self.b.call(intrinsic(self.m, "llvm.x86.sse.sfence", VOID, []), [])
+        else:
+            self.b.fence("seq_cst")
+
+    def stream_aligned(self, stream, first):
+        """stream and every output's element `first` on its streamed-store alignment,
+        min(W * element size, LINE) bytes."""
+        b = self.b
+        bad = I64(0)
+        for p, dt in zip(self.out_ptr, self.out_dt):
+            e = dt.size_in_bytes
+            addr = b.add(b.ptrtoint(p, I64), b.mul(first, I64(e)))
+            bad = b.or_(bad, b.and_(addr, I64(min(self.W * e, LINE) - 1)))
+        return b.and_(stream, b.icmp_unsigned("==", bad, I64(0)))
 
     def unravel(self, u, dims):
         """Index of each dim in `dims` (last fastest) for flat unit index u."""
@@ -347,12 +445,16 @@ class _Kernel:
     def build_rows(self):
         lo, hi = unit_range(self.fn)
         rank, n_in = self.spec.rank, len(self.in_dt)
+        stream = self.streaming_wanted() if self.can_stream() else None
         if rank == 1:
-            self.inner_loop(lo, hi, [I64(0)] * n_in, I64(0), [s[0] for s in self.strides])
-            return
-        with counted_loop(self.b, lo, hi, 1, "row") as r:
-            in_base, out_base = self.offsets(self.unravel(r, list(range(rank - 1))))
-            self.inner_loop(I64(0), self.dims[-1], in_base, out_base, [s[-1] for s in self.strides])
+            self.inner_loop(lo, hi, [I64(0)] * n_in, I64(0), [s[0] for s in self.strides], stream)
+        else:
+            with counted_loop(self.b, lo, hi, 1, "row") as r:
+                in_base, out_base = self.offsets(self.unravel(r, list(range(rank - 1))))
+                self.inner_loop(I64(0), self.dims[-1], in_base, out_base, [s[-1] for s in self.strides], stream)
+        if stream is not None:
+            with self.b.if_then(stream):
+                self.store_fence()          # the streamed stores are visible before we return
 
     def build_tiled(self, t):
         """Units are blocks of SB rows of dim t by SB columns of the inner dim (times the other

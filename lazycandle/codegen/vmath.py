@@ -23,7 +23,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from . import vmath_core as core
-from .vmath_core import V, exp_parts
+from .vmath_core import V
 from .vmath_erf import erf, gelu_erf
 from .vmath_pow import RuntimeExponent, powf
 from .vmath_trig import cos, sin
@@ -59,35 +59,33 @@ def tanh(v: V, x):
 
 # ---- logistic family ----------------------------------------------------------------------------
 def _logistic(v: V, w, w_lo=None, mul=None, compensated=True):
-    """mul / (1 + e^-w), with e^-|w| = (p + p_lo) s1 s2 kept in pieces so that tiny results
-    underflow gradually and (if compensated) the division is corrected by its remainder:
-    w >= 0: mul / (1 + t);  w < 0: ((mul p s1) / (1 + t)) s2,  t = e^-|w|."""
+    """mul / (1 + e^-w), with e^-|w| = (p + p_lo) 2^k kept in pieces so that tiny results
+    underflow gradually (the 2^k goes last, one rounding) and (if compensated) the division
+    is corrected by its remainder:  w >= 0: mul / (1 + t);  w < 0: ((mul p) / (1 + t)) 2^k,
+    t = e^-|w|."""
     neg = v.cmp("<", w, v.c(0.0))
     a = v.neg(v.abs(w))
     a_lo = None if w_lo is None else v.sel(neg, w_lo, v.neg(w_lo))
     one, zero = v.c(1.0), v.c(0.0)
-    if not compensated:
-        p, s1, s2 = exp_parts(v, a, a_lo)
-        ps1 = v.mul(p, s1)
-        num = v.sel(neg, ps1, one)
+    if not compensated:      # w < 0: ((mul p) / (1 + t)) 2^k, one rounding into subnormals
+        p, k = core.exp_reduce(v, a, a_lo)
+        num = v.sel(neg, p, one)
         num = num if mul is None else v.mul(num, mul)
-        res = v.div(num, v.add(one, v.mul(ps1, s2)))
-        return v.mul(res, v.sel(neg, s2, one))
-    p, p_lo, s1, s2 = exp_parts(v, a, a_lo, with_lo=True)
-    ps1 = v.mul(p, s1)
-    t = v.mul(ps1, s2)
-    d, d_lo = v.fast_two_sum(v.c(1.0), t)
-    d_lo = v.fma(v.mul(p_lo, s1), s2, d_lo)                # 1 + t = d + d_lo
-    n_hi = v.sel(neg, ps1, one)
-    n_lo = v.sel(neg, v.mul(p_lo, s1), zero)
+        res = v.div(num, v.add(one, v.ldexp(p, k)))
+        return v.ldexp(res, v.sel(neg, k, zero))
+    p, p_lo, k = core.exp_reduce(v, a, a_lo, with_lo=True)
+    d, d_lo = v.fast_two_sum(v.c(1.0), v.ldexp(p, k))
+    d_lo = v.add(v.ldexp(p_lo, k), d_lo)                   # 1 + t = d + d_lo
+    n_hi = v.sel(neg, p, one)                              # w < 0: scaled by 2^k at the end
+    n_lo = v.sel(neg, p_lo, zero)
     if mul is not None:
         n_hi, e = v.two_prod(n_hi, mul)
         n_lo = v.fma(n_lo, mul, e)
-    q = v.div(n_hi, d)
+    r = v.div(one, d)                                      # the one division: 1/d, reused
+    q = v.mul(n_hi, r)
     rem = v.fma(v.neg(q), d, n_hi)                         # exact remainder
     rem = v.fma(v.neg(q), d_lo, v.add(rem, n_lo))
-    res = v.add(q, v.div(rem, d))
-    return v.mul(res, v.sel(neg, s2, one))
+    return v.ldexp(v.fma(rem, r, q), v.sel(neg, k, zero))
 
 
 def sigmoid(v: V, x):
@@ -106,7 +104,7 @@ def _x_times_fixups(v: V, x, res, under):
 
 def silu(v: V, x):
     """x / (1 + e^-x); silu(-inf) = NaN like NumPy's formula."""
-    res = _logistic(v, x, None, x)
+    res = _logistic(v, x, None, x, compensated=v.key == "f64")    # f32: 4-ulp budget
     return _x_times_fixups(v, x, res, v.cmp("<", x, v.c(core._EXP[v.key].lo)))
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import llvmlite.ir as ir
 
-from .llvmutil import F32, F64, I32, I64, call_intrinsic, const, scalar_type, vec, width_of
+from . import jit
+from .llvmutil import F32, F64, I8, I16, I32, I64, call_intrinsic, const, intrinsic, scalar_type, vec, width_of
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,13 @@ class V:
     def roundeven(self, a):
         return call_intrinsic(self.b, "roundeven", [a])
 
+    def round_fma(self, x, c: float):
+        """x * c rounded to the nearest integer (ties even, the product unrounded) for
+        |x c| < 2^(mant-1): add and subtract 1.5 * 2^mant (two FMA-port ops, where a
+        roundeven costs a multiply plus a two-uop vrndscale)."""
+        magic = self.c(1.5 * 2.0 ** self.fmt.mant)
+        return self.sub(self.fma(x, self.c(c), magic), magic)
+
     def poly(self, x, coeffs, tail=None):
         """Horner with fma: coeffs[0] + coeffs[1]*x + ... (+ tail * x^len if given)."""
         acc = tail if tail is not None else self.c(coeffs[-1])
@@ -118,6 +126,11 @@ class V:
         x = self.sel(self.cmp(">", x, self.c(lo)), x, self.c(lo))
         return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))
 
+    def clamp_keep_nan(self, x, lo: float, hi: float):
+        """min(hi, max(lo, x)) with NaN passing through (vmaxps / vminps operand order)."""
+        x = self.sel(self.cmp(">", self.c(lo), x), self.c(lo), x)
+        return self.sel(self.cmp("<", self.c(hi), x), self.c(hi), x)
+
     # -- bits ------------------------------------------------------------------------------
     def bits(self, a):
         return self.b.bitcast(a, self.it)
@@ -135,6 +148,18 @@ class V:
         """2**k for an integer vector k inside the normal exponent range."""
         return self.from_bits(self.b.shl(self.b.add(k, self.ci(self.fmt.bias)), self.ci(self.fmt.mant)))
 
+    def ldexp(self, y, k):
+        """y * 2^k rounded once (overflow to inf, gradual underflow) for an integer-valued
+        float k in the exp reduction's range, where y * 2^(k >> 1) is exact.  One AVX-512
+        vscalef where the host has it for this vector width, else two power-of-two factors
+        (the same bits: the first product is exact, the second rounds once)."""
+        scalef = _scalef(self)
+        if scalef is not None:
+            return scalef(y, k)
+        ki = self.to_int(k)
+        k1 = self.b.ashr(ki, self.ci(1))
+        return self.mul(self.mul(y, self.pow2i(k1)), self.pow2i(self.b.sub(ki, k1)))
+
     # -- error-free transforms ---------------------------------------------------------------
     def two_prod(self, a, b):
         p = self.mul(a, b)
@@ -150,6 +175,26 @@ class V:
         """|a| >= |b| required."""
         s = self.add(a, b)
         return s, self.sub(b, self.sub(s, a))
+
+
+def _scalef(v: V):
+    """A builder of AVX-512's vscalefps / vscalefpd (y * 2^floor(k)) for v's vector type, or
+    None: no AVX-512 (F, plus VL below 512 bits) on the host, or a scalar or odd width."""
+    n, bits = v.n, v.fmt.bits
+    total = n * bits
+    if n == 1 or total not in (128, 256, 512) or not jit.has_feature("avx512f"):
+        return None
+    if total < 512 and not jit.has_feature("avx512vl"):
+        return None
+    mask_t = I16 if n == 16 else I8
+    name = f"llvm.x86.avx512.mask.scalef.{'ps' if bits == 32 else 'pd'}.{total}"
+    args = [v.t, v.t, v.t, mask_t] + ([I32] if total == 512 else [])
+    fn = intrinsic(v.b.module, name, v.t, args)
+    tail = [const(mask_t, -1)] + ([I32(4)] if total == 512 else [])       # all lanes, current rounding
+
+    def scalef(y, k):
+        return v.b.call(fn, [y, k, ir.Constant(v.t, ir.Undefined)] + tail)
+    return scalef
 
 
 # ---- exp ---------------------------------------------------------------------------------------
@@ -174,6 +219,25 @@ _EXP = {
 }
 
 
+def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False):
+    """e^(x + x_lo) = p 2^k (or (p + p_lo) 2^k with with_lo): (p, [p_lo,] k), k an
+    integer-valued float; see exp_parts.  Scale with v.ldexp.  keep_nan: a NaN x stays NaN
+    in p and k (only for vscalef, which takes a NaN k; the integer split would not)."""
+    K = _EXP[v.key]
+    xc = v.clamp_keep_nan(x, K.lo, K.hi) if keep_nan else v.clamp(x, K.lo, K.hi)
+    k = v.round_fma(xc, 1.4426950408889634)
+    r = v.fma(k, v.c(-K.ln2_hi), xc)
+    r = v.fma(k, v.c(-K.ln2_lo), r)
+    if x_lo is not None:                                  # (meaningless once x is clamped)
+        r = v.add(r, v.sel(v.cmp("==", x, xc), x_lo, v.c(0.0)))
+    p = v.poly(r, K.coeffs)
+    q = v.fma(p, r, v.c(1.0))
+    p = v.fma(q, r, v.c(1.0))
+    if with_lo:
+        return p, v.fma(q, r, v.sub(v.c(1.0), p)), k          # 1 - p is exact (Sterbenz)
+    return p, k
+
+
 def exp_parts(v: V, x, x_lo=None, with_lo=False):
     """e^(x + x_lo) as three factors (p, s1, s2), p in [0.7, 1.42], s1 = 2^(k>>1), s2 = 2^(k-(k>>1)).
     With with_lo, returns (p, p_lo, s1, s2), p + p_lo being e^r to ~0.2 ulp.
@@ -182,27 +246,17 @@ def exp_parts(v: V, x, x_lo=None, with_lo=False):
     [-ln2/2, ln2/2].  Multiplying p (times any factor) by s1 then s2 rounds at most once into
     the subnormal range, so underflow is gradual and overflow gives inf.  x is clamped, so NaN
     input gives a finite garbage value: callers restore NaN."""
-    K = _EXP[v.key]
-    xc = v.clamp(x, K.lo, K.hi)
-    k = v.roundeven(v.mul(xc, v.c(1.4426950408889634)))
-    r = v.fma(k, v.c(-K.ln2_hi), xc)
-    r = v.fma(k, v.c(-K.ln2_lo), r)
-    if x_lo is not None:                                  # (meaningless once x is clamped)
-        r = v.add(r, v.sel(v.cmp("==", x, xc), x_lo, v.c(0.0)))
-    p = v.poly(r, K.coeffs)
-    q = v.fma(p, r, v.c(1.0))
-    p = v.fma(q, r, v.c(1.0))
+    *parts, k = exp_reduce(v, x, x_lo, with_lo)
     ki = v.to_int(k)
     k1 = v.b.ashr(ki, v.ci(1))
-    s1, s2 = v.pow2i(k1), v.pow2i(v.b.sub(ki, k1))
-    if with_lo:
-        return p, v.fma(q, r, v.sub(v.c(1.0), p)), s1, s2     # 1 - p is exact (Sterbenz)
-    return p, s1, s2
+    return (*parts, v.pow2i(k1), v.pow2i(v.b.sub(ki, k1)))
 
 
 def exp(v: V, x):
-    p, s1, s2 = exp_parts(v, x)
-    return v.sel(v.isnan(x), x, v.mul(v.mul(p, s1), s2))
+    if _scalef(v) is not None:
+        return v.ldexp(*exp_reduce(v, x, keep_nan=True))
+    p, k = exp_reduce(v, x)
+    return v.sel(v.isnan(x), x, v.ldexp(p, k))
 
 
 _EXPM1_CLAMP = {"f32": (-30.0, 88.0), "f64": (-60.0, 709.0)}

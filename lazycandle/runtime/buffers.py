@@ -6,7 +6,10 @@ pages (one fault per 2 MiB instead of per 4 KiB, and far fewer TLB misses when k
 transposed or strided views), and they are recycled: when the last array viewing a block dies,
 the block goes back to a size-keyed free list instead of to the OS, so the next realize of the
 same shapes writes into memory that is already mapped.  candle allocates per op; we do not.
-Every block starts 64-byte aligned."""
+Every block starts 64-byte aligned.  Blocks are private mappings (a forked child's writes stay
+in the child).  Measured here (16 MiB, 2 vCPU VM): first touch of a fresh block costs ~6 ms with
+huge pages against ~11-15 ms with 4 KiB pages, and a recycled block nothing, next to a 1.3 ms
+add: reuse is what keeps an eager call at the memory limit."""
 from __future__ import annotations
 
 import ctypes
@@ -36,7 +39,9 @@ class Block:
     __slots__ = ("mm", "addr", "size")
 
     def __init__(self, size: int):
-        self.mm = mmap.mmap(-1, size + HUGE)
+        # private, not mmap's default MAP_SHARED: shared anonymous memory is shmem, which
+        # ignores MADV_HUGEPAGE (THP for shmem is off by default), so every 4 KiB page faulted
+        self.mm = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
         off = (-base) % HUGE
         self.addr, self.size = base + off, size
@@ -48,7 +53,10 @@ class Block:
 
 
 def _round(nbytes: int) -> int:
-    return (nbytes + 4095) & ~4095
+    """Block size for a request: whole huge pages from 2 MiB up (the block's tail is a huge
+    page too, and requests a little apart share one free list), else whole 4 KiB pages."""
+    step = HUGE if nbytes >= HUGE else 4096
+    return (nbytes + step - 1) & -step
 
 
 def _release(block):
