@@ -87,8 +87,9 @@ def test_leading_dim_merged_strips_match_numpy_and_each_thread_count(m, kind):
 
 
 def test_leading_dim_strips_of_a_rank3_reduction_cover_every_outer_row():
+    """10 units (5 outer rows x 2 strips): 2 and 3 threads start chunks in the middle of a row."""
     x = rng.standard_normal((5, 20, 1030)).astype(np.float32)
-    for n in (1, 2):
+    for n in (1, 2, 3):
         with lc.num_threads(n):
             _close(lc.tensor(x).sum(1).numpy(), x.astype(np.float64).sum(1))
             np.testing.assert_array_equal(lc.tensor(x).min(1).numpy(), x.min(1))
