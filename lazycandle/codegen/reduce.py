@@ -49,7 +49,7 @@ def lanes(spec: RedSpec) -> int:
 
 ROW_BLOCK = 8   # inner-output: reduced rows combined per trip of an accumulator through L1
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
-F32_BLOCK = 256     # inner-reduce f32 sums: elements per block of f32 partials (a multiple of U * 2W)
+F32_BLOCK = 256     # f32 sums over a row (here and in row.py): elements per f32 partial (a multiple of U * 2W)
 
 
 def _acc_type(spec, dt):
