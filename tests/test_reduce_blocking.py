@@ -93,3 +93,23 @@ def test_leading_dim_strips_of_a_rank3_reduction_cover_every_outer_row():
         with lc.num_threads(n):
             _close(lc.tensor(x).sum(1).numpy(), x.astype(np.float64).sum(1))
             np.testing.assert_array_equal(lc.tensor(x).min(1).numpy(), x.min(1))
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.float16])
+def test_last_dim_max_min_record_a_nan_anywhere_in_the_row(kind, dt):
+    """Float max / min over the last dim keep NaN apart from their accumulators: a NaN in the
+    unrolled body, the one-vector loop or the scalar tail makes that row NaN; inf, -inf and
+    all--inf rows stay exact."""
+    n = 3 * UNROLL * E + E + 3
+    x = rng.standard_normal((8, n)).astype(dt)
+    x[0, 1] = np.nan
+    x[1, 3 * UNROLL * E + 2] = np.nan          # the one-vector loop
+    x[2, n - 1] = np.nan                       # the scalar tail
+    x[3, 5] = np.inf
+    x[4, :] = -np.inf
+    x[5, :] = np.inf
+    x[6, [0, n - 1]] = np.nan
+    got = getattr(lc.tensor(x), kind)(-1).numpy()
+    np.testing.assert_array_equal(got, getattr(x, kind)(-1))
+    np.testing.assert_array_equal(getattr(lc.tensor(x[:, ::2]), kind)(-1).numpy(), getattr(x[:, ::2], kind)(-1))

@@ -19,7 +19,9 @@ length.
 Float sums and products accumulate in f64 (f32/f16/bf16 inputs; an inner-output sum first adds
 each block of ROW_BLOCK rows in the input's own precision at full vector width, an inner-reduce
 one each block of F32_BLOCK elements in f32 partials), integer ones wrap in their dtype;
-max/min propagate NaN like np.max; argmax/argmin keep the first index on ties (a NaN counts as
+max/min propagate NaN like np.max (over the last dim the float accumulators take only ordered
+values and a NaN seen is kept in a mask beside them, so each vector costs one compare and
+select); argmax/argmin keep the first index on ties (a NaN counts as
 the maximum / minimum, first one wins, like NumPy).
 """
 from __future__ import annotations
@@ -72,6 +74,7 @@ class _RedKernel(_Kernel):
         # for a bounded number of terms, then widens into its f64 accumulators
         self.narrow_sum = (self.red.combine == "add" and self.acc_t == F64
                            and self.val_dt.is_float and self.val_dt.compute == "float")
+        self.nan_apart = self.is_float and self.red.combine in ("max", "min") and not self.is_arg
         b, count = self.b, I64(1)
         for d, r in enumerate(spec.red):
             if r:
@@ -296,19 +299,32 @@ class _RedKernel(_Kernel):
             b.store(self.init(w), a)
             if self.is_arg:
                 b.store(const(vec(I64, w), 0), idxs[k])
+        # float max / min: the accumulators take only ordered values (one compare and select
+        # per vector) and a NaN seen is recorded in a mask off their dependency chain
+        nans = [self.slot(vec(ir.IntType(1), W)), self.slot(ir.IntType(1))] if self.nan_apart else None
+        for k, m in enumerate(nans or ()):
+            b.store(const(m.type.pointee, 0), m)
+
+        def step(k, o, w, pos, mask):
+            if not nans:
+                return self._step(accs[k], idxs[k], o, sl, w, pos)
+            v, acc = self.value(o, sl, w), b.load(accs[k])
+            b.store(b.select(b.fcmp_ordered(">" if self.red.combine == "max" else "<", v, acc), v, acc), accs[k])
+            b.store(b.or_(b.load(mask), b.fcmp_unordered("uno", v, v)), mask)
+
         sl = [s[last] for s in self.strides]
         with self.red_loops(red_dims[:-1], in_base) as (offs, flat):
             with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
                 for k in range(U):
                     j = b.add(i, I64(k * W))
                     o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
-                    self._step(accs[k], idxs[k], o, sl, W, self._lanes(b.add(flat, j), W) if self.is_arg else None)
+                    step(k, o, W, self._lanes(b.add(flat, j), W) if self.is_arg else None, nans and nans[0])
             with counted_loop(b, nvec, n1, W, "r1") as j:
                 o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
-                self._step(accs[0], idxs[0], o, sl, W, self._lanes(b.add(flat, j), W) if self.is_arg else None)
+                step(0, o, W, self._lanes(b.add(flat, j), W) if self.is_arg else None, nans and nans[0])
             with counted_loop(b, n1, n, 1, "rt") as j:
                 o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
-                self._step(accs[U], idxs[U], o, sl, 1, b.add(flat, j) if self.is_arg else None)
+                step(U, o, 1, b.add(flat, j) if self.is_arg else None, nans and nans[1])
         vals = [b.load(a) for a in accs[:U]]
         ids = [b.load(x) for x in idxs[:U]] if self.is_arg else None
         s, si = self.hreduce(vals, ids)
@@ -317,6 +333,9 @@ class _RedKernel(_Kernel):
             s, si = self.arg_pick(s, si, tail, tail_i)
         else:
             s = self.combine(s, tail)
+        if nans:
+            lanes_nan = b.icmp_unsigned("!=", b.bitcast(b.load(nans[0]), ir.IntType(W)), ir.IntType(W)(0))
+            s = b.select(b.or_(lanes_nan, b.load(nans[1])), ir.Constant(self.acc_t, float("nan")), s)
         self._store(out_off, si if self.is_arg else s, 1)
 
     def sum_inner_blocked(self, in_base, out_off, red_dims):
