@@ -5,16 +5,23 @@ importable (PYTHONPATH=/work/peers), torch, at 1 and 2 threads.
     PYTHONPATH=/work/peers python -m bench.row_kernels [--rows 4096] [--cols 1024] [--repeats 9]
 
 Every implementation of a case is timed in the same rotating loop (bench/timing.py), median of
-`repeats` after a warm-up; the load average is printed with each thread count."""
+`repeats` after a warm-up; the load average is printed with each thread count.  Like `lazycandle
+bench`, it runs with the peers' idle threads set to sleep (bench/peers.py FAIR_ENV, set before
+NumPy or torch load), so that an idle peer thread cannot hold a core the next timed call needs and
+the figures compare with that table's."""
 from __future__ import annotations
 
 import argparse
 import os
 
-import numpy as np
+from bench.peers import fair_env_missing
 
-import lazycandle as lc
-from bench.timing import time_alternating
+os.environ.update(fair_env_missing())
+
+import numpy as np  # noqa: E402  (after the environment: OpenBLAS and OpenMP read it on load)
+
+import lazycandle as lc  # noqa: E402
+from bench.timing import time_alternating  # noqa: E402
 
 EPS = 1e-5
 

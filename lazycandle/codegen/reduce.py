@@ -7,7 +7,8 @@ Two loop shapes, chosen by where the innermost input dim lands:
                 innermost reduced dim runs W-wide with U vector accumulators, then a
                 horizontal combine;
   inner-output  (the last dim is kept, e.g. sum(0)): one unit per strip of at most
-                OUTPUT_STRIP outputs of a row (so two threads share a single row of outputs);
+                OUTPUT_STRIP outputs of a row (so two threads share a single row of outputs;
+                the strips of one row that one call runs are walked as one);
                 the strip's accumulators sit in a stack array while the reduced dims are
                 walked ROW_BLOCK rows at a time, so every step reads contiguous runs of the
                 input (argmax / argmin keep U vectors of outputs and indices in registers).
@@ -16,9 +17,11 @@ than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors a
 4 W elements remain, then one vector at a time, then a scalar tail, so one kernel serves every
 length.
 Float sums and products accumulate in f64 (f32/f16/bf16 inputs; an inner-output sum first adds
-each block of ROW_BLOCK rows in the input's own precision at full vector width), integer ones
-wrap in their dtype;
-max/min propagate NaN like np.max; argmax/argmin keep the first index on ties (a NaN counts as
+each block of ROW_BLOCK rows in the input's own precision at full vector width, an inner-reduce
+one each block of F32_BLOCK elements in f32 partials), integer ones wrap in their dtype;
+max/min propagate NaN like np.max (over the last dim the float accumulators take only ordered
+values and a NaN seen is kept in a mask beside them, so each vector costs one compare and
+select); argmax/argmin keep the first index on ties (a NaN counts as
 the maximum / minimum, first one wins, like NumPy).
 """
 from __future__ import annotations
@@ -48,6 +51,7 @@ def lanes(spec: RedSpec) -> int:
 
 ROW_BLOCK = 8   # inner-output: reduced rows combined per trip of an accumulator through L1
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
+F32_BLOCK = 256     # f32 sums over a row (here and in row.py): elements per f32 partial (a multiple of U * 2W)
 
 
 def _acc_type(spec, dt):
@@ -63,8 +67,14 @@ class _RedKernel(_Kernel):
         self.val_dt = D.DType.from_name(spec.instrs[-1][3])
         self.out_dtype = D.DType.from_name(spec.outputs[0][1])
         self.acc_t = _acc_type(spec, self.val_dt)
+        self.val_t = ltype(self.val_dt.compute)
         self.is_arg = self.red.finish == "index"
         self.is_float = self.val_dt.is_float
+        # a float sum whose values compute in f32 adds them in f32 at full width (2W lanes)
+        # for a bounded number of terms, then widens into its f64 accumulators
+        self.narrow_sum = (self.red.combine == "add" and self.acc_t == F64
+                           and self.val_dt.is_float and self.val_dt.compute == "float")
+        self.nan_apart = self.is_float and self.red.combine in ("max", "min") and not self.is_arg
         b, count = self.b, I64(1)
         for d, r in enumerate(spec.red):
             if r:
@@ -201,22 +211,28 @@ class _RedKernel(_Kernel):
         lo, hi = unit_range(self.fn)
         out_dims = [d for d, r in enumerate(spec.red) if not r]
         red_dims = [d for d, r in enumerate(spec.red) if r]
-        with counted_loop(b, lo, hi, 1, "unit") as u:
-            if spec.inner_reduce:
+        if spec.inner_reduce:
+            with counted_loop(b, lo, hi, 1, "unit") as u:
                 in_base, _ = self.offsets(self.unravel(u, out_dims) if out_dims else {})
                 self.reduce_inner(in_base, u, red_dims)
-            else:
-                jd = out_dims[-1]
-                m = self.dims[jd]
-                outer, j_lo, j_hi = self.strip_of(u, m)
-                in_base, _ = self.offsets(self.unravel(outer, out_dims[:-1]) if len(out_dims) > 1 else {})
-                walk = self.reduce_outer if self.is_arg else self.reduce_strip
-                walk(in_base, b.mul(outer, m), red_dims, jd, j_lo, j_hi)
+            return
+        jd = out_dims[-1]
+        m = self.dims[jd]
+        with self.strips(lo, hi, m) as (outer, j_lo, j_hi):
+            in_base, _ = self.offsets(self.unravel(outer, out_dims[:-1]) if len(out_dims) > 1 else {})
+            walk = self.reduce_outer if self.is_arg else self.reduce_strip
+            walk(in_base, b.mul(outer, m), red_dims, jd, j_lo, j_hi)
 
-    def strip_of(self, u, m):
-        """(outer row, first output, end output) of unit u: the row's m outputs split into
-        ir.kernels.output_strips(m) strips of equal width (a multiple of W; the last may be
-        shorter or empty)."""
+    @contextlib.contextmanager
+    def strips(self, lo, hi, m):
+        """Loop over the strips of units [lo, hi); yields (outer row, first output, end output).
+        A row's m outputs split into ir.kernels.output_strips(m) strips of equal width (a
+        multiple of W; the last may be shorter or empty), so that two threads can share a row;
+        consecutive strips of one row that the same call runs are walked as ONE strip while
+        it fits OUTPUT_STRIP (one thread then reads whole rows: a thread reading half of each
+        4 KiB page loses a fifth of the bandwidth to the prefetcher fetching the other half).
+        Each output is summed in the same order either way, so results do not depend on the
+        split."""
         b, W = self.b, self.W
         s = b.udiv(b.add(m, I64(OUTPUT_STRIP - 1)), I64(OUTPUT_STRIP))
         least = b.select(b.icmp_signed(">=", m, I64(2 * MIN_STRIP)), I64(2), I64(1))
@@ -224,12 +240,29 @@ class _RedKernel(_Kernel):
         s = b.select(b.icmp_unsigned(">", s, I64(1)), b.add(s, b.and_(s, I64(1))), s)
         width = b.udiv(b.add(m, b.sub(s, I64(1))), s)
         width = b.mul(b.udiv(b.add(width, I64(W - 1)), I64(W)), I64(W))
-        outer, strip = b.udiv(u, s), b.urem(u, s)
+        width = b.select(b.icmp_unsigned("<", width, I64(W)), I64(W), width)
+        per = b.udiv(I64(OUTPUT_STRIP), width)         # strips merged at most (>= 1)
 
-        def clamp(v):
-            return b.select(b.icmp_signed("<", v, m), v, m)
-        j_lo = clamp(b.mul(strip, width))
-        return outer, j_lo, clamp(b.add(j_lo, width))
+        def least_of(x, y):
+            return b.select(b.icmp_signed("<", x, y), x, y)
+
+        pre = b.block
+        head = self.fn.append_basic_block("strip.head")
+        body = self.fn.append_basic_block("strip.body")
+        done = self.fn.append_basic_block("strip.done")
+        b.branch(head)
+        b.position_at_end(head)
+        u = b.phi(I64, name="unit")
+        u.add_incoming(lo, pre)
+        b.cbranch(b.icmp_signed("<", u, hi), body, done)
+        b.position_at_end(body)
+        outer, strip = b.udiv(u, s), b.urem(u, s)
+        k = least_of(least_of(per, b.sub(hi, u)), b.sub(s, strip))
+        j_lo = least_of(b.mul(strip, width), m)
+        yield outer, j_lo, least_of(b.mul(b.add(strip, k), width), m)
+        u.add_incoming(b.add(u, k), b.block)
+        b.branch(head)
+        b.position_at_end(done)
 
     def _step(self, acc_slot, idx_slot, offs, strides, w, pos):
         """acc <- combine(acc, value at offs); for arg kinds also track the index `pos`."""
@@ -251,6 +284,8 @@ class _RedKernel(_Kernel):
 
     def reduce_inner(self, in_base, out_off, red_dims):
         """Everything reduced for one output element; the last reduced dim runs W-wide."""
+        if self.narrow_sum:
+            return self.sum_inner_blocked(in_base, out_off, red_dims)
         b, W = self.b, self.W
         last = red_dims[-1]
         n = self.dims[last]
@@ -264,19 +299,32 @@ class _RedKernel(_Kernel):
             b.store(self.init(w), a)
             if self.is_arg:
                 b.store(const(vec(I64, w), 0), idxs[k])
+        # float max / min: the accumulators take only ordered values (one compare and select
+        # per vector) and a NaN seen is recorded in a mask off their dependency chain
+        nans = [self.slot(vec(ir.IntType(1), W)), self.slot(ir.IntType(1))] if self.nan_apart else None
+        for k, m in enumerate(nans or ()):
+            b.store(const(m.type.pointee, 0), m)
+
+        def step(k, o, w, pos, mask):
+            if not nans:
+                return self._step(accs[k], idxs[k], o, sl, w, pos)
+            v, acc = self.value(o, sl, w), b.load(accs[k])
+            b.store(b.select(b.fcmp_ordered(">" if self.red.combine == "max" else "<", v, acc), v, acc), accs[k])
+            b.store(b.or_(b.load(mask), b.fcmp_unordered("uno", v, v)), mask)
+
         sl = [s[last] for s in self.strides]
         with self.red_loops(red_dims[:-1], in_base) as (offs, flat):
             with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
                 for k in range(U):
                     j = b.add(i, I64(k * W))
                     o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
-                    self._step(accs[k], idxs[k], o, sl, W, self._lanes(b.add(flat, j), W) if self.is_arg else None)
+                    step(k, o, W, self._lanes(b.add(flat, j), W) if self.is_arg else None, nans and nans[0])
             with counted_loop(b, nvec, n1, W, "r1") as j:
                 o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
-                self._step(accs[0], idxs[0], o, sl, W, self._lanes(b.add(flat, j), W) if self.is_arg else None)
+                step(0, o, W, self._lanes(b.add(flat, j), W) if self.is_arg else None, nans and nans[0])
             with counted_loop(b, n1, n, 1, "rt") as j:
                 o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
-                self._step(accs[U], idxs[U], o, sl, 1, b.add(flat, j) if self.is_arg else None)
+                step(U, o, 1, b.add(flat, j) if self.is_arg else None, nans and nans[1])
         vals = [b.load(a) for a in accs[:U]]
         ids = [b.load(x) for x in idxs[:U]] if self.is_arg else None
         s, si = self.hreduce(vals, ids)
@@ -285,7 +333,60 @@ class _RedKernel(_Kernel):
             s, si = self.arg_pick(s, si, tail, tail_i)
         else:
             s = self.combine(s, tail)
+        if nans:
+            lanes_nan = b.icmp_unsigned("!=", b.bitcast(b.load(nans[0]), ir.IntType(W)), ir.IntType(W)(0))
+            s = b.select(b.or_(lanes_nan, b.load(nans[1])), ir.Constant(self.acc_t, float("nan")), s)
         self._store(out_off, si if self.is_arg else s, 1)
+
+    def sum_inner_blocked(self, in_base, out_off, red_dims):
+        """reduce_inner for an f32-valued sum: the last reduced dim runs E = 2W f32 lanes (a
+        full register) into U f32 partials; after each block of F32_BLOCK elements the partials
+        are added pairwise and widened into two W-lane f64 accumulators, so no f32 lane adds
+        more than F32_BLOCK / (U E) + log2(U) terms in f32 (SPEC's rtol holds) and there is
+        no f32 -> f64 conversion per element.  Then an E-wide step and a scalar tail (f64)."""
+        b, W, U = self.b, self.W, UNROLL
+        E = 2 * W
+        pt = vec(self.val_t, E)
+        last = red_dims[-1]
+        n = self.dims[last]
+        nvec = b.mul(b.udiv(n, I64(U * E)), I64(U * E))
+        n1 = b.mul(b.udiv(n, I64(E)), I64(E))
+        accs = [self.slot(vec(F64, W)) for _ in range(2)]
+        tail = self.slot(F64)
+        parts = [self.slot(pt) for _ in range(U)]
+        for a in accs:
+            b.store(self.init(W), a)
+        b.store(self.init(1), tail)
+        sl = [s[last] for s in self.strides]
+
+        def at(offs, j):
+            return [self.sadd(x, j, s) for x, s in zip(offs, sl)]
+
+        def widen_into(v):
+            for h, a in enumerate(accs):
+                half = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)]))
+                b.store(b.fadd(b.load(a), b.fpext(half, vec(F64, W)), flags=FM_REDUCE), a)
+
+        with self.red_loops(red_dims[:-1], in_base) as (offs, _):
+            with counted_loop(b, I64(0), nvec, F32_BLOCK, "rb") as blk:
+                end = b.add(blk, I64(F32_BLOCK))
+                end = b.select(b.icmp_signed("<", end, nvec), end, nvec)
+                for p in parts:
+                    b.store(ir.Constant(pt, 0.0), p)
+                with counted_loop(b, blk, end, U * E, "rv") as i:
+                    for k, p in enumerate(parts):
+                        v = self.value(at(offs, b.add(i, I64(k * E))), sl, E, widen=False)
+                        b.store(b.fadd(b.load(p), v, flags=FM_REDUCE), p)
+                vals = [b.load(p) for p in parts]
+                while len(vals) > 1:
+                    vals = [b.fadd(vals[k], vals[k + 1], flags=FM_REDUCE) for k in range(0, len(vals), 2)]
+                widen_into(vals[0])
+            with counted_loop(b, nvec, n1, E, "r1") as j:
+                widen_into(self.value(at(offs, j), sl, E, widen=False))
+            with counted_loop(b, n1, n, 1, "rt") as j:
+                b.store(b.fadd(b.load(tail), self.value(at(offs, j), sl, 1), flags=FM_REDUCE), tail)
+        s, _ = self.hreduce([b.load(a) for a in accs])
+        self._store(out_off, b.fadd(s, b.load(tail), flags=FM_REDUCE), 1)
 
     def reduce_strip(self, in_base, out_row, red_dims, jd, j_lo, j_hi):
         """Outputs [j_lo, j_hi) of one row (at most OUTPUT_STRIP): their accumulators live in a

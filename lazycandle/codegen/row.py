@@ -27,10 +27,9 @@ from . import codecs, jit, registry
 from .elementwise import _Kernel, _cast, _emit_instrs, _bits, lanes as ew_lanes
 from .llvmutil import I8, I32, I64, F32, F64, VOID, intrinsic, ltype, vec, splat, width_of
 from .loops import KERNEL_FN, counted_loop, unit_range
-from .reduce import UNROLL, _RedKernel
+from .reduce import F32_BLOCK, UNROLL, _RedKernel
 
 
-F32_BLOCK = 256    # elements per f32 partial of a row's f32 sum (see reduce_pass); a multiple of U * W
 STASH_COST = 4     # op cost of a per-element value worth writing once rather than computing twice
 
 

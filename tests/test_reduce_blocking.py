@@ -1,0 +1,115 @@
+"""The blocking of reduce kernels: inner-reduce f32 sums add f32 partials per block of
+F32_BLOCK elements at full vector width (f64 across blocks); inner-output reductions walk the
+strips of one row a call runs as one strip.  Lengths around the block, unroll and vector widths,
+empty and strided inputs, low-precision dtypes and 1 vs 2 threads, against NumPy in f64."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lazycandle as lc
+from lazycandle.codegen import jit
+from lazycandle.codegen.reduce import F32_BLOCK, UNROLL
+
+rng = np.random.default_rng(7)
+E = jit.vector_bits() // 32          # f32 lanes of one register
+EDGES = sorted({0, 1, E - 1, E, E + 1, UNROLL * E - 1, UNROLL * E, UNROLL * E + 1,
+                F32_BLOCK - 1, F32_BLOCK, F32_BLOCK + 1, 2 * F32_BLOCK + UNROLL * E + E + 3, 3000})
+
+
+def _close(got, want, tol=1e-5):
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("n", EDGES)
+def test_last_dim_f32_sum_and_mean_at_block_and_vector_edges(n):
+    x = rng.standard_normal((3, n)).astype(np.float32)
+    t = lc.tensor(x)
+    _close(t.sum(-1).numpy(), x.astype(np.float64).sum(-1))
+    if n:
+        _close(t.mean(-1).numpy(), x.astype(np.float64).mean(-1))
+    _close((t * 2.5 + 1.0).sum(-1).numpy(), (x.astype(np.float64) * 2.5 + 1.0).sum(-1))
+
+
+def test_last_dim_sum_of_large_offset_values_keeps_f64_accuracy_across_blocks():
+    """Each block's f32 partial is widened to f64, so a long row of values with a large common
+    offset (where one f32 accumulator would lose digits) stays within SPEC's rtol."""
+    x = (1000.0 + rng.standard_normal((2, 64 * F32_BLOCK + 5))).astype(np.float32)
+    got = lc.tensor(x).sum(-1).numpy()
+    np.testing.assert_allclose(got, x.astype(np.float64).sum(-1), rtol=2e-7)
+
+
+@pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16])
+def test_last_dim_low_precision_sums_are_the_f64_sum_rounded_once(dt):
+    x = rng.uniform(-1, 1, (4, F32_BLOCK + 3 * E + 1)).astype(dt)
+    got = lc.tensor(x).sum(-1).numpy()
+    want = x.astype(np.float64).sum(-1).astype(dt)
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-2)
+
+
+@pytest.mark.parametrize("view", ["transpose", "step", "narrow"])
+def test_last_dim_f32_sum_of_strided_views(view):
+    x = rng.standard_normal((F32_BLOCK + 9, 2 * F32_BLOCK + 7)).astype(np.float32)
+    t = lc.tensor(x)
+    tv, xv = {"transpose": (t.t(), x.T), "step": (t[::2, 1::3], x[::2, 1::3]),
+              "narrow": (t.narrow(1, 5, F32_BLOCK + E + 1), x[:, 5:5 + F32_BLOCK + E + 1])}[view]
+    _close(tv.sum(-1).numpy(), xv.astype(np.float64).sum(-1))
+    _close(tv.sum(0).numpy(), xv.astype(np.float64).sum(0))
+
+
+def test_f32_sum_over_several_dims_ending_in_the_last():
+    x = rng.standard_normal((3, 5, F32_BLOCK + 17)).astype(np.float32)
+    _close(lc.tensor(x).sum((0, 2)).numpy(), x.astype(np.float64).sum((0, 2)))
+    _close(lc.tensor(x).sum((1, 2)).numpy(), x.astype(np.float64).sum((1, 2)), 1e-5)
+
+
+def test_empty_last_dim_sum_is_zero():
+    z = np.zeros((4, 0), np.float32)
+    np.testing.assert_array_equal(lc.tensor(z).sum(-1).numpy(), np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize("m", [511, 512, 513, 1024, 2047, 2049, 4100])
+@pytest.mark.parametrize("kind", ["sum", "mean", "max", "argmax"])
+def test_leading_dim_merged_strips_match_numpy_and_each_thread_count(m, kind):
+    """A 1-thread call walks a row's strips as one, a 2-thread call one strip per thread: the
+    same values either way, and right at every width around the strip splits."""
+    x = rng.standard_normal((150, m)).astype(np.float32)    # big enough to run in parallel
+    res = []
+    for n in (1, 2):
+        with lc.num_threads(n):
+            res.append(getattr(lc.tensor(x), kind)(0).numpy())
+    np.testing.assert_array_equal(res[0], res[1])
+    if kind == "argmax":
+        np.testing.assert_array_equal(res[0], x.argmax(0).astype(np.uint32))
+    elif kind == "max":
+        np.testing.assert_array_equal(res[0], x.max(0))
+    else:
+        _close(res[0], getattr(x.astype(np.float64), kind)(0))
+
+
+def test_leading_dim_strips_of_a_rank3_reduction_cover_every_outer_row():
+    """10 units (5 outer rows x 2 strips): 2 and 3 threads start chunks in the middle of a row."""
+    x = rng.standard_normal((5, 20, 1030)).astype(np.float32)
+    for n in (1, 2, 3):
+        with lc.num_threads(n):
+            _close(lc.tensor(x).sum(1).numpy(), x.astype(np.float64).sum(1))
+            np.testing.assert_array_equal(lc.tensor(x).min(1).numpy(), x.min(1))
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.float16])
+def test_last_dim_max_min_record_a_nan_anywhere_in_the_row(kind, dt):
+    """Float max / min over the last dim keep NaN apart from their accumulators: a NaN in the
+    unrolled body, the one-vector loop or the scalar tail makes that row NaN; inf, -inf and
+    all--inf rows stay exact."""
+    n = 3 * UNROLL * E + E + 3
+    x = rng.standard_normal((8, n)).astype(dt)
+    x[0, 1] = np.nan
+    x[1, 3 * UNROLL * E + 2] = np.nan          # the one-vector loop
+    x[2, n - 1] = np.nan                       # the scalar tail
+    x[3, 5] = np.inf
+    x[4, :] = -np.inf
+    x[5, :] = np.inf
+    x[6, [0, n - 1]] = np.nan
+    got = getattr(lc.tensor(x), kind)(-1).numpy()
+    np.testing.assert_array_equal(got, getattr(x, kind)(-1))
+    np.testing.assert_array_equal(getattr(lc.tensor(x[:, ::2]), kind)(-1).numpy(), getattr(x[:, ::2], kind)(-1))
