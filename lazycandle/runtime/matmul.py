@@ -23,11 +23,11 @@ from math import gcd, prod
 import numpy as np
 
 from .. import caches, config
-from ..codegen import gemm, gemm_copy, gemm_epilogue
+from ..codegen import gemm, gemm_copy, gemm_epilogue, gemm_pool, pool_ir
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
-from . import blas, matmul_auto, pool
+from . import blas, matmul_auto, native_pool, pool
 
 PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (~30-40 us here) costs more than it saves
 
@@ -282,6 +282,39 @@ class TiledPlan:
         self.esz = g.dtype.size_in_bytes
         self.out_elems = nb * g.m * g.n
         self.ep_slots = tuple(e for e, _, _, _ in _EP_SLOTS[:len(g.ep)])
+        self._native_setup()
+
+    def _native_setup(self) -> None:
+        """The native pool job running every task (codegen/gemm_pool.py): `parts` threads, each
+        with its own slice of the caller's workspace, taking blocks of tasks from a counter."""
+        self.parts = min(self.threads, self.ntask)
+        self.parallel = self.parts > 1 and self.ntask * self.cost >= PARALLEL_MIN_FLOPS
+        if not self.parallel:
+            return
+        block = 1 if self.ntask <= self.parts else max(1, self.ntask // (self.parts * 4))
+        self.ws_stride = _round_up(max(self.ws_bytes, 1), 4096)
+        self.job_bufs = (ctypes.c_uint64 * 4)(ctypes.cast(self.fn, ctypes.c_void_p).value, 0, 0, 0)
+        self.job_sizes = (ctypes.c_int64 * 3)(self.ntask, block, self.ws_stride)
+        self.job = (ctypes.c_int64 * pool_ir.JOB_WORDS)(
+            gemm_pool.entry_address(), ctypes.addressof(self.job_bufs), ctypes.addressof(self.job_sizes), 0,
+            0, self.parts, 1, self.parts)
+        self.counter = ctypes.c_int64(0)
+        self.job_addr, self.counter_addr = ctypes.addressof(self.job), ctypes.addressof(self.counter)
+
+    def _run_native(self, pptr: int, own: bool) -> None:
+        if getattr(pool._in_worker, "flag", False):     # on a Python pool worker: stay there
+            self.fn(pptr, 0, self.ntask, _workspace(self.ws_bytes))
+            return
+        bufs, counter, job = self.job_bufs, self.counter, self.job_addr
+        if not own:                                     # a concurrent caller: its own job words
+            bufs, counter = type(bufs).from_buffer_copy(bufs), ctypes.c_int64(0)
+            jb = type(self.job).from_buffer_copy(self.job)
+            jb[1] = ctypes.addressof(bufs)
+            job = ctypes.addressof(jb)
+        bufs[1], bufs[2], bufs[3] = pptr, _workspace(self.ws_stride * self.parts), ctypes.addressof(counter)
+        counter.value = 0
+        native_pool.ensure(self.threads)
+        native_pool.run_jobs(job, 1, self.threads)
 
     def run(self, a: int, b: int, o: int, extras=(), scalars: int = 0) -> None:
         """extras: addresses of the epilogue's operands; scalars: address of its i64 scalars."""
@@ -291,11 +324,6 @@ class TiledPlan:
         try:
             params = self.params if own else type(self.params).from_buffer_copy(self.params)
             pptr = self.params_addr if own else ctypes.addressof(params)
-            fn, ws = self.fn, self.ws_bytes
-
-            def chunk(lo, hi):
-                fn(pptr, lo, hi, _workspace(ws))
-
             ia, ib, io = _ABO_SLOTS
             esz = self.esz
             params[_ESCAL_SLOT] = scalars
@@ -303,7 +331,10 @@ class TiledPlan:
                 params[ia], params[ib], params[io] = a + oa * esz, b + ob * esz, o + oo * esz
                 for slot, addr, off, ee in zip(self.ep_slots, extras, oe, self.ep_esz):
                     params[slot] = addr + off * ee      # the driver adds the batch offsets
-                _run_tasks(chunk, self.ntask, self.cost, self.threads)
+                if self.parallel:
+                    self._run_native(pptr, own)
+                else:
+                    self.fn(pptr, 0, self.ntask, _workspace(self.ws_bytes))
         finally:
             if own:
                 self.busy.release()
