@@ -1,6 +1,6 @@
 """The generated tiled GEMM (BLIS-style), one LLVM module per (dtype, register tile).
 
-    for each task (batch, m-range, n-range)            <- tasks are split over the thread pool
+    for each task (batch, m-range, n-range)            <- tasks are split over threads (gemm_pool.py)
       for jc in n-range step NC:                         B block (KC x NC) lives in L3
         for pc in 0..K step KC:  pack B[pc:, jc:] -> Bp    panels Bp[j/NR][k][NR], zero padded
           for ic in m-range step MC:  pack A -> Ap         panels Ap[i/MR][k][MR]  (L2)

@@ -1,6 +1,9 @@
 """Batched matmul over strided storage: the BLAS path (sgemm/dgemm with transpose flags and
 leading dimensions, folding broadcast batches where that is correct) and the generated tiled
-path (lazycandle.codegen.gemm), both run on the one thread pool.
+path (lazycandle.codegen.gemm).  BLAS pieces run on the Python pool (runtime/pool.py); a
+parallel tiled GEMM is one job of the native pool (runtime/native_pool.py, codegen/gemm_pool.py),
+so its threads hand off without the GIL.  The two never run at once: the cores are not
+oversubscribed.
 
     matmul(a, a_layout, b, b_layout, out, dtype, backend="auto") -> "blas" | "tiled"
 
@@ -30,7 +33,7 @@ from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
 from . import blas, matmul_auto, native_pool, pool
 
-PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (~30-40 us here) costs more than it saves
+PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (Python ~20-40 us, native ~15 us) costs more than it saves
 
 
 def _machine_cpus() -> int:
