@@ -15,7 +15,6 @@ once and cached as a plan; a call then only supplies the three addresses.
 from __future__ import annotations
 
 import ctypes
-import glob
 import itertools
 import os
 import sys
@@ -27,7 +26,7 @@ from math import gcd, prod
 import numpy as np
 
 from .. import caches, config
-from ..codegen import gemm, gemm_copy, gemm_epilogue, gemm_pool, pool_ir
+from ..codegen import gemm, gemm_copy, gemm_epilogue, gemm_pool, jit, pool_ir
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
@@ -185,30 +184,7 @@ def _chunks(nb: int, m: int, n: int, mr: int, nr: int, flops: float, threads: in
     return m, cols
 
 
-def _host_caches() -> dict:
-    """{1: L1 data, 2: L2, 3: L3} bytes of cpu0 from sysfs, or typical sizes where it says
-    nothing (non-Linux, containers that hide it)."""
-    got = {1: 32 << 10, 2: 512 << 10, 3: 8 << 20}
-    for idx in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
-        try:
-            with open(os.path.join(idx, "level")) as f:
-                level = int(f.read())
-            with open(os.path.join(idx, "type")) as f:
-                kind = f.read().strip()
-            with open(os.path.join(idx, "size")) as f:
-                text = f.read().strip().upper()
-        except (OSError, ValueError):
-            continue
-        if kind == "Instruction" or not text:
-            continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
-        size = int(text.rstrip("KMG")) * scale
-        if level in got and size > 0:
-            got[level] = size
-    return got
-
-
-CACHES = _host_caches()
+CACHES = jit.cache_bytes()    # {level: bytes} of the host's data caches
 
 
 def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
