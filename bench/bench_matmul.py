@@ -9,6 +9,12 @@ Peer table (issue 10 item 6): the shapes a transformer runs, lazycandle through 
 one process per thread count (NumPy's OpenBLAS reads OPENBLAS_NUM_THREADS at start):
 
     PYTHONPATH=/work/peers python -m bench.bench_matmul --peers --threads 1
+
+Tile / blocking A/B at 1 thread on the calling thread's CPU time (steadier than wall time when
+other processes share the cores), against NumPy and torch; a variant is MR,NV,KC,MC,NC with 0
+for the host's default (e.g. the pre-AVX-512-tuning 6,4,128,318,8192 against 14,2,0,0,0):
+
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH=/work/peers python -m bench.bench_matmul --ab 1024 6,4,128,318,8192 14,2,0,0,0
 """
 from __future__ import annotations
 
@@ -271,6 +277,58 @@ def run_epilogue(threads: int, repeats: int = 15) -> list:
     return rows
 
 
+def run_ab(n: int, variants, rounds: int = 21) -> list:
+    """Rows (name, CPU-time median / min ms, GFLOP/s, x best peer) of tiled f32 n^3 plans built
+    with each MR,NV,KC,MC,NC variant, and NumPy / torch, at 1 thread, rotating."""
+    from lazycandle.codegen import gemm
+    from lazycandle.runtime import matmul as M
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    out = np.empty((n, n), np.float32)
+    g = M.geometry(Layout.contiguous((n, n)), Layout.contiguous((n, n)), D.f32)
+    fns = {"numpy": lambda: np.matmul(a, b, out=out)}
+    try:
+        import torch
+        torch.set_num_threads(1)
+        ta, tb, to = torch.from_numpy(a), torch.from_numpy(b), torch.empty(n, n)
+        fns["torch"] = lambda: torch.mm(ta, tb, out=to)
+    except ImportError:
+        pass
+    real_blocking, saved = M._blocking, dict(M._tile_kernels)
+    old = config.get_num_threads()
+    config.set_num_threads(1)
+    try:
+        for v in variants:
+            mr, nv, kc, mc, nc = (int(x) for x in v.split(","))
+            spec = gemm.GemmSpec(D.f32, mr, nv, gemm.choose_tile(D.f32)[2])
+            M._tile_kernels["f32"] = (spec, gemm.get_kernel(spec), 4, False)
+            M._blocking = lambda sp, ab, k, want=(mc, kc, nc): tuple(
+                x or d for x, d in zip(want, real_blocking(sp, ab, k)))
+            plan = M.TiledPlan(g, 1)
+            fns[v] = lambda plan=plan: plan.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+        M._blocking = real_blocking
+        M._tile_kernels.clear()
+        M._tile_kernels.update(saved)
+        reps = max(1, int(1e8 / n ** 3))
+        cpu = {k: [] for k in fns}
+        for _ in range(rounds):
+            for k, fn in fns.items():
+                fn()
+                t0 = time.thread_time()
+                for _ in range(reps):
+                    fn()
+                cpu[k].append((time.thread_time() - t0) / reps)
+    finally:
+        M._blocking = real_blocking
+        M._tile_kernels.clear()
+        M._tile_kernels.update(saved)
+        config.set_num_threads(old)
+    peer = min(statistics.median(cpu[k]) for k in ("numpy", "torch") if k in cpu)
+    return [{"name": k, "cpu_ms": round(statistics.median(v) * 1e3, 3), "cpu_min_ms": round(min(v) * 1e3, 3),
+             "gflops": round(2.0 * n ** 3 / statistics.median(v) / 1e9, 1),
+             "x_best_peer": round(peer / statistics.median(v), 3)} for k, v in cpu.items()]
+
+
 class _backend:
     """with _backend(lc, name): the matmul backend for the block."""
 
@@ -301,7 +359,15 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--peers", action="store_true", help="the peer table of PEER_SHAPES (NumPy, torch)")
+    ap.add_argument("--ab", nargs="+", metavar=("N", "MR,NV,KC,MC,NC"),
+                    help="tile / blocking A/B at 1 thread on CPU time: size, then variants")
     args = ap.parse_args(argv)
+    if args.ab:
+        print(f"# n={args.ab[0]} threads=1 CPU time, loadavg={os.getloadavg()}")
+        for r in run_ab(int(args.ab[0]), args.ab[1:], args.reps or 21):
+            print(f"{r['name']:20s} cpu median {r['cpu_ms']:9.3f} ms  min {r['cpu_min_ms']:9.3f}  "
+                  f"{r['gflops']:7.1f} GFLOP/s  x{r['x_best_peer']:.3f} best peer")
+        return
     if args.peers:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
         print_peers(run_peers(args.threads, args.reps or 15))

@@ -304,17 +304,27 @@ def test_hypothesis_strides(problem):
     mm_case(np.random.default_rng(11), dt, backend, a_shape, b_shape, a_str, b_str, a_off, b_off)
 
 
-def test_tiled_generator_is_parametric(monkeypatch):
-    """The 512-bit tile (6 x 4 vectors of 16 f32, as on AVX-512) stays correct; LLVM
-    legalises it on narrower hosts, so this runs everywhere."""
+@pytest.mark.parametrize("bits", [256, 512])
+def test_tiled_generator_is_parametric(monkeypatch, bits):
+    """The AVX2 (6 x 2 vectors) and AVX-512 (14 x 2 vectors for floats, 6 x 4 for integers)
+    tiles stay correct whatever the host: LLVM legalises the wider vectors on narrower hosts.
+    Sizes around the register tile, k not a multiple of the unroll, transposed and sliced
+    operands."""
     from lazycandle.codegen import gemm
     real = gemm.choose_tile
-    monkeypatch.setattr(gemm, "choose_tile", lambda dt, bits=None: real(dt, 512))
+    monkeypatch.setattr(gemm, "choose_tile", lambda dt, vector_bits=None: real(dt, bits))
+    monkeypatch.setattr(MM, "_tiles", {})
+    monkeypatch.setattr(MM, "_tile_kernels", {})
     monkeypatch.setattr(MM, "_plans", {})
     rng = np.random.default_rng(12)
-    for dt in (D.f32, D.bf16):
-        for m, k, n in [(7, 5, 70), (129, 200, 65)]:
+    for dt in (D.f32, D.bf16, D.f64, D.i32):
+        mr, nv, vw = real(dt, bits)
+        nr = nv * vw
+        assert (MM._tile_kernel(dt)[0].mr, MM._tile_kernel(dt)[0].nr) == (mr, nr)
+        for m, k, n in [(7, 5, 70), (129, 200, 65), (mr - 1, 3, nr + 1), (mr + 1, 257, nr - 1),
+                        (2 * mr, 1, 2 * nr), (3 * mr + 1, 6, 3 * nr + 1)]:
             mm_case(rng, dt, "tiled", (m, k), (k, n), transposed((m, k)), None)
+            mm_case(rng, dt, "tiled", (m, k), (k, n), (2 * k + 3, 1), (1, k + 2), 1, 4)    # gaps, transposed B
 
 
 @pytest.mark.parametrize("keep_a", [True, False])

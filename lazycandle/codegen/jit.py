@@ -9,6 +9,7 @@ either check, cannot be read or does not link is deleted, recompiled and rewritt
 warning per process) — never loaded as is."""
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -67,6 +68,32 @@ def vector_bits() -> int:
         bits = 512 if has_feature("avx512f") else 256 if has_feature("avx2") or has_feature("avx") else 128
         _state["vector_bits"] = bits
     return bits
+
+
+_cache_sizes: dict = {}
+
+
+def cache_bytes() -> dict:
+    """{1: L1 data, 2: L2, 3: L3} bytes of cpu0 from sysfs, or typical sizes where it says
+    nothing (non-Linux, containers that hide it); read once."""
+    if _cache_sizes:
+        return dict(_cache_sizes)
+    got = {1: 32 << 10, 2: 512 << 10, 3: 8 << 20}
+    for idx in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(idx, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(idx, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(idx, "size")) as f:
+                text = f.read().strip().upper()
+            size = int(text.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction" and level in got and size > 0:
+            got[level] = size
+    _cache_sizes.update(got)
+    return dict(got)
 
 
 def triple_and_layout():

@@ -1,6 +1,9 @@
 """Batched matmul over strided storage: the BLAS path (sgemm/dgemm with transpose flags and
 leading dimensions, folding broadcast batches where that is correct) and the generated tiled
-path (lazycandle.codegen.gemm), both run on the one thread pool.
+path (lazycandle.codegen.gemm).  BLAS pieces run on the Python pool (runtime/pool.py); a
+parallel tiled GEMM is one job of the native pool (runtime/native_pool.py, codegen/gemm_pool.py),
+so its threads hand off without the GIL.  The two never run at once: the cores are not
+oversubscribed.
 
     matmul(a, a_layout, b, b_layout, out, dtype, backend="auto") -> "blas" | "tiled"
 
@@ -23,13 +26,13 @@ from math import gcd, prod
 import numpy as np
 
 from .. import caches, config
-from ..codegen import gemm, gemm_copy, gemm_epilogue
+from ..codegen import gemm, gemm_copy, gemm_epilogue, gemm_pool, jit, pool_ir
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
-from . import blas, matmul_auto, matmul_skinny, pool
+from . import blas, matmul_auto, matmul_skinny, native_pool, pool
 
-PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (~30-40 us here) costs more than it saves
+PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (Python ~20-40 us, native ~15 us) costs more than it saves
 
 
 def _machine_cpus() -> int:
@@ -166,28 +169,39 @@ def _aligned(nelem: int, np_dtype, keep: list) -> int:
 def _chunks(nb: int, m: int, n: int, mr: int, nr: int, flops: float, threads: int) -> tuple:
     """(rows, cols) of the output block one task computes.  Tasks are batches first; each
     matrix is split too (over m or n) only when the batch count does not divide evenly over the
-    threads.  (The tiled result does not depend on the split.)"""
+    threads, along whichever dimension leaves the largest task smallest (whole register tiles
+    per task: 256 rows of 14-row tiles split 140 / 116, its 256 columns of 32 split evenly).
+    On a tie: m up to n ~ 2048, else n (each thread then packs only its own share of the big
+    B block).  (The tiled result does not depend on the split.)"""
     split = threads // gcd(nb, threads) if threads > 1 else 1
     if split == 1 or flops * nb < PARALLEL_MIN_FLOPS:
         return m, n
     mblocks, nblocks = -(-m // mr), -(-n // nr)
-    # measured: m for square sizes up to ~1024, n for wide ones and from n ~ 2048 (each thread
-    # then packs only its own share of the big B block)
-    if mblocks >= nblocks and n < 2048:
-        return -(-mblocks // split) * mr, n
-    return m, -(-nblocks // split) * nr
+    rows, cols = -(-mblocks // split) * mr, -(-nblocks // split) * nr
+    by_m, by_n = min(rows, m) * n, m * min(cols, n)
+    if by_m < by_n or (by_m == by_n and n < 2048):
+        return rows, n
+    return m, cols
+
+
+CACHES = jit.cache_bytes()    # {level: bytes} of the host's data caches
 
 
 def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
-    """(MC, KC, NC): a KC x NR panel of B stays in L1 (~16 KB), an MC x KC block of A in L2
-    (~160 KB), a KC x NC block of B in L3 (~4 MB).  KC is a multiple of the k unroll.  When
-    partial sums would go through the scratch W (16/8-bit outputs), KC grows to cover K up to
-    1024 instead: measured 25-40 % faster at 1024^3 than the W round trips."""
-    kc = max(128, (16384 // (spec.nr * acc_bytes)) // 8 * 8)
-    if _tile_kernel(spec.dtype)[3] and k > kc:
-        kc = min(1024, _round_up(k, 8))
-    mc = max(spec.mr, (163840 // (kc * acc_bytes)) // spec.mr * spec.mr)
-    nc = max(spec.nr, (4 << 20) // (kc * acc_bytes) // spec.nr * spec.nr)
+    """(MC, KC, NC) from the host's caches.  KC covers all of K when an MR x KC panel of A and
+    a KC x NR panel of B fit in a quarter of L2 (else K is cut into equal blocks that do): the
+    micro-kernel streams both panels from L2 (~13 bytes a cycle for the 14 x 32 f32 tile, far
+    under L2's bandwidth) and every C tile is written once, never read back.  Measured at 1
+    thread, f32 14 x 32 tile, on CPU time: 2048^2 KC 2048 is 1.05x torch, KC 1024 0.91x, KC
+    256 0.79x; 1024^2 KC 1024 0.92x, KC 256 0.80x.  (16/8-bit outputs: no partial sums
+    through the scratch W for K up to 1024 at least.)  An MC x KC block of A takes a third of
+    L2, a KC x NC block of B half of L3, at most 4 MB (L3 is shared)."""
+    floor = 1024 if _tile_kernel(spec.dtype)[3] else 512
+    kc_max = max(floor, CACHES[2] // 4 // ((spec.mr + spec.nr) * acc_bytes) // 8 * 8)
+    blocks = max(1, -(-k // kc_max))
+    kc = _round_up(max(1, -(-k // blocks)), 8)
+    mc = max(spec.mr, (CACHES[2] // 3 // (kc * acc_bytes)) // spec.mr * spec.mr)
+    nc = max(spec.nr, min(4 << 20, CACHES[3] // 2) // (kc * acc_bytes) // spec.nr * spec.nr)
     return mc, kc, nc
 
 
@@ -282,6 +296,39 @@ class TiledPlan:
         self.esz = g.dtype.size_in_bytes
         self.out_elems = nb * g.m * g.n
         self.ep_slots = tuple(e for e, _, _, _ in _EP_SLOTS[:len(g.ep)])
+        self._native_setup()
+
+    def _native_setup(self) -> None:
+        """The native pool job running every task (codegen/gemm_pool.py): `parts` threads, each
+        with its own slice of the caller's workspace, taking blocks of tasks from a counter."""
+        self.parts = min(self.threads, self.ntask)
+        self.parallel = self.parts > 1 and self.ntask * self.cost >= PARALLEL_MIN_FLOPS
+        if not self.parallel:
+            return
+        block = 1 if self.ntask <= self.parts else max(1, self.ntask // (self.parts * 4))
+        self.ws_stride = _round_up(max(self.ws_bytes, 1), 4096)
+        self.job_bufs = (ctypes.c_uint64 * 4)(ctypes.cast(self.fn, ctypes.c_void_p).value, 0, 0, 0)
+        self.job_sizes = (ctypes.c_int64 * 3)(self.ntask, block, self.ws_stride)
+        self.job = (ctypes.c_int64 * pool_ir.JOB_WORDS)(
+            gemm_pool.entry_address(), ctypes.addressof(self.job_bufs), ctypes.addressof(self.job_sizes), 0,
+            0, self.parts, 1, self.parts)
+        self.counter = ctypes.c_int64(0)
+        self.job_addr, self.counter_addr = ctypes.addressof(self.job), ctypes.addressof(self.counter)
+
+    def _run_native(self, pptr: int, own: bool) -> None:
+        if getattr(pool._in_worker, "flag", False):     # on a Python pool worker: stay there
+            self.fn(pptr, 0, self.ntask, _workspace(self.ws_bytes))
+            return
+        bufs, counter, job = self.job_bufs, self.counter, self.job_addr
+        if not own:                                     # a concurrent caller: its own job words
+            bufs, counter = type(bufs).from_buffer_copy(bufs), ctypes.c_int64(0)
+            jb = type(self.job).from_buffer_copy(self.job)
+            jb[1] = ctypes.addressof(bufs)
+            job = ctypes.addressof(jb)
+        bufs[1], bufs[2], bufs[3] = pptr, _workspace(self.ws_stride * self.parts), ctypes.addressof(counter)
+        counter.value = 0
+        native_pool.ensure(self.threads)
+        native_pool.run_jobs(job, 1, self.threads)
 
     def run(self, a: int, b: int, o: int, extras=(), scalars: int = 0) -> None:
         """extras: addresses of the epilogue's operands; scalars: address of its i64 scalars."""
@@ -291,11 +338,6 @@ class TiledPlan:
         try:
             params = self.params if own else type(self.params).from_buffer_copy(self.params)
             pptr = self.params_addr if own else ctypes.addressof(params)
-            fn, ws = self.fn, self.ws_bytes
-
-            def chunk(lo, hi):
-                fn(pptr, lo, hi, _workspace(ws))
-
             ia, ib, io = _ABO_SLOTS
             esz = self.esz
             params[_ESCAL_SLOT] = scalars
@@ -303,7 +345,10 @@ class TiledPlan:
                 params[ia], params[ib], params[io] = a + oa * esz, b + ob * esz, o + oo * esz
                 for slot, addr, off, ee in zip(self.ep_slots, extras, oe, self.ep_esz):
                     params[slot] = addr + off * ee      # the driver adds the batch offsets
-                _run_tasks(chunk, self.ntask, self.cost, self.threads)
+                if self.parallel:
+                    self._run_native(pptr, own)
+                else:
+                    self.fn(pptr, 0, self.ntask, _workspace(self.ws_bytes))
         finally:
             if own:
                 self.busy.release()

@@ -81,6 +81,12 @@ def parallel(fn: int, bufs: int, sizes: int, scalars: int, lo: int, hi: int, ali
     _state["run"](job.ctypes.data, 1, n)
 
 
+def run_jobs(jobs: int, njobs: int, nthreads: int) -> None:
+    """lc_pool_run on a caller-built job list at address `jobs` (pool_ir.JOB_WORDS i64 words
+    each), on nthreads threads (their workers made by `ensure`)."""
+    (_state if _state else _load())["run"](jobs, njobs, nthreads)
+
+
 def _after_fork_in_child():
     global _lock
     _lock = threading.Lock()
