@@ -174,13 +174,16 @@ class Program:
         exact = self._exact
         if len(feeds) != len(exact):
             return None
+        flatten = []
         for name, v in feeds.items():
             want = exact.get(name)
             if want is None or v.__class__ is not np.ndarray or v.dtype != want[0] or v.shape != want[1] \
                     or not v.flags.c_contiguous:
-                return None
+                return None             # `feeds` untouched: the checked path reads it as given
             if not want[2]:
-                feeds[name] = v.reshape(-1)
+                flatten.append(name)
+        for name in flatten:
+            feeds[name] = feeds[name].reshape(-1)
         return feeds
 
     def _named_feeds(self, feeds):

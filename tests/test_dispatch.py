@@ -91,6 +91,17 @@ def test_exact_and_converted_feeds_give_the_same_answers(monkeypatch, mode):
             np.testing.assert_allclose(got[1], v.sum(1), rtol=1e-6)
 
 
+def test_exact_rank_2_feed_next_to_a_converted_feed_keeps_its_shape():
+    ids = lc.placeholder("ids", (1, 1), lc.i64)
+    k = lc.placeholder("k", (2, 3), lc.f32)
+    prog = lc.compile([ids * 2, k + 1.0])
+    kv = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for kfeed in (lc.tensor(kv), np.asfortranarray(kv), kv):     # the first two leave the exact-feed path
+        a, b = prog.run(ids=np.array([[21]], np.int64), k=kfeed)
+        np.testing.assert_array_equal(a, [[42]])
+        np.testing.assert_array_equal(b, kv + 1)
+
+
 def test_feed_at_an_offset_into_its_buffer_is_read_from_there(monkeypatch):
     monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
     prog = _tiny_program()
