@@ -6,7 +6,6 @@ several Python threads."""
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ import pytest
 import lazycandle as lc
 from lazycandle import config
 from lazycandle.runtime import native_exec
+from conftest import run_in_threads
 
 
 def _tiny_program():
@@ -157,23 +157,15 @@ def test_tiny_program_from_several_python_threads_is_right(monkeypatch):
     y = lc.placeholder("y", (16,), lc.f32)
     prog = lc.compile([x * 2.0 + y, (x - y).abs()])
     t = lc.tensor(np.full(16, 0.5, np.float32))
-    errors = []
 
     def work(seed):
         rng = np.random.default_rng(seed)
-        try:
-            for _ in range(300):
-                xv, yv = rng.standard_normal((2, 16)).astype(np.float32)
-                a, b = prog.run(x=xv, y=yv)
-                np.testing.assert_array_equal(a, xv * 2 + yv)
-                np.testing.assert_array_equal(b, np.abs(xv - yv))
-                s = float(rng.integers(1, 9))
-                np.testing.assert_allclose(((t * s) + 1.0).exp().numpy(), np.exp(np.float32(0.5 * s + 1)), rtol=1e-6)
-        except BaseException as e:      # reported by the main thread
-            errors.append(repr(e))
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+        for _ in range(300):
+            xv, yv = rng.standard_normal((2, 16)).astype(np.float32)
+            a, b = prog.run(x=xv, y=yv)
+            np.testing.assert_array_equal(a, xv * 2 + yv)
+            np.testing.assert_array_equal(b, np.abs(xv - yv))
+            s = float(rng.integers(1, 9))
+            np.testing.assert_allclose(((t * s) + 1.0).exp().numpy(), np.exp(np.float32(0.5 * s + 1)), rtol=1e-6)
+    errors = run_in_threads(work, 4)
     assert errors == []

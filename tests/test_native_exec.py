@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
 import lazycandle as lc
-from conftest import ROOT, run_probe
+from conftest import ROOT, run_in_threads, run_probe
 from lazycandle.runtime import native_exec
 
 from test_fuzz_mixed_graphs import FUZZ_SETTINGS, example_data, graphs, placeholder_program
@@ -73,23 +72,15 @@ def test_native_program_reuses_one_arena_and_matches_numpy(monkeypatch):
 def test_concurrent_program_runs_from_python_threads_are_right(monkeypatch):
     monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
     prog, _ = _chain_program()
-    errors = []
 
     def work(seed):
         rng = np.random.default_rng(seed)
-        try:
-            for _ in range(15):
-                x = rng.uniform(-1, 1, (64, 300)).astype(np.float32)
-                for got, ref in zip(prog.run(x=x), _chain_ref(x)):
-                    np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=2e-5, atol=1e-5)
-        except BaseException as e:      # reported by the main thread
-            errors.append(repr(e))
+        for _ in range(15):
+            x = rng.uniform(-1, 1, (64, 300)).astype(np.float32)
+            for got, ref in zip(prog.run(x=x), _chain_ref(x)):
+                np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=2e-5, atol=1e-5)
     with lc.num_threads(2):
-        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = run_in_threads(work, 4)
     assert errors == []
 
 

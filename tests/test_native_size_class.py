@@ -12,6 +12,7 @@ import pytest
 import lazycandle as lc
 from lazycandle.codegen import jit
 from lazycandle.runtime import native_exec
+from conftest import run_in_threads
 
 
 def _w():
@@ -172,25 +173,16 @@ def test_program_binder_span_check_agrees_with_the_elements_a_view_reads():
 
 
 def test_concurrent_runs_at_different_bindings_share_the_program_safely(monkeypatch):
-    import threading
     prog = _mixed_program()
     sizes = [3, 17, 40, 200, 1000]
     want = {n: _run(prog, _feeds(n), "python", monkeypatch) for n in sizes}
     monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
-    errors = []
 
     def work(seed):
-        try:
-            for r in range(12):
-                n = sizes[(seed + r) % len(sizes)]
-                for a, b in zip(prog.run(**_feeds(n)), want[n]):
-                    assert np.array_equal(a, b), n
-        except BaseException as e:      # reported by the main thread
-            errors.append(repr(e))
+        for r in range(12):
+            n = sizes[(seed + r) % len(sizes)]
+            for a, b in zip(prog.run(**_feeds(n)), want[n]):
+                assert np.array_equal(a, b), n
     with lc.num_threads(2):
-        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = run_in_threads(work, 4)
     assert errors == []

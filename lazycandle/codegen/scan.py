@@ -12,7 +12,6 @@ accumulates in f64 and rounds each output once (no error growth along long lines
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
 
 import llvmlite.ir as ir
 
@@ -26,7 +25,7 @@ from ..ir.kernels import KernelSpec
 
 
 @dataclass(frozen=True)
-class ScanSpec(KernelSpec):
+class ScanSpec(SA.OuterRows, KernelSpec):
     """Shape class of one cumsum kernel (also its cache key): dtype, the number of line dims
     (the other dims, merged) and the stride classes of input and output over (line dims, the
     scanned dim).  Sizes (`scan_kernel`): the line dims' sizes, the line length n, then the
@@ -35,15 +34,6 @@ class ScanSpec(KernelSpec):
     rank: int
     src: tuple
     dst: tuple
-
-    def extent(self, sizes) -> int:
-        return prod(sizes[:self.rank])
-
-    def unit_cost(self, sizes) -> float:
-        return float(sizes[self.rank])
-
-    def cost(self, sizes) -> float:
-        return self.extent(sizes) * self.unit_cost(sizes)
 
     def describe(self) -> str:
         return f"cumsum of {self.dtype} lines over {self.rank} merged dims"

@@ -72,3 +72,20 @@ def scaled(b, i, s):
     if _is_const(s, 0):
         return I64(0)
     return i if _is_const(s, 1) else b.mul(i, s)
+
+
+class OuterRows:
+    """Extent and cost of a kernel over rows: one unit per row of the `rank` outer dims (the
+    first `rank` sizes), each costing the row length (the next size)."""
+
+    def extent(self, sizes) -> int:
+        n = 1
+        for d in sizes[:self.rank]:
+            n *= d
+        return n
+
+    def unit_cost(self, sizes) -> float:
+        return float(sizes[self.rank])
+
+    def cost(self, sizes) -> float:
+        return self.extent(sizes) * self.unit_cost(sizes)

@@ -570,7 +570,7 @@ def build_sort(spec: SortSpec, name: str = "argsort") -> str:
 
 
 @dataclass(frozen=True)
-class TakeSpec(KernelSpec):
+class TakeSpec(SA.OuterRows, KernelSpec):
     """Values of a sort: out[r, i] = row r of the input at ids[r, i] (ids from argsort, so in
     range by construction).  A raw copy of `esize`-byte elements; rows over `rank` merged
     outer dims with stride classes `strides` (outer dims, then the row's step).  Sizes
@@ -578,15 +578,6 @@ class TakeSpec(KernelSpec):
     esize: int
     rank: int
     strides: tuple
-
-    def extent(self, sizes) -> int:
-        return prod(sizes[:self.rank])
-
-    def unit_cost(self, sizes) -> float:
-        return float(sizes[self.rank])
-
-    def cost(self, sizes) -> float:
-        return self.extent(sizes) * self.unit_cost(sizes)
 
     def describe(self) -> str:
         return f"sorted values of {self.esize}-byte elements read at their ids"
