@@ -19,17 +19,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
 import os, sys, time, statistics
-import numpy as np
 sys.path.insert(0, {bench!r})
 import lazycandle as lc
 import gpt2_block as G
 seq, threads = {seq}, {threads}
-rng = np.random.default_rng(1)
-x = rng.standard_normal((1, seq, 768)).astype(np.float32)
-blocks, mask = G.init_params(768, 1), G.causal_mask(seq)
-xp = lc.placeholder("x", x.shape, lc.f32)
-prog = lc.compile([G.stack(xp, G.as_placeholders(blocks), lc.tensor(mask), 12)])
-feeds = dict(G.feeds(blocks), x=x)
+prog, feeds = G.block_program(seq)
 with lc.num_threads(threads):
     for _ in range(5):
         prog.run(**feeds)

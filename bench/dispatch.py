@@ -63,12 +63,7 @@ def tiny_cases(repeats):
 
 
 def gpt2_case(seq, n_blocks, threads, repeats):
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((1, seq, 768)).astype(np.float32)
-    blocks, mask = G.init_params(768, n_blocks), G.causal_mask(seq)
-    xp = lc.placeholder("x", x.shape, lc.f32)
-    prog = lc.compile([G.stack(xp, G.as_placeholders(blocks), lc.tensor(mask), 12)])
-    feeds = dict(G.feeds(blocks), x=x)
+    prog, feeds = G.block_program(seq, n_blocks)
     with lc.num_threads(threads):
         outs = {m: _in_mode(m, lambda: prog.run(**feeds)[0])() for m in MODES}
         np.testing.assert_array_equal(outs["python"], outs["native"])

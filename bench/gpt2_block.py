@@ -95,6 +95,17 @@ def feeds(blocks):
     return {f"b{i}.{k}": v for i, p in enumerate(blocks) for k, v in p.items()}
 
 
+def block_program(seq, n_blocks=1, d=768, n_head=12):
+    """(program, feeds) of the stack compiled on placeholders for x of (1, seq, d): the block
+    program the dispatch, small-m GEMM and before/after benches time."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, seq, d)).astype(np.float32)
+    blocks = init_params(d, n_blocks)
+    xp = lc.placeholder("x", x.shape, lc.f32)
+    prog = lc.compile([stack(xp, as_placeholders(blocks), lc.tensor(causal_mask(seq)), n_head)])
+    return prog, dict(feeds(blocks), x=x)
+
+
 # ---- NumPy ---------------------------------------------------------------------------------
 def _np_layer_norm(x, g, b):
     mu = x.mean(-1, keepdims=True)

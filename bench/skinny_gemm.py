@@ -78,12 +78,7 @@ def gpt2_block(seq, threads, repeats):
     per-kernel path under auto (both with the small-m kernel), and the per-kernel path with the
     BLAS or tiled matmul (what auto chose before the small-m kernel), in one loop."""
     from bench import gpt2_block as G
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((1, seq, 768)).astype(np.float32)
-    blocks, mask = G.init_params(768, 1), G.causal_mask(seq)
-    xp = lc.placeholder("x", x.shape, lc.f32)
-    prog = lc.compile([G.stack(xp, G.as_placeholders(blocks), lc.tensor(mask), 12)])
-    feeds = dict(G.feeds(blocks), x=x)
+    prog, feeds = G.block_program(seq)
 
     def mode(exec_mode, backend):
         def run():
