@@ -1,4 +1,4 @@
-"""Index, copy, scan, im2col and nonzero kernels take their sizes at run time (issue 9): a new
+"""Index, copy, scan, im2col, col2im and nonzero kernels take their sizes at run time (issue 9): a new
 length reuses the compiled kernel (and the symbolic plan), results stay bit-exact against
 NumPy on odd sizes and exotic layouts, and bad ids raise IndexOutOfBounds at every size."""
 import numpy as np
@@ -102,6 +102,17 @@ def _families():
             for j in range(3):
                 want += np.einsum("bchw,oc->bohw", xp[:, :, i:i + 5, j:j + L], w[:, :, i, j])
         return got, want.astype(np.float32)
+
+    def conv_transpose2d(L, r):                # col2im over a growing width, stride 2
+        L += 2
+        x = r.standard_normal((1, 2, 4, L)).astype(np.float32)
+        w = r.standard_normal((2, 3, 3, 3)).astype(np.float32)
+        got = _t(x).conv_transpose2d(_t(w), padding=1, stride=2)
+        full = np.zeros((1, 3, 2 * 3 + 3, 2 * (L - 1) + 3))
+        for i in range(3):
+            for j in range(3):
+                full[:, :, i:i + 7:2, j:j + 2 * L - 1:2] += np.einsum("bchw,co->bohw", x.astype(np.float64), w[:, :, i, j])
+        return got, full[:, :, 1:-1, 1:-1].astype(np.float32)
 
     return {k: v for k, v in locals().items() if callable(v) and not k.startswith("_") and k != "emb"}
 

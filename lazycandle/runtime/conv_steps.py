@@ -1,36 +1,33 @@
-"""Step of col2im (conv_transpose's sum of columns into an image): `setup` turns the columns'
-layout into a kernel spec and compiles it once; `run_node` folds the run-time offset into the
-pointer and runs output rows over the thread pool."""
+"""Step of col2im (conv_transpose's sum of columns into an image): its kernel takes sizes and
+the columns' strides at run time (codegen/conv_transpose.py), so the step binds layouts like
+the index steps: one launch per operand shapes and strides, the run-time offset folded into
+the pointer, output rows split over the thread pool."""
 from __future__ import annotations
 
-import ctypes
 from math import prod
 
 from ..codegen import conv_transpose as CT
-from . import pool
-from .steps import NodeStep, register
+from .index_steps import _Launch, _SizedStep, _addr
+from .steps import register
 
 
 @register("col2im")
-class Col2imStep(NodeStep):
-    def setup(self, cap):
-        lay, dt = self.operands[0][3], self.operands[0][4]
-        oh, ow, kh, kw, ph, pw, sh, sw, dh, dw = self.arg
-        b, c, _, _, ih, iw = lay.shape
-        self.spec = CT.Col2imSpec(dt.name, b, c, kh, kw, ih, iw, oh, ow, ph, pw, sh, sw, dh, dw, tuple(lay.strides))
-        self.fn = None
-        if prod(self.shape) > 0:
-            self.module, self.fn = CT.get_kernel(self.spec)
-        self.detail = (f"col2im {lay.shape} -> {self.shape}: kernel ({kh}, {kw}), padding ({ph}, {pw}), "
-                       f"stride ({sh}, {sw}), dilation ({dh}, {dw})")
+class Col2imStep(_SizedStep):
+    def make(self, layouts):
+        lay = layouts[0]
+        spec, sizes = CT.col2im_kernel(self.operands[0][4], lay.shape, lay.strides, self.arg)
+        return _Launch(spec, sizes, prod(self.shape_at(lay)) > 0)
 
-    def run_node(self, in_bufs, offsets, bufs):
-        if self.fn is None:
-            return
-        x, lx = self.operand(0, in_bufs, offsets, bufs)
-        ptrs = (ctypes.c_void_p * 2)(bufs[self.out].ctypes.data, x.ctypes.data + lx.offset * x.itemsize)
-        base = ctypes.addressof(ptrs)
-        fn = self.fn
-        pool.parallel_for(lambda a, b: fn(base, None, None, a, b), 0, self.spec.units,
-                          cost_per_item=self.spec.unit_cost)
-        del ptrs
+    def shape_at(self, lay):
+        """The image shape (b, c, oh, ow) for columns of layout `lay`."""
+        return (lay.shape[0], lay.shape[1], self.arg[0], self.arg[1])
+
+    def describe(self, prepared) -> str:
+        oh, ow, kh, kw, ph, pw, sh, sw, dh, dw = self.arg
+        return (f"col2im {self.operands[0][3].shape} -> {self.shape}: kernel ({kh}, {kw}), padding ({ph}, {pw}), "
+                f"stride ({sh}, {sw}), dilation ({dh}, {dw}); sizes at run time")
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
+        layouts = self.layouts(layouts)
+        x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
+        self.prepare(layouts).run([bufs[self.out].ctypes.data, _addr(x, lx)])

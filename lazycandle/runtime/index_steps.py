@@ -59,7 +59,8 @@ class _Launch:
         self.unit_cost = spec.unit_cost(sizes) if self.units else 0.0
         self.fn = self.module = None
         if self.units > 0:
-            self.module, self.fn = K.get_kernel(spec)
+            self.fn = spec.compiled()
+            self.module = self.fn._module
 
     def run(self, addrs) -> None:
         if self.fn is not None:
