@@ -13,8 +13,6 @@ Shape, dtype and argument errors are raised here, at the call.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from . import dtype as D
 from .errors import ShapeMismatch, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
 from .ir import ops_index  # noqa: F401  (registers col2im)
@@ -69,15 +67,17 @@ def _conv_transpose(op, x, kernel, padding, out_padding, stride, dilation, group
 
 
 def _bilinear_taps(src, dst, align_corners):
-    """torch's rule: the two source indices and weights of every destination index."""
-    i = np.arange(dst, dtype=np.float64)
+    """torch's rule, as lazy f64 ops on the destination indices: the two source indices and
+    the two weights of every destination index."""
+    from .tensor import arange
+    i = arange(0, dst, dtype=D.f64)
     if align_corners:
-        pos = i * ((src - 1) / (dst - 1)) if dst > 1 else np.zeros(dst)
+        pos = i * ((src - 1) / (dst - 1)) if dst > 1 else i * 0.0
     else:
-        pos = np.maximum((i + 0.5) * (src / dst) - 0.5, 0.0)
-    i0 = np.minimum(np.floor(pos).astype(np.int64), src - 1)
-    i1 = np.minimum(i0 + 1, src - 1)
-    frac = pos - i0
+        pos = ((i + 0.5) * (src / dst) - 0.5).maximum(0.0)
+    i0 = pos.floor().to_dtype(D.i64).minimum(src - 1)
+    i1 = (i0 + 1).minimum(src - 1)
+    frac = pos - i0.to_dtype(D.f64)
     return i0, i1, 1.0 - frac, frac
 
 
@@ -124,7 +124,6 @@ class ConvTransposeMixin:
 
 
 def _bilinear_dim(op, x, dim, dst, align_corners):
-    from .tensor import tensor
     src = x.shape[dim]
     if dst == src:
         return x
@@ -134,10 +133,10 @@ def _bilinear_dim(op, x, dim, dst, align_corners):
         return x.narrow(dim, 0, 0)
     i0, i1, w0, w1 = _bilinear_taps(src, dst, align_corners)
     at = (1,) * dim + (dst,) + (1,) * (x.rank - dim - 1)
-    w0 = tensor(w0.reshape(at), dtype=x.dtype)
-    w1 = tensor(w1.reshape(at), dtype=x.dtype)
-    a = x.index_select(tensor(i0, dtype=D.i64), dim)
-    b = x.index_select(tensor(i1, dtype=D.i64), dim)
+    w0 = w0.reshape(at).to_dtype(x.dtype)
+    w1 = w1.reshape(at).to_dtype(x.dtype)
+    a = x.index_select(i0, dim)
+    b = x.index_select(i1, dim)
     return a.broadcast_mul(w0) + b.broadcast_mul(w1)
 
 

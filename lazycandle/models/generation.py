@@ -9,6 +9,7 @@ int, or a (1,) i64 tensor (one token, attending over `span` cache slots)."""
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from dataclasses import dataclass
 
@@ -87,7 +88,7 @@ def causal_attention(q, k, v, pos):
     kv, s = k_old.shape[1], k_old.shape[2]
     groups = heads // kv
     qg = q.reshape((b, kv, groups * t, d)) if groups > 1 else q
-    scale = 1.0 / float(np.sqrt(d))
+    scale = 1.0 / math.sqrt(d)
     old = qg.broadcast_matmul(k_old.transpose(-2, -1)) * scale
     if hasattr(pos, "_node"):
         old = old.masked_fill((arange(0, s) >= pos.broadcast_as((s,))).reshape((1, s)), float("-inf"))
