@@ -117,9 +117,13 @@ def describe(argv=None) -> dict:
 
 
 # ---- peaks -----------------------------------------------------------------------------------
-PEAK_SIZES = {  # mode -> (bandwidth elements, FMA rows, FMA chains, FMA chain length)
-    "full": (16 * 2 ** 20, 1024, 12, 12),
-    "quick": (8 * 2 ** 20, 512, 12, 12),
+# mode -> (bandwidth elements, FMA rows, FMA chains, FMA chain length).  The FMA graph must stay
+# ONE kernel (chains * (1 + 2 * length) + chains - 1 ops <= the scheduler's MAX_FUSED_NODES):
+# 12 x 12 was split into 4 kernels whose 8 MiB intermediates made the "peak" a third of the
+# machine's.  10 chains cover the FMA latency x 2 pipes.
+PEAK_SIZES = {
+    "full": (16 * 2 ** 20, 512, 10, 11),
+    "quick": (8 * 2 ** 20, 512, 10, 11),
     "tiny": (2 ** 16, 4, 2, 2),
 }
 FMA_W = 2048
@@ -137,6 +141,8 @@ def _best_time(fn, reps: int) -> float:
 
 
 def _fma_graph(lc, x, rows, chains, steps):
+    from lazycandle.ir.schedule import MAX_FUSED_NODES
+    assert chains * (1 + 2 * steps) + chains - 1 <= MAX_FUSED_NODES, "the FMA peak graph must be one kernel"
     xb = x.broadcast_as((rows, x.shape[0]))
     total = None
     for j in range(chains):
