@@ -35,7 +35,7 @@ from ..ir.kernels import MIN_STRIP, OUTPUT_STRIP, RedSpec
 from ..ir.ops import reduction
 from . import jit, registry
 from .elementwise import _Kernel, _emit_instrs, _bits
-from .llvmutil import I32, I64, F64, ltype, vec, splat, const, width_of, FM_REDUCE
+from .llvmutil import I8, I32, I64, F64, intrinsic, ltype, vec, splat, const, width_of, FM_REDUCE
 from .loops import KERNEL_FN, counted_loop, unit_range
 
 
@@ -51,6 +51,7 @@ def lanes(spec: RedSpec) -> int:
 
 ROW_BLOCK = 8   # inner-output: reduced rows combined per trip of an accumulator through L1
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
+PREFETCH = 16384  # inner-reduce: bytes read ahead by software prefetch
 ROWS = 4        # inner-reduce: rows read side by side (UNROLL / ROWS accumulators each)
 F32_BLOCK = 256     # f32 sums over a row (here and in row.py): elements per f32 partial (a multiple of U * 2W)
 
@@ -337,6 +338,8 @@ class _RedKernel(_Kernel):
         sl = [s[last] for s in self.strides]
         with self.row_loops(rows, red_dims) as row_offs:
             with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
+                for offs in row_offs:
+                    self.prefetch([self.sadd(x, i, s) for x, s in zip(offs, sl)], sl)
                 for k in range(U):
                     j = b.add(i, I64(k * W))
                     for r, offs in enumerate(row_offs):
@@ -354,6 +357,18 @@ class _RedKernel(_Kernel):
                 lanes_nan = b.icmp_unsigned("!=", b.bitcast(b.load(nans[r][0]), ir.IntType(W)), ir.IntType(W)(0))
                 s = b.select(b.or_(lanes_nan, b.load(nans[r][1])), ir.Constant(self.acc_t, float("nan")), s)
             self._store(out_off, s, 1)
+
+    def prefetch(self, offs, strides):
+        """Prefetch PREFETCH bytes ahead of `offs` in every unit-stride input: the hardware
+        prefetcher alone leaves a last-dim reduction a few percent under the stream rate from
+        DRAM (each 4 KiB page of a row starts a new prefetch stream)."""
+        b = self.b
+        fn = intrinsic(self.m, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+        for k, (o, s) in enumerate(zip(offs, strides)):
+            if s == 1:
+                ahead = I64(PREFETCH // self.in_dt[k].size_in_bytes)
+                p = b.bitcast(b.gep(self.in_ptr[k], [b.add(o, ahead)]), I8.as_pointer())
+                b.call(fn, [p, I32(0), I32(3), I32(1)])
 
     def arg_inner(self, in_base, out_off, red_dims):
         """reduce_inner for argmax / argmin (one row): U W-lane accumulators and their indices,
@@ -425,6 +440,8 @@ class _RedKernel(_Kernel):
                 for p in (p for row in parts for p in row):
                     b.store(ir.Constant(pt, 0.0), p)
                 with counted_loop(b, blk, end, U * E, "rv") as i:
+                    for offs in row_offs:
+                        self.prefetch(at(offs, i), sl)
                     for k in range(U):
                         for r, offs in enumerate(row_offs):
                             v = self.value(at(offs, b.add(i, I64(k * E))), sl, E, widen=False)
