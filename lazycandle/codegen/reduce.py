@@ -3,9 +3,11 @@ elementwise producers of the reduced value fused in (the same instruction DAG as
 kernels, evaluated per input element).
 
 Two loop shapes, chosen by where the innermost input dim lands:
-  inner-reduce  (the last dim is reduced, e.g. sum(-1)): one unit per output element; the
-                innermost reduced dim runs W-wide with U vector accumulators, then a
-                horizontal combine;
+  inner-reduce  (the last dim is reduced, e.g. sum(-1)): one unit per output element, run
+                ROWS units (rows) side by side when only the last dim is reduced, so several
+                streams of the input are in flight and prefetched; the innermost reduced dim
+                runs W-wide with UNROLL / ROWS vector accumulators per row, then a
+                horizontal combine per row;
   inner-output  (the last dim is kept, e.g. sum(0)): one unit per strip of at most
                 OUTPUT_STRIP outputs of a row (so two threads share a single row of outputs;
                 the strips of one row that one call runs are walked as one);
@@ -304,10 +306,18 @@ class _RedKernel(_Kernel):
         with self.red_loops(red_dims[:-1], rows[0]) as (offs, _):
             yield [offs]
 
+    def row_unroll(self, R):
+        """Vector accumulators per row in a block of R rows.  A float sum or product keeps the
+        block's count for a row run alone too (the rows left over by the block loop), so each
+        row is added in the same order wherever the thread split puts it."""
+        if self.is_float and self.red.combine in ("add", "mul"):
+            R = ROWS
+        return max(1, UNROLL // R)
+
     def reduce_inner(self, rows, outs, red_dims):
         """Everything reduced for the output elements `outs` (a block of rows read side by side,
-        so that several streams are in flight); the last reduced dim runs W-wide, U / rows
-        vector accumulators per row, then a horizontal combine per row."""
+        so that several streams are in flight); the last reduced dim runs W-wide with
+        row_unroll vector accumulators per row, then a horizontal combine per row."""
         if self.narrow_sum:
             return self.sum_inner_blocked(rows, outs, red_dims)
         if self.is_arg:
@@ -315,7 +325,7 @@ class _RedKernel(_Kernel):
         b, W, R = self.b, self.W, len(rows)
         last = red_dims[-1]
         n = self.dims[last]
-        U = max(1, UNROLL // R)
+        U = self.row_unroll(R)
         nvec = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
         n1 = b.mul(b.udiv(n, I64(W)), I64(W))
         accs = [[self.slot(vec(self.acc_t, W)) for _ in range(U)] + [self.slot(self.acc_t)] for _ in rows]
@@ -403,13 +413,13 @@ class _RedKernel(_Kernel):
 
     def sum_inner_blocked(self, rows, outs, red_dims):
         """reduce_inner for an f32-valued sum: the last reduced dim runs E = 2W f32 lanes (a
-        full register) into U / rows f32 partials per row; after each block of F32_BLOCK
+        full register) into row_unroll f32 partials per row; after each block of F32_BLOCK
         elements the partials are added pairwise and widened into two W-lane f64 accumulators
         per row, so no f32 lane adds more than F32_BLOCK / E terms in f32 (SPEC's rtol holds)
         and there is no f32 -> f64 conversion per element.  Then an E-wide step and a scalar
         tail (f64)."""
         b, W, R = self.b, self.W, len(rows)
-        U = max(1, UNROLL // R)
+        U = self.row_unroll(R)
         E = 2 * W
         pt = vec(self.val_t, E)
         last = red_dims[-1]
