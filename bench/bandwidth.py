@@ -4,9 +4,12 @@ nothing).  Measured with a small generated kernel (no lazycandle graph in the wa
 BLOCK floats is read with 8 independent vector accumulators (integer OR, which costs nothing
 next to the load), and one word per unit is stored so the loads cannot be dropped.
 
-    python -m bench.bandwidth [--mb 16,256] [--threads 1,2] [--reps 9]
+    python -m bench.bandwidth [--mb 16,256] [--threads 1,2] [--reps 9] [--reductions]
 
 Also reports `a + b` (two streams in, one out) the way machine.Peaks does, for comparison.
+`--reductions` times sum / mean / max / min over the last and the first dim of the same bytes
+as (rows, 1024) f32, each as a compiled program (`Program.run`, the kernel plus its call) and
+as the eager `x.sum(-1).numpy()`, in the same rotation as the stream, as GB/s and % of it.
 Each size is a separate ceiling: this host's last-level cache (`lscpu`: 300 MiB here) holds the
 16 MiB (4096, 1024) f32 inputs of the reduction and row-kernel cases between calls, so they are
 read from the LLC, well above the DRAM stream rate of a 256 MiB array; compare a case with the
@@ -117,13 +120,57 @@ def measure(mb: int = 256, threads=(1, 2), reps: int = 9) -> dict:
     return res
 
 
+REDUCTIONS = ("sum", "mean", "max", "min")
+
+
+def measure_reductions(mb: int = 16, threads=(1, 2), reps: int = 9, cols: int = 1024) -> dict:
+    """{threads: {name: GB/s}} for the read stream and each reduction of a (rows, cols) f32
+    array of `mb` MiB (medians of `reps`, all rotating in one loop)."""
+    import lazycandle as lc
+    x = np.random.default_rng(0).standard_normal((mb * 2 ** 20 // 4 // cols, cols), dtype=np.float32)
+    flat = x.reshape(-1)
+    out = np.empty(x.size // BLOCK, np.int32)
+    stream = Stream()
+    xt = lc.tensor(x).realize()
+    p = lc.placeholder("x", x.shape, lc.f32)
+    progs = {(k, d): lc.compile([getattr(p, k)(d)]) for k in REDUCTIONS for d in (-1, 0)}
+    res = {}
+    for t in threads:
+        with lc.num_threads(t):
+            fns = {"read stream": lambda: stream.run(flat, out, t)}
+            for (k, d), prog in progs.items():
+                fns[f"{k}({d}) kernel"] = lambda prog=prog: prog.run(x=x)
+                fns[f"{k}({d}) eager"] = lambda k=k, d=d: getattr(xt, k)(d).numpy()
+            for f in fns.values():
+                f()
+            times = {k: [] for k in fns}
+            for _ in range(reps):
+                for k, f in fns.items():
+                    t0 = time.perf_counter()
+                    f()
+                    times[k].append(time.perf_counter() - t0)
+            res[t] = {k: x.nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
+    return res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bandwidth", description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", default="16,256", help="array sizes in MiB (default 16,256)")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--reductions", action="store_true", help="time the reductions against the stream")
     a = p.parse_args(argv)
     threads = [int(t) for t in a.threads.split(",")]
+    if a.reductions:
+        print(f"reductions of (rows, 1024) f32 vs the read stream, medians of {a.reps} "
+              f"(load average {os.getloadavg()[0]:.1f})")
+        print("| MiB | threads | case | GB/s | % of stream |\n|---|---|---|---|---|")
+        for mb in (int(m) for m in a.mb.split(",")):
+            for t, r in measure_reductions(mb, threads, a.reps).items():
+                peak = r["read stream"]
+                for k, v in r.items():
+                    print(f"| {mb} | {t} | {k} | {v:.1f} | {100 * v / peak:.0f}% |")
+        return 0
     print(f"read-only stream peak, f32 (load average {os.getloadavg()[0]:.1f})")
     print("| MiB | threads | read GB/s | a + b GB/s (3 streams) |\n|---|---|---|---|")
     for mb in (int(m) for m in a.mb.split(",")):

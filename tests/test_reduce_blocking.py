@@ -113,3 +113,93 @@ def test_last_dim_max_min_record_a_nan_anywhere_in_the_row(kind, dt):
     got = getattr(lc.tensor(x), kind)(-1).numpy()
     np.testing.assert_array_equal(got, getattr(x, kind)(-1))
     np.testing.assert_array_equal(getattr(lc.tensor(x[:, ::2]), kind)(-1).numpy(), getattr(x[:, ::2], kind)(-1))
+
+
+# ---- inner-reduce row blocks: ROWS rows read side by side, the rest one at a time -------------
+from lazycandle.codegen.reduce import ROWS  # noqa: E402
+
+ROW_COUNTS = sorted({1, ROWS - 1, ROWS, ROWS + 1, 2 * ROWS + 3})
+ROW_LENGTHS = [1, E - 1, 2 * E + 3, F32_BLOCK + 5]
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS)
+@pytest.mark.parametrize("rows", ROW_COUNTS)
+@pytest.mark.parametrize("kind", ["sum", "mean", "max", "min"])
+def test_last_dim_row_blocks_match_numpy_around_the_block_size(kind, rows, n):
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    t = lc.tensor(x)
+    got, got_keep = getattr(t, kind)(-1).numpy(), getattr(t, f"{kind}_keepdim")(-1).numpy()
+    want = getattr(x.astype(np.float64), kind)(-1)
+    _close(got, want)
+    assert got_keep.shape == (rows, 1)
+    _close(got_keep[:, 0], want)
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.int32, np.int64, np.uint8, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("kind", ["sum", "max", "min"])
+def test_last_dim_row_blocks_of_other_dtypes(kind, dt):
+    """Integer sums wrap in their dtype (NumPy's int sum of the same dtype), f16 / bf16 sums are
+    the f64 sum rounded once, max / min are exact."""
+    rows, n = 2 * ROWS + 1, F32_BLOCK + 3 * E + 1
+    if np.dtype(dt).kind in "iu":
+        x = rng.integers(0, 100, (rows, n)).astype(dt)
+    else:
+        x = rng.uniform(-1, 1, (rows, n)).astype(dt)
+    got = getattr(lc.tensor(x), kind)(-1).numpy()
+    if kind != "sum":
+        np.testing.assert_array_equal(got, getattr(x, kind)(-1))
+    elif np.dtype(dt).kind in "iu":
+        np.testing.assert_array_equal(got, x.sum(-1, dtype=got.dtype))
+    else:
+        want = x.astype(np.float64).sum(-1)
+        tol = 1e-12 if dt == np.float64 else 1e-2
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(dt).astype(np.float64), rtol=tol)
+
+
+@pytest.mark.parametrize("view", ["transpose", "step", "broadcast_row", "broadcast_col", "rank3_middle"])
+def test_last_dim_row_blocks_of_strided_and_broadcast_inputs(view):
+    x = rng.standard_normal((2 * ROWS + 3, F32_BLOCK + E + 1)).astype(np.float32)
+    t = lc.tensor(x)
+    tv, xv = {"transpose": (t.t(), x.T),
+              "step": (t[1::3, ::2], x[1::3, ::2]),
+              "broadcast_row": (t[:1].expand(9, x.shape[1]), np.broadcast_to(x[:1], (9, x.shape[1]))),
+              "broadcast_col": (t[:, :1].expand(x.shape[0], 37), np.broadcast_to(x[:, :1], (x.shape[0], 37))),
+              "rank3_middle": (lc.tensor(x.reshape(1, *x.shape)).expand(3, *x.shape),
+                               np.broadcast_to(x, (3, *x.shape)))}[view]
+    for kind in ("sum", "max", "min"):
+        _close(getattr(tv, kind)(-1).numpy(), getattr(xv.astype(np.float64), kind)(-1))
+    _close((tv * 2.0 - 1.0).sum(-1).numpy(), (xv.astype(np.float64) * 2.0 - 1.0).sum(-1))
+
+
+def test_last_dim_reductions_of_empty_and_rank0_inputs():
+    for shape in [(0, 5), (ROWS + 1, 0), (0, 0)]:
+        z = np.ones(shape, np.float32)
+        np.testing.assert_array_equal(lc.tensor(z).sum(-1).numpy(), z.sum(-1))
+    s = lc.tensor(np.float32(3.5))
+    assert float(s.sum().numpy()) == 3.5 and float(s.max().numpy()) == 3.5
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_last_dim_row_blocks_keep_each_rows_nan_to_itself(kind):
+    """A NaN in one row of a block makes that row NaN and no other, at every position of the
+    block and in the rows left over after the last block."""
+    rows, n = 2 * ROWS + 3, 2 * E + 3
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    for r in range(0, rows, 2):
+        x[r, (r * 5) % n] = np.nan
+    got = getattr(lc.tensor(x), kind)(-1).numpy()
+    np.testing.assert_array_equal(got, getattr(x, kind)(-1))
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean", "max"])
+def test_last_dim_results_do_not_depend_on_the_thread_split(kind):
+    """Chunks of 2 and 3 threads start inside a block of ROWS rows; each row is reduced in the
+    same order whether it runs in a block or alone, so the bits match the 1-thread call."""
+    x = rng.standard_normal((4 * ROWS * 20 + 3, 2 * F32_BLOCK + 2 * E + 5)).astype(np.float32)
+    res = []
+    for n in (1, 2, 3):
+        with lc.num_threads(n):
+            res.append(getattr(lc.tensor(x), kind)(-1).numpy())
+    np.testing.assert_array_equal(res[0], res[1])
+    np.testing.assert_array_equal(res[0], res[2])
+    _close(res[0], getattr(x.astype(np.float64), kind)(-1))

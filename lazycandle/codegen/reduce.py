@@ -3,9 +3,11 @@ elementwise producers of the reduced value fused in (the same instruction DAG as
 kernels, evaluated per input element).
 
 Two loop shapes, chosen by where the innermost input dim lands:
-  inner-reduce  (the last dim is reduced, e.g. sum(-1)): one unit per output element; the
-                innermost reduced dim runs W-wide with U vector accumulators, then a
-                horizontal combine;
+  inner-reduce  (the last dim is reduced, e.g. sum(-1)): one unit per output element, run
+                ROWS units (rows) side by side when only the last dim is reduced, so several
+                streams of the input are in flight and prefetched; the innermost reduced dim
+                runs W-wide with UNROLL / ROWS vector accumulators per row, then a
+                horizontal combine per row;
   inner-output  (the last dim is kept, e.g. sum(0)): one unit per strip of at most
                 OUTPUT_STRIP outputs of a row (so two threads share a single row of outputs;
                 the strips of one row that one call runs are walked as one);
@@ -35,7 +37,7 @@ from ..ir.kernels import MIN_STRIP, OUTPUT_STRIP, RedSpec
 from ..ir.ops import reduction
 from . import jit, registry
 from .elementwise import _Kernel, _emit_instrs, _bits
-from .llvmutil import I32, I64, F64, ltype, vec, splat, const, width_of, FM_REDUCE
+from .llvmutil import I8, I32, I64, F64, intrinsic, ltype, vec, splat, const, width_of, FM_REDUCE
 from .loops import KERNEL_FN, counted_loop, unit_range
 
 
@@ -51,6 +53,8 @@ def lanes(spec: RedSpec) -> int:
 
 ROW_BLOCK = 8   # inner-output: reduced rows combined per trip of an accumulator through L1
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
+PREFETCH = 16384  # inner-reduce: bytes read ahead by software prefetch
+ROWS = 4        # inner-reduce: rows read side by side (UNROLL / ROWS accumulators each)
 F32_BLOCK = 256     # f32 sums over a row (here and in row.py): elements per f32 partial (a multiple of U * 2W)
 
 
@@ -212,9 +216,18 @@ class _RedKernel(_Kernel):
         out_dims = [d for d, r in enumerate(spec.red) if not r]
         red_dims = [d for d, r in enumerate(spec.red) if r]
         if spec.inner_reduce:
-            with counted_loop(b, lo, hi, 1, "unit") as u:
-                in_base, _ = self.offsets(self.unravel(u, out_dims) if out_dims else {})
-                self.reduce_inner(in_base, u, red_dims)
+            def base(u):
+                return self.offsets(self.unravel(u, out_dims) if out_dims else {})[0]
+
+            R = ROWS if len(red_dims) == 1 and not self.is_arg else 1
+            blocked = lo
+            if R > 1:
+                blocked = b.add(lo, b.mul(b.sdiv(b.sub(hi, lo), I64(R)), I64(R)))
+                with counted_loop(b, lo, blocked, R, "units") as u:
+                    us = [b.add(u, I64(r)) for r in range(R)]
+                    self.reduce_inner([base(x) for x in us], us, red_dims)
+            with counted_loop(b, blocked, hi, 1, "unit") as u:
+                self.reduce_inner([base(u)], [u], red_dims)
             return
         jd = out_dims[-1]
         m = self.dims[jd]
@@ -282,111 +295,181 @@ class _RedKernel(_Kernel):
             return pos
         return b.add(splat(b, pos, w), ir.Constant(vec(I64, w), [I64(x) for x in range(w)]))
 
-    def reduce_inner(self, in_base, out_off, red_dims):
-        """Everything reduced for one output element; the last reduced dim runs W-wide."""
+    @contextlib.contextmanager
+    def row_loops(self, rows, red_dims):
+        """The loops over every reduced dim but the last, for a block of `rows` (each a list
+        of input offsets); yields the offsets of each row.  A block of several rows has one
+        reduced dim (build makes it so), so there is nothing to loop over."""
+        if len(rows) > 1:
+            yield rows
+            return
+        with self.red_loops(red_dims[:-1], rows[0]) as (offs, _):
+            yield [offs]
+
+    def row_unroll(self, R):
+        """Vector accumulators per row in a block of R rows.  A float sum or product keeps the
+        block's count for a row run alone too (the rows left over by the block loop), so each
+        row is added in the same order wherever the thread split puts it."""
+        if self.is_float and self.red.combine in ("add", "mul"):
+            R = ROWS
+        return max(1, UNROLL // R)
+
+    def reduce_inner(self, rows, outs, red_dims):
+        """Everything reduced for the output elements `outs` (a block of rows read side by side,
+        so that several streams are in flight); the last reduced dim runs W-wide with
+        row_unroll vector accumulators per row, then a horizontal combine per row."""
         if self.narrow_sum:
-            return self.sum_inner_blocked(in_base, out_off, red_dims)
-        b, W = self.b, self.W
+            return self.sum_inner_blocked(rows, outs, red_dims)
+        if self.is_arg:
+            return self.arg_inner(rows[0], outs[0], red_dims)
+        b, W, R = self.b, self.W, len(rows)
         last = red_dims[-1]
         n = self.dims[last]
-        U = UNROLL
+        U = self.row_unroll(R)
+        nvec = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
+        n1 = b.mul(b.udiv(n, I64(W)), I64(W))
+        accs = [[self.slot(vec(self.acc_t, W)) for _ in range(U)] + [self.slot(self.acc_t)] for _ in rows]
+        for a in (a for row in accs for a in row):
+            b.store(self.init(width_of(a.type.pointee)), a)
+        # float max / min: the accumulators take only ordered values (one compare and select
+        # per vector) and a NaN seen is recorded in a mask off their dependency chain
+        nans = [[self.slot(vec(ir.IntType(1), W)), self.slot(ir.IntType(1))] for _ in rows] if self.nan_apart else None
+        for m in (m for row in nans or () for m in row):
+            b.store(const(m.type.pointee, 0), m)
+
+        def step(r, k, o, w):
+            if not nans:
+                return self._step(accs[r][k], None, o, sl, w, None)
+            v, acc = self.value(o, sl, w), b.load(accs[r][k])
+            b.store(b.select(b.fcmp_ordered(">" if self.red.combine == "max" else "<", v, acc), v, acc), accs[r][k])
+            mask = nans[r][0 if w > 1 else 1]
+            b.store(b.or_(b.load(mask), b.fcmp_unordered("uno", v, v)), mask)
+
+        sl = [s[last] for s in self.strides]
+        with self.row_loops(rows, red_dims) as row_offs:
+            with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
+                for offs in row_offs:
+                    self.prefetch([self.sadd(x, i, s) for x, s in zip(offs, sl)], sl)
+                for k in range(U):
+                    j = b.add(i, I64(k * W))
+                    for r, offs in enumerate(row_offs):
+                        step(r, k, [self.sadd(x, j, s) for x, s in zip(offs, sl)], W)
+            with counted_loop(b, nvec, n1, W, "r1") as j:
+                for r, offs in enumerate(row_offs):
+                    step(r, 0, [self.sadd(x, j, s) for x, s in zip(offs, sl)], W)
+            with counted_loop(b, n1, n, 1, "rt") as j:
+                for r, offs in enumerate(row_offs):
+                    step(r, U, [self.sadd(x, j, s) for x, s in zip(offs, sl)], 1)
+        for r, out_off in enumerate(outs):
+            s, _ = self.hreduce([b.load(a) for a in accs[r][:U]])
+            s = self.combine(s, b.load(accs[r][U]))
+            if nans:
+                lanes_nan = b.icmp_unsigned("!=", b.bitcast(b.load(nans[r][0]), ir.IntType(W)), ir.IntType(W)(0))
+                s = b.select(b.or_(lanes_nan, b.load(nans[r][1])), ir.Constant(self.acc_t, float("nan")), s)
+            self._store(out_off, s, 1)
+
+    def prefetch(self, offs, strides):
+        """Prefetch PREFETCH bytes ahead of `offs` in every unit-stride input: the hardware
+        prefetcher alone leaves a last-dim reduction a few percent under the stream rate from
+        DRAM (each 4 KiB page of a row starts a new prefetch stream)."""
+        b = self.b
+        fn = intrinsic(self.m, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+        for k, (o, s) in enumerate(zip(offs, strides)):
+            if s == 1:
+                ahead = I64(PREFETCH // self.in_dt[k].size_in_bytes)
+                p = b.bitcast(b.gep(self.in_ptr[k], [b.add(o, ahead)]), I8.as_pointer())
+                b.call(fn, [p, I32(0), I32(3), I32(1)])
+
+    def arg_inner(self, in_base, out_off, red_dims):
+        """reduce_inner for argmax / argmin (one row): U W-lane accumulators and their indices,
+        the first index winning ties."""
+        b, W, U = self.b, self.W, UNROLL
+        last = red_dims[-1]
+        n = self.dims[last]
         nvec = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
         n1 = b.mul(b.udiv(n, I64(W)), I64(W))
         accs = [self.slot(vec(self.acc_t, W)) for _ in range(U)] + [self.slot(self.acc_t)]
-        idxs = [self.slot(vec(I64, W)) for _ in range(U)] + [self.slot(I64)] if self.is_arg else [None] * (U + 1)
+        idxs = [self.slot(vec(I64, W)) for _ in range(U)] + [self.slot(I64)]
         for k, a in enumerate(accs):
             w = W if k < U else 1
             b.store(self.init(w), a)
-            if self.is_arg:
-                b.store(const(vec(I64, w), 0), idxs[k])
-        # float max / min: the accumulators take only ordered values (one compare and select
-        # per vector) and a NaN seen is recorded in a mask off their dependency chain
-        nans = [self.slot(vec(ir.IntType(1), W)), self.slot(ir.IntType(1))] if self.nan_apart else None
-        for k, m in enumerate(nans or ()):
-            b.store(const(m.type.pointee, 0), m)
-
-        def step(k, o, w, pos, mask):
-            if not nans:
-                return self._step(accs[k], idxs[k], o, sl, w, pos)
-            v, acc = self.value(o, sl, w), b.load(accs[k])
-            b.store(b.select(b.fcmp_ordered(">" if self.red.combine == "max" else "<", v, acc), v, acc), accs[k])
-            b.store(b.or_(b.load(mask), b.fcmp_unordered("uno", v, v)), mask)
-
+            b.store(const(vec(I64, w), 0), idxs[k])
         sl = [s[last] for s in self.strides]
         with self.red_loops(red_dims[:-1], in_base) as (offs, flat):
             with counted_loop(b, I64(0), nvec, U * W, "rv") as i:
                 for k in range(U):
                     j = b.add(i, I64(k * W))
                     o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
-                    step(k, o, W, self._lanes(b.add(flat, j), W) if self.is_arg else None, nans and nans[0])
+                    self._step(accs[k], idxs[k], o, sl, W, self._lanes(b.add(flat, j), W))
             with counted_loop(b, nvec, n1, W, "r1") as j:
                 o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
-                step(0, o, W, self._lanes(b.add(flat, j), W) if self.is_arg else None, nans and nans[0])
+                self._step(accs[0], idxs[0], o, sl, W, self._lanes(b.add(flat, j), W))
             with counted_loop(b, n1, n, 1, "rt") as j:
                 o = [self.sadd(x, j, s) for x, s in zip(offs, sl)]
-                step(U, o, 1, b.add(flat, j) if self.is_arg else None, nans and nans[1])
-        vals = [b.load(a) for a in accs[:U]]
-        ids = [b.load(x) for x in idxs[:U]] if self.is_arg else None
-        s, si = self.hreduce(vals, ids)
-        tail, tail_i = b.load(accs[U]), (b.load(idxs[U]) if self.is_arg else None)
-        if self.is_arg:
-            s, si = self.arg_pick(s, si, tail, tail_i)
-        else:
-            s = self.combine(s, tail)
-        if nans:
-            lanes_nan = b.icmp_unsigned("!=", b.bitcast(b.load(nans[0]), ir.IntType(W)), ir.IntType(W)(0))
-            s = b.select(b.or_(lanes_nan, b.load(nans[1])), ir.Constant(self.acc_t, float("nan")), s)
-        self._store(out_off, si if self.is_arg else s, 1)
+                self._step(accs[U], idxs[U], o, sl, 1, b.add(flat, j))
+        s, si = self.hreduce([b.load(a) for a in accs[:U]], [b.load(x) for x in idxs[:U]])
+        s, si = self.arg_pick(s, si, b.load(accs[U]), b.load(idxs[U]))
+        self._store(out_off, si, 1)
 
-    def sum_inner_blocked(self, in_base, out_off, red_dims):
+    def sum_inner_blocked(self, rows, outs, red_dims):
         """reduce_inner for an f32-valued sum: the last reduced dim runs E = 2W f32 lanes (a
-        full register) into U f32 partials; after each block of F32_BLOCK elements the partials
-        are added pairwise and widened into two W-lane f64 accumulators, so no f32 lane adds
-        more than F32_BLOCK / (U E) + log2(U) terms in f32 (SPEC's rtol holds) and there is
-        no f32 -> f64 conversion per element.  Then an E-wide step and a scalar tail (f64)."""
-        b, W, U = self.b, self.W, UNROLL
+        full register) into row_unroll f32 partials per row; after each block of F32_BLOCK
+        elements the partials are added pairwise and widened into two W-lane f64 accumulators
+        per row, so no f32 lane adds more than F32_BLOCK / E terms in f32 (SPEC's rtol holds)
+        and there is no f32 -> f64 conversion per element.  Then an E-wide step and a scalar
+        tail (f64)."""
+        b, W, R = self.b, self.W, len(rows)
+        U = self.row_unroll(R)
         E = 2 * W
         pt = vec(self.val_t, E)
         last = red_dims[-1]
         n = self.dims[last]
         nvec = b.mul(b.udiv(n, I64(U * E)), I64(U * E))
         n1 = b.mul(b.udiv(n, I64(E)), I64(E))
-        accs = [self.slot(vec(F64, W)) for _ in range(2)]
-        tail = self.slot(F64)
-        parts = [self.slot(pt) for _ in range(U)]
-        for a in accs:
+        accs = [[self.slot(vec(F64, W)) for _ in range(2)] for _ in rows]
+        tails = [self.slot(F64) for _ in rows]
+        parts = [[self.slot(pt) for _ in range(U)] for _ in rows]
+        for a in (a for row in accs for a in row):
             b.store(self.init(W), a)
-        b.store(self.init(1), tail)
+        for t in tails:
+            b.store(self.init(1), t)
         sl = [s[last] for s in self.strides]
 
         def at(offs, j):
             return [self.sadd(x, j, s) for x, s in zip(offs, sl)]
 
-        def widen_into(v):
-            for h, a in enumerate(accs):
+        def widen_into(r, v):
+            for h, a in enumerate(accs[r]):
                 half = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)]))
                 b.store(b.fadd(b.load(a), b.fpext(half, vec(F64, W)), flags=FM_REDUCE), a)
 
-        with self.red_loops(red_dims[:-1], in_base) as (offs, _):
+        with self.row_loops(rows, red_dims) as row_offs:
             with counted_loop(b, I64(0), nvec, F32_BLOCK, "rb") as blk:
                 end = b.add(blk, I64(F32_BLOCK))
                 end = b.select(b.icmp_signed("<", end, nvec), end, nvec)
-                for p in parts:
+                for p in (p for row in parts for p in row):
                     b.store(ir.Constant(pt, 0.0), p)
                 with counted_loop(b, blk, end, U * E, "rv") as i:
-                    for k, p in enumerate(parts):
-                        v = self.value(at(offs, b.add(i, I64(k * E))), sl, E, widen=False)
-                        b.store(b.fadd(b.load(p), v, flags=FM_REDUCE), p)
-                vals = [b.load(p) for p in parts]
-                while len(vals) > 1:
-                    vals = [b.fadd(vals[k], vals[k + 1], flags=FM_REDUCE) for k in range(0, len(vals), 2)]
-                widen_into(vals[0])
+                    for offs in row_offs:
+                        self.prefetch(at(offs, i), sl)
+                    for k in range(U):
+                        for r, offs in enumerate(row_offs):
+                            v = self.value(at(offs, b.add(i, I64(k * E))), sl, E, widen=False)
+                            b.store(b.fadd(b.load(parts[r][k]), v, flags=FM_REDUCE), parts[r][k])
+                for r in range(R):
+                    vals = [b.load(p) for p in parts[r]]
+                    while len(vals) > 1:
+                        vals = [b.fadd(vals[k], vals[k + 1], flags=FM_REDUCE) for k in range(0, len(vals), 2)]
+                    widen_into(r, vals[0])
             with counted_loop(b, nvec, n1, E, "r1") as j:
-                widen_into(self.value(at(offs, j), sl, E, widen=False))
+                for r, offs in enumerate(row_offs):
+                    widen_into(r, self.value(at(offs, j), sl, E, widen=False))
             with counted_loop(b, n1, n, 1, "rt") as j:
-                b.store(b.fadd(b.load(tail), self.value(at(offs, j), sl, 1), flags=FM_REDUCE), tail)
-        s, _ = self.hreduce([b.load(a) for a in accs])
-        self._store(out_off, b.fadd(s, b.load(tail), flags=FM_REDUCE), 1)
+                for r, offs in enumerate(row_offs):
+                    b.store(b.fadd(b.load(tails[r]), self.value(at(offs, j), sl, 1), flags=FM_REDUCE), tails[r])
+        for r, out_off in enumerate(outs):
+            s, _ = self.hreduce([b.load(a) for a in accs[r]])
+            self._store(out_off, b.fadd(s, b.load(tails[r]), flags=FM_REDUCE), 1)
 
     def reduce_strip(self, in_base, out_row, red_dims, jd, j_lo, j_hi):
         """Outputs [j_lo, j_hi) of one row (at most OUTPUT_STRIP): their accumulators live in a
