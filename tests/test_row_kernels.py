@@ -426,16 +426,32 @@ def test_row_kernel_with_a_large_output_streams_it_and_keeps_its_values(op, layo
     np.testing.assert_allclose(y.numpy(), want, rtol=2e-6, atol=2e-6)
 
 
-def test_softmax_with_a_large_output_keeps_plain_stores_over_its_stash():
-    """softmax writes exp(x - max) into its output in the sum's pass and divides it in place:
-    a non-temporal store over a line just written would cost more than it saves, so the write
-    pass keeps plain stores; the values stay NumPy's."""
+@pytest.mark.parametrize("long_rows", [False, True])
+def test_softmax_with_a_large_output_stashes_exp_in_a_row_buffer_and_streams(long_rows):
+    """softmax keeps exp(x - max) of a row that fits STASH_ROW in a stack row buffer (L1), so its
+    output is written once, in the last pass, with non-temporal stores; a longer row stashes in
+    the output itself and divides it in place with plain stores.  NumPy's values either way."""
+    from lazycandle.codegen.row import STASH_ROW
     from lazycandle.compiler import get_plan
     from lazycandle.ir.printer import render
-    x, g, b = _inputs(lc.f32, _streamed_rows(1024), 1024, 5)
+    n = STASH_ROW + 3 if long_rows else 1024
+    x, g, b = _inputs(lc.f32, _streamed_rows(n), n, 5)
     y = lc.nn.softmax(lc.tensor(x), -1)
-    assert "!nontemporal" not in render("llvm", "text", get_plan(capture([y._node])))
+    assert "!nontemporal" in render("llvm", "text", get_plan(capture([y._node])))
     np.testing.assert_allclose(y.numpy(), _softmax(x.astype(np.float64)), rtol=2e-6, atol=1e-9)
+
+
+def test_row_stash_that_is_an_output_itself_is_written_to_that_output():
+    """When the stashed value (exp(x - max)) is also an output, it is stored in that output, not
+    in the row buffer, and the quotient output is still written."""
+    x = rng_for("stash_output").normal(size=(_streamed_rows(512), 512)).astype(np.float32)
+    t = lc.tensor(x)
+    e = t.broadcast_sub(t.max_keepdim(-1)).exp()
+    y = e.broadcast_div(e.sum_keepdim(-1))
+    got_e, got_y = lc.realize(e, y)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(got_e.numpy(), np.exp(x64 - x64.max(-1, keepdims=True)), rtol=2e-6, atol=1e-30)
+    np.testing.assert_allclose(got_y.numpy(), _softmax(x64), rtol=2e-6, atol=1e-30)
 
 
 @pytest.mark.parametrize("lane", [0, 5, 15, 16, 31, 63, 64, 200])

@@ -6,15 +6,17 @@ per-element producers of that stage's reductions and reduces them (U vector accu
 lanes, then W lanes, then a scalar tail, combined as codegen/reduce.py combines them and
 finished in halving steps; an f32 sum adds BLOCK_CHAINS independent f32 partials per block of
 F32_BLOCK elements into its f64 accumulators, which keeps SPEC's accuracy without an f32 -> f64
-conversion per element or a row-long chain of dependent adds); between passes the
-per-row instrs whose reductions are done run once, on scalars; a last pass evaluates the
-full-row outputs (W-wide body + one masked step; non-temporal stores when the outputs are
-larger than L2) and the per-row outputs are stored.  A pass
-re-reads the row, which is still in L1/L2 from the pass before, and recomputes the cheap
-per-element producers instead of storing them; the passes after the first prefetch the next
-row, so that only the first pass of the first row waits on DRAM.  Per-row values reach the
-per-element DAG as extra scalar slots (slot = runtime scalars + instr index), so elementwise._emit_instrs
-evaluates every DAG unchanged (each op rounded in its dtype, like op at a time).
+conversion per element or a row-long chain of dependent adds); between passes the per-row
+instrs whose reductions are done run once, on scalars; a last pass evaluates the full-row
+outputs (W-wide body + one masked step; non-temporal stores when the outputs are larger than
+L2) and the per-row outputs are stored.  A pass re-reads the row, which is still in L1/L2
+from the pass before, and recomputes the cheap per-element producers instead of storing them
+(a costly one, softmax's exp, is stashed by the last reduction pass: in a stack row buffer
+when the row fits, else in the output); the passes after the first prefetch the next row, so
+that only the first pass of the first row waits on DRAM.  Per-row values reach the
+per-element DAG as extra scalar slots (slot = runtime scalars + instr index), so
+elementwise._emit_instrs evaluates every DAG unchanged (each op rounded in its dtype, like op
+at a time).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from .reduce import F32_BLOCK, UNROLL, _RedKernel
 
 
 STASH_COST = 4     # op cost of a per-element value worth writing once rather than computing twice
+STASH_ROW = 4096   # elements of the per-thread row buffer a stash uses when the row fits (16 KiB of f32)
 BLOCK_CHAINS = 4   # independent f32 partial sums per step of a blocked f32 sum (F32_BLOCK a multiple of 4 E)
 
 
@@ -106,6 +109,7 @@ class _RowKernel(_Kernel):
         self.n_scalars = len(spec.scalars)
         self.row_vals = {}
         self.next_row = None     # per input: element distance to the next row's start, while prefetching
+        self.stash_row = None    # per row: where the stash of the last reduction pass lives (see stash_scratch)
 
     def load(self, k, off, stride, w, mask=None):
         """The elementwise load; while `next_row` is set, a full-vector load of a row input
@@ -222,7 +226,7 @@ class _RowKernel(_Kernel):
                 else:
                     add_parts(a, sl, a.widen(v), k)
             if stash:
-                self.store_full(stash[2], b.add(out_base, j), vals[-1], w)
+                self.store_at(self.stash_row, self.out_dt[stash[2]], j, vals[-1], w)
 
         nvec = b.mul(b.udiv(n, I64(S)), I64(S))
         n1 = b.mul(b.udiv(n, I64(W)), I64(W))
@@ -251,12 +255,24 @@ class _RowKernel(_Kernel):
             s, _ = a.hreduce([b.load(x) for x in sl[:U]])
             self.row_vals[j] = a.result(a.combine(s, b.load(sl[U])), n)
 
-    def store_full(self, k, off, v, w):
-        """Store compute value(s) v (w lanes) to full output k at element offset `off`."""
-        b, dt = self.b, self.out_dt[k]
+    def store_at(self, ptr, dt, off, v, w):
+        """Store compute value(s) v (w lanes) of dtype dt at element `off` of `ptr`."""
+        b = self.b
         v = codecs.encode(b, dt.codec, v) if dt.codec else v
-        p = b.gep(self.out_ptr[k], [off], inbounds=True)
+        p = b.gep(ptr, [off], inbounds=True)
         b.store(v, p if w == 1 else b.bitcast(p, v.type.as_pointer()), align=dt.size_in_bytes)
+
+    def stash_scratch(self, stash, full, n):
+        """(a row buffer of STASH_ROW elements on the stack, i1 n <= STASH_ROW) for a stash that
+        is not itself an output, else (None, None).  A row that fits keeps its stash there, in
+        L1, instead of in the output: the output is then written once, in the last pass, and
+        may stream (softmax: no read-for-ownership of an output row that is written twice)."""
+        if not stash or any(j == stash[1] and k == stash[2] for k, j, _ in full):
+            return None, None
+        et = self.out_ptr[stash[2]].type.pointee
+        buf = self.slot(ir.ArrayType(et, STASH_ROW))
+        buf.align = 64
+        return self.b.bitcast(buf, et.as_pointer()), self.b.icmp_signed("<=", self.dims[-1], I64(STASH_ROW))
 
     def pick_stash(self, stages, full):
         """(instr of the last reduction pass, the same value's instr in the output pass, output
@@ -287,15 +303,21 @@ class _RowKernel(_Kernel):
         full = [(k, j, dt) for k, (j, dt) in enumerate(spec.outputs) if spec.levels[j] == "e"]
         per_row = [(k, j, dt) for k, (j, dt) in enumerate(spec.outputs) if spec.levels[j] == "r"]
         stash = self.pick_stash(stages, full)
+        scratch, fits = self.stash_scratch(stash, full, n)
         # non-temporal stores for large outputs, unless the write pass overwrites a stash it
-        # just wrote (streaming a line that is in cache costs more than the store it saves)
-        stream = self.streaming_wanted() if full and not stash and self.can_stream() else None
+        # just wrote in the output (streaming a line that is in cache costs more than it saves)
+        stream = None
+        if full and self.can_stream() and (not stash or scratch is not None):
+            stream = self.streaming_wanted() if not stash else b.and_(self.streaming_wanted(), fits)
         with counted_loop(b, lo, hi, 1, "row") as r:
             in_base, _ = self.offsets(self.unravel(r, list(range(spec.rank - 1))))
             nxt, _ = self.offsets(self.unravel(b.add(r, I64(1)), list(range(spec.rank - 1))))
             deltas = [None if all(st[d] == 0 for d in range(spec.rank - 1)) else b.sub(x, y)
                       for x, y, st in zip(nxt, in_base, self.strides)]
             out_base = b.mul(r, n)
+            if stash:
+                out_row = b.gep(self.out_ptr[stash[2]], [out_base], inbounds=True)
+                self.stash_row = out_row if scratch is None else b.select(fits, scratch, out_row)
             self.row_vals = {}
             for p, reds in enumerate(stages):
                 self.eval_row_instrs(in_base, lambda j: need[j] < p)
@@ -333,9 +355,9 @@ class _RowKernel(_Kernel):
         sub = self.divide_by_reciprocals(sub)
         saved = self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt
         if stash:
-            self.in_ptr = self.in_ptr + [self.out_ptr[stash[2]]]
+            self.in_ptr = self.in_ptr + [self.stash_row]
             self.in_dt = self.in_dt + [self.out_dt[stash[2]]]
-            in_base, row_str = list(in_base) + [out_base], list(row_str) + [1]
+            in_base, row_str = list(in_base) + [I64(0)], list(row_str) + [1]
         self.spec = sub
         self.out_ptr = [saved[1][k] for k, _, _ in full]
         self.out_dt = [saved[2][k] for k, _, _ in full]
