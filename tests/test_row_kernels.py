@@ -387,3 +387,85 @@ def test_row_f32_sums_in_blocks_keep_softmax_and_layer_norm_accurate(n):
     np.testing.assert_allclose(lc.nn.layer_norm(lc.tensor(x), None, None).numpy(),
                                _layer_norm(x64, 1.0, 0.0), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lc.tensor(x).exp().sum(-1).numpy(), np.exp(x64).sum(-1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [31, 32, 63, 64, 65, 127, 128, 129, 191, 320, 321])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm", "rms_norm"])
+def test_row_f32_sums_keep_every_partial_chain_at_lengths_around_the_step(op, n):
+    """A blocked f32 sum steps over 4 independent f32 partials of a vector each (64 lanes at 16
+    lanes a vector, 32 at 8): lengths one short of, at and one past a step, and a step plus a
+    W-wide and a scalar tail, all count every element once."""
+    x, g, b = _inputs(lc.f32, 4, n, 11)
+    got = OPS[op][0](lc.tensor(x), lc.tensor(g), lc.tensor(b)).numpy()
+    want = OPS[op][1](x.astype(np.float64), g.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+def _streamed_rows(n):
+    """Rows of n f32 whose output is past the size from which stores are non-temporal."""
+    from lazycandle.codegen.elementwise import streaming_min_bytes
+    return streaming_min_bytes() // (4 * n) + 3
+
+
+@pytest.mark.parametrize("layout", ["aligned", "unaligned_rows", "transposed"])
+@pytest.mark.parametrize("op", ["log_softmax", "layer_norm", "rms_norm"])
+def test_row_kernel_with_a_large_output_streams_it_and_keeps_its_values(op, layout):
+    """An output larger than L2 is written with non-temporal stores (no read-for-ownership of
+    lines the row kernel writes once); rows that do not start on a vector boundary (n = 1001)
+    keep plain stores, and the values are NumPy's either way."""
+    n = 1001 if layout == "unaligned_rows" else 1024
+    rows = _streamed_rows(n)
+    x, g, b = _inputs(lc.f32, rows, n, 3)
+    t = lc.tensor(np.ascontiguousarray(x.T)).permute((1, 0)) if layout == "transposed" else lc.tensor(x)
+    y = OPS[op][0](t, lc.tensor(g), lc.tensor(b))
+    if layout == "aligned":
+        from lazycandle.compiler import get_plan
+        from lazycandle.ir.printer import render
+        assert "!nontemporal" in render("llvm", "text", get_plan(capture([y._node])))
+    want = OPS[op][1](x.astype(np.float64), g.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(y.numpy(), want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("long_rows", [False, True])
+def test_softmax_with_a_large_output_stashes_exp_in_a_row_buffer_and_streams(long_rows):
+    """softmax keeps exp(x - max) of a row that fits STASH_ROW in a stack row buffer (L1), so its
+    output is written once, in the last pass, with non-temporal stores; a longer row stashes in
+    the output itself and divides it in place with plain stores.  NumPy's values either way."""
+    from lazycandle.codegen.row import STASH_ROW
+    from lazycandle.compiler import get_plan
+    from lazycandle.ir.printer import render
+    n = STASH_ROW + 3 if long_rows else 1024
+    x, g, b = _inputs(lc.f32, _streamed_rows(n), n, 5)
+    y = lc.nn.softmax(lc.tensor(x), -1)
+    assert "!nontemporal" in render("llvm", "text", get_plan(capture([y._node])))
+    np.testing.assert_allclose(y.numpy(), _softmax(x.astype(np.float64)), rtol=2e-6, atol=1e-9)
+
+
+def test_row_stash_that_is_an_output_itself_is_written_to_that_output():
+    """When the stashed value (exp(x - max)) is also an output, it is stored in that output, not
+    in the row buffer, and the quotient output is still written."""
+    x = rng_for("stash_output").normal(size=(_streamed_rows(512), 512)).astype(np.float32)
+    t = lc.tensor(x)
+    e = t.broadcast_sub(t.max_keepdim(-1)).exp()
+    y = e.broadcast_div(e.sum_keepdim(-1))
+    got_e, got_y = lc.realize(e, y)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(got_e.numpy(), np.exp(x64 - x64.max(-1, keepdims=True)), rtol=2e-6, atol=1e-30)
+    np.testing.assert_allclose(got_y.numpy(), _softmax(x64), rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("lane", [0, 5, 15, 16, 31, 63, 64, 200])
+def test_row_max_in_halving_steps_keeps_nan_and_minus_inf_rules(lane):
+    """The row max combines its accumulators by halving the vector: a NaN in any lane still makes
+    the softmax row NaN (other rows untouched), and a row max reached only in one lane is found."""
+    x = rng_for("row_max_tree", lane).normal(size=(3, 201)).astype(np.float32)
+    x[0, lane] = np.nan
+    x[1, :] = -np.inf
+    x[1, lane] = 2.0
+    x[2, lane] = 50.0
+    got = lc.nn.softmax(lc.tensor(x), -1).numpy()
+    assert np.isnan(got[0]).all()
+    want1 = np.zeros(201, np.float32)
+    want1[lane] = 1.0
+    np.testing.assert_array_equal(got[1], want1)
+    np.testing.assert_allclose(got[2], _softmax(x[2:].astype(np.float64))[0], rtol=2e-6, atol=1e-30)

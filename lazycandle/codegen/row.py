@@ -3,16 +3,20 @@ the like as ONE kernel, parallel over rows.
 
 Per row [lo, hi): for each stage of RowSpec.stages(), one pass over the row evaluates the
 per-element producers of that stage's reductions and reduces them (U vector accumulators of W
-lanes, then W lanes, then a scalar tail, combined as codegen/reduce.py combines them; an f32
-sum adds f32 partials per block of F32_BLOCK elements into its f64 accumulators, which keeps
-SPEC's accuracy without an f32 -> f64 conversion per element); between passes the
-per-row instrs whose reductions are done run once, on scalars; a last pass evaluates the
-full-row outputs (W-wide body + one masked step) and the per-row outputs are stored.  A pass
-re-reads the row, which is still in L1/L2 from the pass before, and recomputes the cheap
-per-element producers instead of storing them; the passes after the first prefetch the next
-row, so that only the first pass of the first row waits on DRAM.  Per-row values reach the
-per-element DAG as extra scalar slots (slot = runtime scalars + instr index), so elementwise._emit_instrs
-evaluates every DAG unchanged (each op rounded in its dtype, like op at a time).
+lanes, then W lanes, then a scalar tail, combined as codegen/reduce.py combines them and
+finished in halving steps; an f32 sum adds BLOCK_CHAINS independent f32 partials per block of
+F32_BLOCK elements into its f64 accumulators, which keeps SPEC's accuracy without an f32 -> f64
+conversion per element or a row-long chain of dependent adds); between passes the per-row
+instrs whose reductions are done run once, on scalars; a last pass evaluates the full-row
+outputs (W-wide body + one masked step; non-temporal stores when the outputs are larger than
+L2) and the per-row outputs are stored.  A pass re-reads the row, which is still in L1/L2
+from the pass before, and recomputes the cheap per-element producers instead of storing them
+(a costly one, softmax's exp, is stashed by the last reduction pass: in a stack row buffer
+when the row fits, else in the output); the passes after the first prefetch the next row, so
+that only the first pass of the first row waits on DRAM.  Per-row values reach the
+per-element DAG as extra scalar slots (slot = runtime scalars + instr index), so
+elementwise._emit_instrs evaluates every DAG unchanged (each op rounded in its dtype, like op
+at a time).
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ from .reduce import F32_BLOCK, UNROLL, _RedKernel
 
 
 STASH_COST = 4     # op cost of a per-element value worth writing once rather than computing twice
+STASH_ROW = 4096   # elements of the per-thread row buffer a stash uses when the row fits (16 KiB of f32)
+BLOCK_CHAINS = 4   # independent f32 partial sums per step of a blocked f32 sum (F32_BLOCK a multiple of 4 E)
 
 
 @dataclass(frozen=True)
@@ -43,13 +49,28 @@ class _Sub:
 
 class _Acc:
     """One reduction's accumulator rules, borrowed from the reduce kernel generator."""
-    init, better, combine, hreduce = _RedKernel.init, _RedKernel.better, _RedKernel.combine, _RedKernel.hreduce
+    init, better, combine = _RedKernel.init, _RedKernel.better, _RedKernel.combine
     is_arg = False
 
     def __init__(self, b, kind, val_dt, out_dt):
         self.b, self.red, self.val_dt, self.out_dt = b, reduction(kind), val_dt, out_dt
         self.is_float = val_dt.is_float
         self.acc_t = F64 if self.red.acc == "f64" and self.is_float else ltype(val_dt.compute)
+
+    def hreduce(self, accs):
+        """The accumulators combined into one scalar: lane-wise, then halving the vector
+        (log2 W dependent steps; a lane-by-lane chain of NaN-aware max selects cost a row
+        about W times their latency)."""
+        b, acc = self.b, accs[0]
+        for x in accs[1:]:
+            acc = self.combine(acc, x)
+        w = width_of(acc.type)
+        while w > 1:
+            h = w // 2
+            lo, hi = (b.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(I32, h), list(range(o, o + h))))
+                      for o in (0, h))
+            acc, w = self.combine(lo, hi), h
+        return (b.extract_element(acc, I32(0)) if isinstance(acc.type, ir.VectorType) else acc), None
 
     def widen(self, v):
         t = vec(self.acc_t, width_of(v.type))
@@ -88,6 +109,7 @@ class _RowKernel(_Kernel):
         self.n_scalars = len(spec.scalars)
         self.row_vals = {}
         self.next_row = None     # per input: element distance to the next row's start, while prefetching
+        self.stash_row = None    # per row: where the stash of the last reduction pass lives (see stash_scratch)
 
     def load(self, k, off, stride, w, mask=None):
         """The elementwise load; while `next_row` is set, a full-vector load of a row input
@@ -170,14 +192,17 @@ class _RowKernel(_Kernel):
         sub = self.sub(cone, outs, copies)
         W, U = pass_lanes(spec, accs), UNROLL
         E = min(max(W, ew_lanes(sub)), U * W)   # evaluate E lanes at once, accumulate W-wide halves
+        blocked = [a.acc_t == F64 and a.red.combine == "add" and a.val_dt == D.f32 for a in accs]
+        # a step covers S lanes: U W-wide accumulators, or BLOCK_CHAINS f32 partials of E lanes
+        # each (independent add chains hide the add latency; two would leave a row latency-bound)
+        S = max(U * W, BLOCK_CHAINS * E) if any(blocked) else U * W
         slots = [[self.slot(vec(a.acc_t, W)) for _ in range(U)] + [self.slot(a.acc_t)] for a in accs]
         for a, sl in zip(accs, slots):
             for k, s in enumerate(sl):
                 b.store(a.init(W if k < U else 1), s)
         # f32 sums: E-lane f32 partials per block of F32_BLOCK elements, added into the f64
         # accumulators after each block (no f32 -> f64 conversion per element)
-        blocked = [a.acc_t == F64 and a.red.combine == "add" and a.val_dt == D.f32 for a in accs]
-        parts = [[self.slot(vec(F32, E)) for _ in range(U * W // E)] if bl else None for bl in blocked]
+        parts = [[self.slot(vec(F32, E)) for _ in range(S // E)] if bl else None for bl in blocked]
 
         def add_parts(a, part_slots, v, k):
             """The W-lane pieces of value v (w lanes, accumulator type) into slots k, k+1, ..."""
@@ -185,11 +210,12 @@ class _RowKernel(_Kernel):
             for p in range(max(1, w // W)):
                 piece = v if w <= W else b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W),
                                                                             [p * W + x for x in range(W)]))
-                b.store(a.combine(b.load(part_slots[k + p]), piece), part_slots[k + p])
+                q = k + p if w == 1 else (k + p) % U
+                b.store(a.combine(b.load(part_slots[q]), piece), part_slots[q])
 
         def step(j, w, k, in_block=False):
-            """Lanes [j, j + w) into accumulators k, k+1, ... (W lanes each; w = 1: the tail's);
-            in a block, a blocked sum's lanes go into its f32 partial k * W // E."""
+            """Lanes [j, j + w) into accumulators k, k+1, ... (mod U; W lanes each; w = 1: the
+            tail's); in a block, a blocked sum's lanes go into its f32 partial k * W // E."""
             offs = [self.sadd(x, j, s) for x, s in zip(in_base, row_str)]
             vals = _emit_instrs(b, sub, lambda q: self.load(q, offs[q], row_str[q], w), w, self.scalar,
                                 decode_outputs=True)
@@ -200,9 +226,9 @@ class _RowKernel(_Kernel):
                 else:
                     add_parts(a, sl, a.widen(v), k)
             if stash:
-                self.store_full(stash[2], b.add(out_base, j), vals[-1], w)
+                self.store_at(self.stash_row, self.out_dt[stash[2]], j, vals[-1], w)
 
-        nvec = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
+        nvec = b.mul(b.udiv(n, I64(S)), I64(S))
         n1 = b.mul(b.udiv(n, I64(W)), I64(W))
         if any(blocked):
             with counted_loop(b, I64(0), nvec, F32_BLOCK, "rb") as blk:
@@ -211,8 +237,8 @@ class _RowKernel(_Kernel):
                 for pt in parts:
                     for x in pt or ():
                         b.store(ir.Constant(vec(F32, E), 0.0), x)
-                with counted_loop(b, blk, end, U * W, "rv") as i:
-                    for c in range(U * W // E):
+                with counted_loop(b, blk, end, S, "rv") as i:
+                    for c in range(S // E):
                         step(b.add(i, I64(c * E)), E, c * E // W, True)
                 for a, sl, pt in zip(accs, slots, parts):
                     for q, x in enumerate(pt or ()):
@@ -229,12 +255,24 @@ class _RowKernel(_Kernel):
             s, _ = a.hreduce([b.load(x) for x in sl[:U]])
             self.row_vals[j] = a.result(a.combine(s, b.load(sl[U])), n)
 
-    def store_full(self, k, off, v, w):
-        """Store compute value(s) v (w lanes) to full output k at element offset `off`."""
-        b, dt = self.b, self.out_dt[k]
+    def store_at(self, ptr, dt, off, v, w):
+        """Store compute value(s) v (w lanes) of dtype dt at element `off` of `ptr`."""
+        b = self.b
         v = codecs.encode(b, dt.codec, v) if dt.codec else v
-        p = b.gep(self.out_ptr[k], [off], inbounds=True)
+        p = b.gep(ptr, [off], inbounds=True)
         b.store(v, p if w == 1 else b.bitcast(p, v.type.as_pointer()), align=dt.size_in_bytes)
+
+    def stash_scratch(self, stash, full, n):
+        """(a row buffer of STASH_ROW elements on the stack, i1 n <= STASH_ROW) for a stash that
+        is not itself an output, else (None, None).  A row that fits keeps its stash there, in
+        L1, instead of in the output: the output is then written once, in the last pass, and
+        may stream (softmax: no read-for-ownership of an output row that is written twice)."""
+        if not stash or any(j == stash[1] and k == stash[2] for k, j, _ in full):
+            return None, None
+        et = self.out_ptr[stash[2]].type.pointee
+        buf = self.slot(ir.ArrayType(et, STASH_ROW))
+        buf.align = 64
+        return self.b.bitcast(buf, et.as_pointer()), self.b.icmp_signed("<=", self.dims[-1], I64(STASH_ROW))
 
     def pick_stash(self, stages, full):
         """(instr of the last reduction pass, the same value's instr in the output pass, output
@@ -265,12 +303,21 @@ class _RowKernel(_Kernel):
         full = [(k, j, dt) for k, (j, dt) in enumerate(spec.outputs) if spec.levels[j] == "e"]
         per_row = [(k, j, dt) for k, (j, dt) in enumerate(spec.outputs) if spec.levels[j] == "r"]
         stash = self.pick_stash(stages, full)
+        scratch, fits = self.stash_scratch(stash, full, n)
+        # non-temporal stores for large outputs, unless the write pass overwrites a stash it
+        # just wrote in the output (streaming a line that is in cache costs more than it saves)
+        stream = None
+        if full and self.can_stream() and (not stash or scratch is not None):
+            stream = self.streaming_wanted() if not stash else b.and_(self.streaming_wanted(), fits)
         with counted_loop(b, lo, hi, 1, "row") as r:
             in_base, _ = self.offsets(self.unravel(r, list(range(spec.rank - 1))))
             nxt, _ = self.offsets(self.unravel(b.add(r, I64(1)), list(range(spec.rank - 1))))
             deltas = [None if all(st[d] == 0 for d in range(spec.rank - 1)) else b.sub(x, y)
                       for x, y, st in zip(nxt, in_base, self.strides)]
             out_base = b.mul(r, n)
+            if stash:
+                out_row = b.gep(self.out_ptr[stash[2]], [out_base], inbounds=True)
+                self.stash_row = out_row if scratch is None else b.select(fits, scratch, out_row)
             self.row_vals = {}
             for p, reds in enumerate(stages):
                 self.eval_row_instrs(in_base, lambda j: need[j] < p)
@@ -285,13 +332,18 @@ class _RowKernel(_Kernel):
                 b.store(v, b.gep(self.out_ptr[k], [r], inbounds=True), align=dt.size_in_bytes)
             if full:
                 self.next_row = deltas if stages else None
-                self.write_rows(full, in_base, out_base, row_str, n, stash)
+                self.write_rows(full, in_base, out_base, row_str, n, stash, stream)
                 self.next_row = None
+        if stream is not None:
+            with b.if_then(stream):
+                self.store_fence()          # the streamed stores are visible before we return
         b.ret_void()
 
-    def write_rows(self, full, in_base, out_base, row_str, n, stash):
+    def write_rows(self, full, in_base, out_base, row_str, n, stash, stream):
         """The last pass: the full-row outputs, through the elementwise inner loop; a stashed
-        value is read back from the output that holds it."""
+        value is read back from the output that holds it.  `stream` (an i1, see
+        elementwise.streaming_wanted: outputs larger than L2) makes the stores non-temporal,
+        so a row written once is not first read into the cache (read-for-ownership)."""
         if stash:           # an output holding its own value is already written
             full = [o for o in full if o[1] != stash[1] or o[0] != stash[2]]
             if not full:
@@ -303,13 +355,13 @@ class _RowKernel(_Kernel):
         sub = self.divide_by_reciprocals(sub)
         saved = self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt
         if stash:
-            self.in_ptr = self.in_ptr + [self.out_ptr[stash[2]]]
+            self.in_ptr = self.in_ptr + [self.stash_row]
             self.in_dt = self.in_dt + [self.out_dt[stash[2]]]
-            in_base, row_str = list(in_base) + [out_base], list(row_str) + [1]
+            in_base, row_str = list(in_base) + [I64(0)], list(row_str) + [1]
         self.spec = sub
         self.out_ptr = [saved[1][k] for k, _, _ in full]
         self.out_dt = [saved[2][k] for k, _, _ in full]
-        self.inner_loop(I64(0), n, in_base, out_base, row_str)
+        self.inner_loop(I64(0), n, in_base, out_base, row_str, stream)
         self.spec, self.out_ptr, self.out_dt, self.in_ptr, self.in_dt = saved
 
 
