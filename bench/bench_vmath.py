@@ -114,7 +114,7 @@ def run(quick: bool = False, threads=(1, 2), names=NAMES, reps: int | None = Non
 
 
 EXTREMES = {"-inf": -np.inf, "-200": -200.0, "-100": -100.0, "-88..-87": (-88.0, -87.0), "-30": -30.0,
-            "+88.7": 88.7, "+200": 200.0, "+inf": np.inf, "nan": np.nan, "denormal": 1e-40,
+            "+88.7": 88.7, "+200": 200.0, "+inf": np.inf, "nan": np.nan, "denormal": 1e-40, "1e-30": 1e-30,
             "ordinary": (-10.0, 10.0)}
 
 
