@@ -119,11 +119,15 @@ def sigmoid(v: V, x):
     return v.sel(v.isnan(x), x, _logistic(v, v.flush_subnormal(x)))
 
 
-def _x_times_fixups(v: V, x, res, under):
-    """Special values of x * g(x), g -> 1 at +inf and -> 0 at -inf: -0 where the result
-    underflows, NaN at -inf (NumPy's x / (1 + exp(-x)) is -inf / inf), x for +-0, +inf, NaN."""
-    res = v.sel(under, v.c(-0.0), res)
+def _x_times_fixups(v: V, x, res, compensated: bool):
+    """Special values of x * g(x), g -> 1 at +inf and -> 0 at -inf: NaN at -inf (NumPy's
+    x / (1 + exp(-x)) is -inf / inf).  The rest comes out of the arithmetic: NaN propagates,
+    +-0 and +inf are x * 1 / (1 + t), and the vanishing tail is _logistic's signed 0.  With
+    the compensated division (f64) the error-free product 1 * x is NaN at +inf and +0 at -0,
+    so there x is selected for +-0, +inf and NaN."""
     res = v.sel(v.cmp("==", x, v.c(-math.inf)), v.c(math.nan), res)
+    if not compensated:
+        return res
     keep = v.b.or_(v.cmp("==", x, v.c(0.0)), v.cmp("==", x, v.c(math.inf)))
     return v.sel(v.b.or_(keep, v.isnan(x)), x, res)
 
@@ -131,8 +135,8 @@ def _x_times_fixups(v: V, x, res, under):
 def silu(v: V, x):
     """x / (1 + e^-x); silu(-inf) = NaN like NumPy's formula."""
     xf = v.flush_subnormal(x)
-    res = _logistic(v, xf, None, xf, compensated=v.key == "f64")    # f32: 4-ulp budget
-    res = _x_times_fixups(v, x, res, v.cmp("<", x, v.c(core._EXP[v.key].lo)))
+    comp = v.key == "f64"                                          # f32: 4-ulp budget
+    res = _x_times_fixups(v, x, _logistic(v, xf, None, xf, compensated=comp), comp)
     return v.subnormal_times(x, 0.5, res)                          # x g(x), g(0) = 1/2
 
 
@@ -148,7 +152,7 @@ def gelu(v: V, x):
     k2, k2l = _dd(v, _GELU_K2)
     big = _GELU_CLAMP[v.key]
     xf = v.flush_subnormal(x)
-    xc = v.clamp(xf, -big, big)
+    xc = v.clamp_keep_nan(xf, -big, big)
     x2, x2l = v.two_prod(xc, xc)
     th, tl = v.two_prod(k2, x2)
     tl = v.fma(k2, x2l, v.fma(k2l, x2, tl))
@@ -156,8 +160,8 @@ def gelu(v: V, x):
     al = v.add(v.add(e, tl), k1l)
     wh, wl = v.two_prod(xc, ah)
     wl = v.fma(xc, al, wl)
-    res = _logistic(v, wh, wl, xf, compensated=v.key == "f64")     # f32: 4-ulp budget, speed
-    res = _x_times_fixups(v, x, res, v.cmp("<", wh, v.c(core._EXP[v.key].lo)))
+    comp = v.key == "f64"                                          # f32: 4-ulp budget, speed
+    res = _x_times_fixups(v, x, _logistic(v, wh, wl, xf, compensated=comp), comp)
     return v.subnormal_times(x, 0.5, res)                          # x g(x), g(0) = 1/2
 
 
