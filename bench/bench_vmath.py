@@ -113,12 +113,40 @@ def run(quick: bool = False, threads=(1, 2), names=NAMES, reps: int | None = Non
             yield row
 
 
+EXTREMES = {"-inf": -np.inf, "-200": -200.0, "-100": -100.0, "-88..-87": (-88.0, -87.0), "-30": -30.0,
+            "+88.7": 88.7, "+200": 200.0, "+inf": np.inf, "nan": np.nan, "denormal": 1e-40, "1e-30": 1e-30,
+            "ordinary": (-10.0, 10.0)}
+
+
+def extremes(names=NAMES, reps: int = 9):
+    """Rows {function, input, ms, x ordinary}: each function on 4M copies of one special input
+    (a pair: uniform in that range), to catch microcode assists (denormal results or operands
+    cost ~100+ cycles each): every row should take about the time of `ordinary`."""
+    import lazycandle as lc
+    rng = np.random.default_rng(0)
+    for name in names:
+        ts = {}
+        for label, v in EXTREMES.items():
+            x = (rng.uniform(*v, N) if isinstance(v, tuple) else np.full(N, v)).astype(np.float32)
+            t = lc.tensor(x).realize()
+            ts[label] = statistics.median(time_rotating({label: lambda: getattr(t, name)().numpy()}, reps)[label])
+        for label, s in ts.items():
+            yield {"function": name, "input": label, "ms": s * 1e3, "x ordinary": s / ts["ordinary"]}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--extremes", action="store_true",
+                    help="time each function on special inputs (-inf, -200, denormals, ...) instead")
     ap.add_argument("names", nargs="*", default=NAMES)
     args = ap.parse_args(argv)
+    if args.extremes:
+        print("| function | input | ms | x ordinary |\n|---|---|---|---|")
+        for r in extremes(args.names, args.reps):
+            print(f"| {r['function']} | {r['input']} | {r['ms']:.2f} | {r['x ordinary']:.2f} |", flush=True)
+        return
     print(f"{N:,} float32, median of {args.reps} rotating rounds; ratio = median over rounds of "
           f"peer time / ours (> 1: ours is faster)\n")
     print("| function | threads | load | ours ms | numpy ms | torch ms | jax ms | numpy/ours | torch/ours | jax/ours |")

@@ -202,7 +202,16 @@ def fit_erfc():
     _show("erfc f64 h Q", Q, e)
 
 
-FITS = {"exp": fit_exp, "log": fit_log, "tanh": fit_tanh, "trig": fit_trig, "erf": fit_erf, "erfc": fit_erfc}
+def fit_erfc32_poly(mid=2.4375, deg=16):
+    # f32 erf above 0.875: erf(a) = 1 - C(a - mid) on [0.875, 4], absolute error (erf near 1
+    # only needs erfc to ~2^-26 absolute); the centred variable keeps sum |c_j u^j| < 0.3
+    F = lambda u: mp.erfc(u + mid)
+    c, e = remez(F, lambda u: mp.mpf(1), list(range(deg + 1)), 0.875 - mid, 4 - mid, iters=40, grid=2000)
+    _show("erfc f32 C(a - mid)", c, e, f32=True)
+
+
+FITS = {"exp": fit_exp, "log": fit_log, "tanh": fit_tanh, "trig": fit_trig, "erf": fit_erf, "erfc": fit_erfc,
+        "erfc32_poly": fit_erfc32_poly}
 
 if __name__ == "__main__":
     for n in sys.argv[1:] or list(FITS):

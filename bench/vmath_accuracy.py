@@ -131,6 +131,8 @@ def _mp_ref(fn, x):
 
 def _mp_fn(name, params):
     mp = mpmath
+    mp.mp.prec = 200            # before the constants: at mpmath's default 53 bits, K1 and K2
+    #                             would be their doubles, not the decimals (~100 ulp in gelu's tail)
     if name == "erf":
         return lambda x: mp.sign(x) if abs(x) > 30 else mp.erf(x)
     if name == "gelu_erf":

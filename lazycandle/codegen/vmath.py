@@ -47,22 +47,35 @@ _TANH = {   # odd minimax x + x^3 P(x^2) on [0, 0.625]; above: 1 - 2t/(1+t), t =
 
 
 def tanh(v: V, x):
-    """tanh(x) = sign(x) (|x| + |x|^3 P(x^2)) below 0.625, else sign(x) (1 - 2t/(1+t))."""
+    """tanh(x) = sign(x) (|x| + |x|^3 P(x^2)) below 0.625, else sign(x) (1 - 2t/(1+t)).
+    |x| below the smallest normal (tanh(x) = x there) is computed at that normal and x is
+    selected back, so no op reads a subnormal (a microcode assist each); NaN passes."""
     cut, P = _TANH[v.key]
-    a = v.abs(x)
+    ax = v.abs(x)
+    tiny = v.cmp("<", ax, v.c(v.fmt.min_normal))
+    a = v.sel(tiny, v.c(v.fmt.min_normal), ax)
     z = v.mul(a, a)
     small = v.fma(v.mul(a, z), v.poly(z, P), a)
-    t = core.exp(v, v.mul(a, v.c(-2.0)))
+    t = core.exp(v, v.mul(a, v.c(-2.0)), flush=False)
     big = v.sub(v.c(1.0), v.div(v.add(t, t), v.add(t, v.c(1.0))))
-    return v.copysign(v.sel(v.cmp("<", a, v.c(cut)), small, big), x)
+    return v.sel(tiny, x, v.copysign(v.sel(v.cmp("<", a, v.c(cut)), small, big), x))
 
 
 # ---- logistic family ----------------------------------------------------------------------------
+_ONE_PLUS_T_IS_ONE = {"f32": -64.0, "f64": -128.0}   # k below: 1 + p 2^k == 1 exactly (p < 2)
+_LOGISTIC_ZERO_K = {"f32": -161.0, "f64": -1089.0}  # k below: |mul p / (1+t)| 2^k rounds to 0
+#   (|mul| <= 170 / 1400 wherever the result is not forced to 0 by the callers' fixups)
+
+
 def _logistic(v: V, w, w_lo=None, mul=None, compensated=True):
     """mul / (1 + e^-w), with e^-|w| = (p + p_lo) 2^k kept in pieces so that tiny results
     underflow gradually (the 2^k goes last, one rounding) and (if compensated) the division
     is corrected by its remainder:  w >= 0: mul / (1 + t);  w < 0: ((mul p) / (1 + t)) 2^k,
-    t = e^-|w|."""
+    t = e^-|w|.
+
+    No op produces a subnormal unless the result is one (each such op takes a microcode
+    assist): t in 1 + t is formed with k capped from below where 1 + t == 1 anyway, and the
+    final 2^k is skipped (the result set to a signed 0) where it would round to 0."""
     neg = v.cmp("<", w, v.c(0.0))
     a = v.neg(v.abs(w))
     a_lo = None if w_lo is None else v.sel(neg, w_lo, v.neg(w_lo))
@@ -71,11 +84,12 @@ def _logistic(v: V, w, w_lo=None, mul=None, compensated=True):
         p, k = core.exp_reduce(v, a, a_lo)
         num = v.sel(neg, p, one)
         num = num if mul is None else v.mul(num, mul)
-        res = v.div(num, v.add(one, v.ldexp(p, k)))
-        return v.ldexp(res, v.sel(neg, k, zero))
+        res = v.div(num, v.add(one, v.ldexp(p, _floor(v, k, _ONE_PLUS_T_IS_ONE[v.key]))))
+        return _scale_last(v, res, neg, k)
     p, p_lo, k = core.exp_reduce(v, a, a_lo, with_lo=True)
-    d, d_lo = v.fast_two_sum(v.c(1.0), v.ldexp(p, k))
-    d_lo = v.add(v.ldexp(p_lo, k), d_lo)                   # 1 + t = d + d_lo
+    kt = _floor(v, k, _ONE_PLUS_T_IS_ONE[v.key])
+    d, d_lo = v.fast_two_sum(v.c(1.0), v.ldexp(p, kt))
+    d_lo = v.add(v.ldexp(p_lo, kt), d_lo)                  # 1 + t = d + d_lo
     n_hi = v.sel(neg, p, one)                              # w < 0: scaled by 2^k at the end
     n_lo = v.sel(neg, p_lo, zero)
     if mul is not None:
@@ -85,27 +99,45 @@ def _logistic(v: V, w, w_lo=None, mul=None, compensated=True):
     q = v.mul(n_hi, r)
     rem = v.fma(v.neg(q), d, n_hi)                         # exact remainder
     rem = v.fma(v.neg(q), d_lo, v.add(rem, n_lo))
-    return v.ldexp(v.fma(rem, r, q), v.sel(neg, k, zero))
+    return _scale_last(v, v.fma(rem, r, q), neg, k)
+
+
+def _floor(v: V, k, lo: float):
+    return v.sel(v.cmp("<", k, v.c(lo)), v.c(lo), k)
+
+
+def _scale_last(v: V, res, neg, k):
+    """res 2^k where w < 0 (else res), a signed 0 where that rounds to 0."""
+    gone = v.cmp("<", k, v.c(_LOGISTIC_ZERO_K[v.key]))
+    scaled = v.ldexp(res, v.sel(v.b.and_(neg, v.b.not_(gone)), k, v.c(0.0)))
+    return v.sel(v.b.and_(neg, gone), v.copysign(v.c(0.0), res), scaled)
 
 
 def sigmoid(v: V, x):
-    """1 / (1 + e^-x), accurate (and gradually underflowing) for x << 0 too."""
-    return v.sel(v.isnan(x), x, _logistic(v, x))
+    """1 / (1 + e^-x), accurate (and gradually underflowing) for x << 0 too; subnormal x
+    is computed as 0 (sigmoid = 1/2 either way)."""
+    return v.sel(v.isnan(x), x, _logistic(v, v.flush_subnormal(x)))
 
 
-def _x_times_fixups(v: V, x, res, under):
-    """Special values of x * g(x), g -> 1 at +inf and -> 0 at -inf: -0 where the result
-    underflows, NaN at -inf (NumPy's x / (1 + exp(-x)) is -inf / inf), x for +-0, +inf, NaN."""
-    res = v.sel(under, v.c(-0.0), res)
+def _x_times_fixups(v: V, x, res, compensated: bool):
+    """Special values of x * g(x), g -> 1 at +inf and -> 0 at -inf: NaN at -inf (NumPy's
+    x / (1 + exp(-x)) is -inf / inf).  The rest comes out of the arithmetic: NaN propagates,
+    +-0 and +inf are x * 1 / (1 + t), and the vanishing tail is _logistic's signed 0.  With
+    the compensated division (f64) the error-free product 1 * x is NaN at +inf and +0 at -0,
+    so there x is selected for +-0, +inf and NaN."""
     res = v.sel(v.cmp("==", x, v.c(-math.inf)), v.c(math.nan), res)
+    if not compensated:
+        return res
     keep = v.b.or_(v.cmp("==", x, v.c(0.0)), v.cmp("==", x, v.c(math.inf)))
     return v.sel(v.b.or_(keep, v.isnan(x)), x, res)
 
 
 def silu(v: V, x):
     """x / (1 + e^-x); silu(-inf) = NaN like NumPy's formula."""
-    res = _logistic(v, x, None, x, compensated=v.key == "f64")    # f32: 4-ulp budget
-    return _x_times_fixups(v, x, res, v.cmp("<", x, v.c(core._EXP[v.key].lo)))
+    xf = v.flush_subnormal(x)
+    comp = v.key == "f64"                                          # f32: 4-ulp budget
+    res = _x_times_fixups(v, x, _logistic(v, xf, None, xf, compensated=comp), comp)
+    return v.subnormal_times(x, 0.5, res)                          # x g(x), g(0) = 1/2
 
 
 _GELU_CLAMP = {"f32": 1e4, "f64": 1e100}   # beyond: gelu(x) = x, or -0
@@ -119,7 +151,8 @@ def gelu(v: V, x):
     k1, k1l = _dd(v, _GELU_K1)
     k2, k2l = _dd(v, _GELU_K2)
     big = _GELU_CLAMP[v.key]
-    xc = v.clamp(x, -big, big)
+    xf = v.flush_subnormal(x)
+    xc = v.clamp_keep_nan(xf, -big, big)
     x2, x2l = v.two_prod(xc, xc)
     th, tl = v.two_prod(k2, x2)
     tl = v.fma(k2, x2l, v.fma(k2l, x2, tl))
@@ -127,8 +160,9 @@ def gelu(v: V, x):
     al = v.add(v.add(e, tl), k1l)
     wh, wl = v.two_prod(xc, ah)
     wl = v.fma(xc, al, wl)
-    res = _logistic(v, wh, wl, x, compensated=v.key == "f64")      # f32: 4-ulp budget, speed
-    return _x_times_fixups(v, x, res, v.cmp("<", wh, v.c(core._EXP[v.key].lo)))
+    comp = v.key == "f64"                                          # f32: 4-ulp budget, speed
+    res = _x_times_fixups(v, x, _logistic(v, wh, wl, xf, compensated=comp), comp)
+    return v.subnormal_times(x, 0.5, res)                          # x g(x), g(0) = 1/2
 
 
 def elu(v: V, x, alpha: float):

@@ -118,12 +118,35 @@ class V:
     def isnan(self, a):
         return self.b.fcmp_unordered("uno", a, a)
 
+    def is_subnormal(self, a):
+        """a is a nonzero subnormal: one AVX-512 DQ vfpclass where the host has it (LLVM
+        lowers llvm.is.fpclass to three integer ops instead), else llvm.is.fpclass."""
+        fn = _fpclass(self)
+        if fn is not None:
+            return fn(a, 0x20)
+        return call_intrinsic(self.b, "is.fpclass", [a, I32(0x90)], ret=self.bt)
+
+    def flush_subnormal(self, a):
+        """a with subnormal lanes replaced by +0: with the MXCSR's DAZ off, every FP op that
+        reads a subnormal takes a ~150-cycle microcode assist, so functions whose result is
+        a known constant or a single product there compute on 0 and select at the end."""
+        return self.sel(self.is_subnormal(a), self.c(0.0), a)
+
+    def subnormal_times(self, x, c: float, res):
+        """res, or x * c where x is subnormal: for f(x) ~ c x near 0 computed on a flushed
+        x, the one op that has to read the subnormal."""
+        return self.sel(self.is_subnormal(x), x if c == 1 else self.mul(x, self.c(c)), res)
+
     def sel(self, cond, a, b):
         return self.b.select(cond, a, b)
 
     def clamp(self, x, lo: float, hi: float):
         """max(lo, min(hi, x)); NaN maps to lo (callers restore NaN at the end)."""
         x = self.sel(self.cmp(">", x, self.c(lo)), x, self.c(lo))
+        return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))
+
+    def cap(self, x, hi: float):
+        """min(x, hi); NaN maps to hi (callers restore NaN at the end)."""
         return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))
 
     def clamp_keep_nan(self, x, lo: float, hi: float):
@@ -178,14 +201,34 @@ class V:
         return s, self.sub(b, self.sub(s, a))
 
 
+def _avx512_width(v: V):
+    """v's vector width in bits if AVX-512 instructions exist for it on the host, else None
+    (no AVX-512 F, or below 512 bits without VL, or a scalar or odd width)."""
+    total = v.n * v.fmt.bits
+    if v.n == 1 or total not in (128, 256, 512) or not jit.has_feature("avx512f"):
+        return None
+    if total < 512 and not jit.has_feature("avx512vl"):
+        return None
+    return total
+
+
+def _fpclass(v: V):
+    """A builder of AVX-512 DQ's vfpclassps / pd (lanes of a class set, imm8 categories) for
+    v's vector type, or None."""
+    total = _avx512_width(v)
+    if total is None or not jit.has_feature("avx512dq"):
+        return None
+    name = f"llvm.x86.avx512.fpclass.{'ps' if v.fmt.bits == 32 else 'pd'}.{total}"
+    fn = intrinsic(v.b.module, name, v.bt, [v.t, I32])
+    return lambda a, imm: v.b.call(fn, [a, I32(imm)])
+
+
 def _scalef(v: V):
     """A builder of AVX-512's vscalefps / vscalefpd (y * 2^floor(k)) for v's vector type, or
     None: no AVX-512 (F, plus VL below 512 bits) on the host, or a scalar or odd width."""
     n, bits = v.n, v.fmt.bits
-    total = n * bits
-    if n == 1 or total not in (128, 256, 512) or not jit.has_feature("avx512f"):
-        return None
-    if total < 512 and not jit.has_feature("avx512vl"):
+    total = _avx512_width(v)
+    if total is None:
         return None
     mask_t = I16 if n == 16 else I8
     name = f"llvm.x86.avx512.mask.scalef.{'ps' if bits == 32 else 'pd'}.{total}"
@@ -253,12 +296,31 @@ def exp_parts(v: V, x, x_lo=None, with_lo=False):
     return (*parts, v.pow2i(k1), v.pow2i(v.b.sub(ki, k1)))
 
 
-def exp(v: V, x):
+def exp(v: V, x, flush: bool = True):
     """e^x, scaled by two power-of-two factors, not vscalef: softmax rows are full of -inf and
     very negative inputs, and a vscalef whose result underflows takes a microcode assist
-    (exp of 4M values of -inf: 33 ms against 2.6 ms, Emerald Rapids), the two multiplies not."""
-    p, k = exp_reduce(v, x)
-    return v.sel(v.isnan(x), x, v.ldexp(p, k, scalef=False))
+    (exp of 4M values of -inf: 33 ms against 2.6 ms, Emerald Rapids), the two multiplies not.
+
+    k is rounded by adding 1.5 * 2^mant + 2 bias, so the low bits of that sum are
+    t = k + 2 bias; (t >> 1) << mant and (t - (t >> 1)) << mant are then the bits of
+    2^(k >> 1) and 2^(k - (k >> 1)) (the constant's own exponent bits shift out), with no
+    float-to-int conversion or bias adds.  The clamp lets NaN through, and NaN times the
+    factors stays NaN.  Subnormal x gives exactly 1, so it is flushed to 0 first (no assist);
+    flush=False for callers whose x is never subnormal."""
+    K, F = _EXP[v.key], v.fmt
+    xc = v.clamp_keep_nan(v.flush_subnormal(x) if flush else x, K.lo, K.hi)
+    magic = v.c(1.5 * 2.0 ** F.mant + 2 * F.bias)
+    t = v.fma(xc, v.c(1.4426950408889634), magic)
+    k = v.sub(t, magic)
+    r = v.fma(k, v.c(-K.ln2_hi), xc)
+    r = v.fma(k, v.c(-K.ln2_lo), r)
+    p = v.poly(r, K.coeffs)
+    p = v.fma(v.fma(p, r, v.c(1.0)), r, v.c(1.0))
+    tb = v.bits(t)
+    half = v.b.ashr(tb, v.ci(1))
+    s1 = v.from_bits(v.b.shl(half, v.ci(F.mant)))
+    s2 = v.from_bits(v.b.shl(v.b.sub(tb, half), v.ci(F.mant)))
+    return v.mul(v.mul(p, s1), s2)
 
 
 _EXPM1_CLAMP = {"f32": (-30.0, 88.0), "f64": (-60.0, 709.0)}
@@ -299,14 +361,16 @@ _LOG = {
 
 def log_reduce(v: V, x):
     """x = 2^e * m with m in [sqrt(1/2), sqrt(2)); returns (e as float, f = m - 1 exactly).
-    Subnormal x are scaled by 2^(mant+2) first.  Meaningless for x <= 0, inf, NaN."""
+    A subnormal x = b 2^(1 - bias - mant) (b its bits) is replaced by the float b, an exact
+    integer conversion, and e corrected: no FP op reads the subnormal (each would take a
+    microcode assist).  Meaningless for x <= 0, inf, NaN."""
     F, L = v.fmt, _LOG[v.key]
-    tiny = v.cmp("<", x, v.c(F.min_normal))
-    xs = v.sel(tiny, v.mul(x, v.c(2.0 ** (F.mant + 2))), x)
+    tiny = v.is_subnormal(x)
+    xs = v.sel(tiny, v.to_float(v.bits(x)), x)
     u = v.b.sub(v.bits(xs), v.ci(L.sqrt_half_bits))
     e = v.b.ashr(u, v.ci(F.mant))
     m = v.from_bits(v.b.add(v.b.and_(u, v.ci((1 << F.mant) - 1)), v.ci(L.sqrt_half_bits)))
-    ef = v.sub(v.to_float(e), v.sel(tiny, v.c(F.mant + 2), v.c(0.0)))
+    ef = v.sub(v.to_float(e), v.sel(tiny, v.c(F.bias + F.mant - 1), v.c(0.0)))
     return ef, v.sub(m, v.c(1.0))
 
 
