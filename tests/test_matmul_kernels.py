@@ -327,6 +327,21 @@ def test_tiled_generator_is_parametric(monkeypatch, bits):
             mm_case(rng, dt, "tiled", (m, k), (k, n), (2 * k + 3, 1), (1, k + 2), 1, 4)    # gaps, transposed B
 
 
+@pytest.mark.parametrize("dt", [D.f32, D.f64, D.bf16, D.i32, D.u8], ids=lambda d: d.name)
+def test_tiled_packs_k_contiguous_rows_by_register_transpose(dt):
+    """A with unit k stride (row-major) and B with unit k stride (transposed) are packed by
+    vector loads along k and an in-register transpose of vector-width blocks of rows, with a
+    masked store for a partial block of rows (14 rows of 16 lanes; f64: 8 + 6) and the k tail
+    per element: k around the vector width, rows around the panel width, row gaps."""
+    rng = np.random.default_rng(21)
+    spec = MM._tile_kernel(dt)[0]
+    vw, mr, nr = spec.vw, spec.mr, spec.nr
+    for m, k, n in [(mr, vw, nr), (mr + 1, vw - 1, nr - 1), (2 * mr - 1, vw + 1, 2 * nr + 3),
+                    (3 * mr, 3 * vw + 5, nr + 1), (mr - 1, 2 * vw, 3)]:
+        mm_case(rng, dt, "tiled", (m, k), (k, n), None, transposed((k, n)))
+        mm_case(rng, dt, "tiled", (m, k), (k, n), (k + 3, 1), (1, k + 5), 2, 1)      # row gaps
+
+
 @pytest.mark.parametrize("keep_a", [True, False])
 @pytest.mark.parametrize("dt", [D.f32, D.f16, D.bf16, D.i16, D.f64], ids=lambda d: d.name)
 def test_tiled_cache_blocking_edges(dt, keep_a, monkeypatch):
