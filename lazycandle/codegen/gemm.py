@@ -8,7 +8,9 @@
 
 Packing reads any strides (stride 0, transposed, gaps) and converts storage -> accumulator type
 (f16/bf16/f8 -> f32, narrow ints -> i32), so the micro-kernel only ever sees aligned, dense,
-zero-padded panels.  When asked (a_keep), Ap holds the task's whole packed A and is reused
+zero-padded panels.  A parallel plan whose B is one matrix packs it once, whole, into a
+buffer all threads read (the "pack_b" role's tasks run first; `bshared` in the parameter
+block), and its tasks are then blocks of rows.  When asked (a_keep), Ap holds the task's whole packed A and is reused
 across NC blocks and across consecutive tasks reading the same A (a broadcast lhs).  The micro-kernel keeps MR x NV vectors of VW lanes as loop phis, broadcasts
 one A element per row and issues explicit `llvm.fma` (ints: mul + add, wrapping).  Results are
 added across KC blocks in the output itself, or, when the output type is narrower than the
@@ -35,7 +37,7 @@ MAX_BATCH_RANK = 8
 # Parameter block passed to the driver (one int64 each; batch arrays of MAX_BATCH_RANK follow).
 FIELDS = ("a", "b", "o", "m", "n", "k", "rsa", "csa", "rsb", "csb", "ldo", "mc", "kc", "nc",
           "mchunk", "nchunk", "mtasks", "ntasks", "bp_off", "w_off", "rank", "a_keep", "a_rows",
-          "ep_fn", "escal") + tuple(f"{f}{k}" for f in ("e", "rse", "cse", "esz") for k in range(MAX_EPILOGUE_INPUTS))
+          "bshared", "bgroup", "ep_fn", "escal") + tuple(f"{f}{k}" for f in ("e", "rse", "cse", "esz") for k in range(MAX_EPILOGUE_INPUTS))
 BATCH_ARRAYS = ("bshape", "bsa", "bsb", "bso") + tuple(f"bse{k}" for k in range(MAX_EPILOGUE_INPUTS))
 NPARAMS = len(FIELDS) + len(BATCH_ARRAYS) * MAX_BATCH_RANK
 
@@ -59,6 +61,7 @@ class GemmSpec(KernelSpec):
     vw: int          # lanes per vector
     unroll: int = 4  # k-loop unroll of the micro-kernel
     prefetch: int = 8  # prefetch the C tile before the k loop, and A this many unrolled steps ahead
+    role: str = "gemm"   # "gemm": the driver; "pack_b": the shared-B packer (build_ir)
 
     @property
     def nr(self) -> int:
@@ -71,7 +74,8 @@ class GemmSpec(KernelSpec):
 
     @property
     def key(self) -> str:
-        return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}"
+        role = "" if self.role == "gemm" else f"_{self.role}"
+        return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}{role}"
 
     def extent(self, sizes) -> int:
         """Register tiles of the output for sizes (nbatch, m, n, k): the most tasks a call
@@ -420,6 +424,12 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
     wsa = b.bitcast(ws, at.as_pointer())
     Ap = wsa
     Bp = gep(b, wsa, p("bp_off"))
+    # bshared != 0: B is already packed, whole, at that address (shared_b_offset), by the
+    # pack_b role's tasks, for every batch element (the plan only asks for it when B is one)
+    bshared = p("bshared")
+    shared = b.icmp_signed("!=", bshared, ZERO)
+    Bs = b.inttoptr(bshared, at.as_pointer())
+    npad = _round_up_ir(b, N, NR)
     W = b.gep(wsa, [p("w_off")])          # not inbounds: only allocated when partial sums need it
     per_batch = mul(b, mtasks, ntasks)
     NE = MAX_EPILOGUE_INPUTS
@@ -483,7 +493,9 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
             pc = b.load(pc_slot)
             kb = imin(b, kc, b.sub(K, pc))
             kbp = mul(b, b.sdiv(add(b, kb, i64(spec.unroll - 1)), i64(spec.unroll)), i64(spec.unroll))
-            b.call(pack_b, [gep(b, B, add(b, mul(b, pc, rsb), mul(b, jc, csb))), csb, rsb, nb, kb, kbp, Bp])
+            b.call(pack_b, [gep(b, B, add(b, mul(b, pc, rsb), mul(b, jc, csb))), csb, rsb,
+                            b.select(shared, ZERO, nb), kb, kbp, Bp])
+            Bblk = b.select(shared, b.gep(Bs, [add(b, mul(b, pc, npad), mul(b, jc, kbp))]), Bp)
             first = b.icmp_signed("==", pc, ZERO)
             last = b.icmp_signed(">=", add(b, pc, kb), K)
             with for_range(b, m0, m1, mc, name="ic") as ic:
@@ -496,7 +508,7 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
                                 ap_blk])
                 with for_range(b, ZERO, nb, i64(NR), name="jr") as jr:
                     nr = imin(b, i64(NR), b.sub(nb, jr))
-                    bpanel = gep(b, Bp, mul(b, jr, kbp))
+                    bpanel = gep(b, Bblk, mul(b, jr, kbp))
                     col = add(b, jc, jr)
                     with for_range(b, ZERO, mb, i64(MR), name="ir") as ir_:
                         mr = imin(b, i64(MR), b.sub(mb, ir_))
@@ -518,14 +530,58 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
     return fn
 
 
+def _round_up_ir(b, x, mult: int):
+    return mul(b, b.sdiv(add(b, x, i64(mult - 1)), i64(mult)), i64(mult))
+
+
+def shared_b_offset(pc: int, col: int, n: int, kbp: int, nr: int) -> int:
+    """Element offset in the shared packed B of the panel starting at column `col` (a multiple
+    of NR) of the KC block starting at k = pc (kbp: that block's padded depth): block pc holds
+    kbp x roundup(n, NR) elements from pc * roundup(n, NR) on (kbp <= KC), panels in order."""
+    return pc * (-(-n // nr) * nr) + col * kbp
+
+
+def _emit_pack_b_tasks(m: ir.Module, spec: GemmSpec, pack_b, name: str):
+    """lc_gemm_<key>_pack_b(params*, t_lo, t_hi, ws*): tasks [t_lo, t_hi) of packing all of B
+    into the shared buffer at `bshared` (shared_b_offset): task t packs columns
+    [g * bgroup, +bgroup) of KC block t // groups, g = t % groups (bgroup a multiple of NR)."""
+    dt = spec.dtype
+    st = storage_type(dt)
+    fn, b = define(m, name, VOID, [I64.as_pointer(), I64, I64, ir.IntType(8).as_pointer()], internal=False)
+    params, t_lo, t_hi, _ws = fn.args
+
+    def p(field):
+        return load(b, params, i64(param_index(field)), 8)
+
+    B = b.inttoptr(p("b"), st.as_pointer())
+    Bs = b.inttoptr(p("bshared"), acc_type(dt).as_pointer())
+    N, K, rsb, csb, kc, group = p("n"), p("k"), p("rsb"), p("csb"), p("kc"), p("bgroup")
+    groups = b.sdiv(add(b, N, b.sub(group, ONE)), group)
+    npad = _round_up_ir(b, N, spec.nr)
+    with for_range(b, t_lo, t_hi, name="t") as t:
+        pc = mul(b, b.sdiv(t, groups), kc)
+        col = mul(b, b.srem(t, groups), group)
+        kb = imin(b, kc, b.sub(K, pc))
+        kbp = _round_up_ir(b, kb, spec.unroll)
+        b.call(pack_b, [gep(b, B, add(b, mul(b, pc, rsb), mul(b, col, csb))), csb, rsb,
+                        imin(b, group, b.sub(N, col)), kb, kbp,
+                        gep(b, Bs, add(b, mul(b, pc, npad), mul(b, col, kbp)))])
+    b.ret_void()
+    return fn
+
+
 def build_ir(spec: GemmSpec) -> tuple:
-    """(IR text, exported driver name) for one GEMM kernel."""
+    """(IR text, exported function name) for one GEMM kernel: the driver, or for role
+    "pack_b" the shared-B packer (same signature)."""
     m = new_module(f"gemm_{spec.key}")
     pack_s = _emit_pack_scalar(m, spec)
-    pack_a = _emit_pack(m, spec, "pack_a", spec.mr, pack_s)
     pack_b = _emit_pack(m, spec, "pack_b", spec.nr, pack_s)
-    micro = _emit_micro(m, spec)
     name = f"lc_gemm_{spec.key}"
+    if spec.role == "pack_b":
+        _emit_pack_b_tasks(m, spec, pack_b, name)
+        return finalize_ir(m), name
+    pack_a = _emit_pack(m, spec, "pack_a", spec.mr, pack_s)
+    micro = _emit_micro(m, spec)
     _emit_driver(m, spec, pack_a, pack_b, micro, name)
     return finalize_ir(m), name
 
