@@ -250,20 +250,29 @@ def _fma(b, x, y, acc):
     return call_intrinsic(b, "fma", [x, y, acc])
 
 
-def _emit_micro(m: ir.Module, spec: GemmSpec):
-    """micro(kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last): C tile (mr x nr valid of MR x NR)
-    gets sum_k ap[k][i] * bp[k][j]; first/last say whether this is the first/last KC block."""
+def edge_rows(mr: int) -> tuple:
+    """Row counts of the extra micro-kernels for a last row tile of few rows (MR = 14: 4, 8),
+    so that e.g. 256 rows (18 tiles + 4 rows) do not compute a whole 14-row tile for 4."""
+    return tuple(r for r in (4, 8) if r < mr)
+
+
+def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
+    """micro(kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last): C tile (mr x nr valid of R x NR,
+    R = rows or MR) gets sum_k ap[k][i] * bp[k][j] (ap: an MR-wide packed panel of which the
+    first R rows are read); first/last say whether this is the first/last KC block."""
     dt = spec.dtype
     st, at = storage_type(dt), acc_type(dt)
     MR, NV, VW, NR, U = spec.mr, spec.nv, spec.vw, spec.nr, spec.unroll
+    R = rows or MR
     vt = vec(at, VW)
     ab = type_bytes(at)
-    fn, b = define(m, "micro", VOID, [I64, at.as_pointer(), at.as_pointer(), st.as_pointer(), I64,
-                                      at.as_pointer(), I64, I64, I64, I1, I1])
+    fn, b = define(m, "micro" if R == MR else f"micro_r{R}", VOID,
+                   [I64, at.as_pointer(), at.as_pointer(), st.as_pointer(), I64, at.as_pointer(), I64, I64, I64,
+                    I1, I1])
     kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = fn.args
-    tile = b.alloca(at, size=MR * NR)
-    o_rows = [b.gep(o, [mul(b, i64(i), ldo)]) for i in range(MR)]
-    w_rows = [b.gep(w, [mul(b, i64(i), ldw)]) for i in range(MR)]
+    tile = b.alloca(at, size=R * NR)
+    o_rows = [b.gep(o, [mul(b, i64(i), ldo)]) for i in range(R)]
+    w_rows = [b.gep(w, [mul(b, i64(i), ldw)]) for i in range(R)]
     if spec.prefetch:
         for row in o_rows:
             for off in sorted({0, NR - 1}):
@@ -276,24 +285,24 @@ def _emit_micro(m: ir.Module, spec: GemmSpec):
         for u in range(U):
             bvs = [vload(bb, b_ptr, i64(u * NR + v * VW), VW, min(64, VW * ab)) for v in range(NV)]
             new = []
-            for i in range(MR):
+            for i in range(R):
                 a = splat(bb, load(bb, a_ptr, i64(u * MR + i), ab), VW)
                 new.append([_fma(bb, a, bvs[v], accs[i][v]) for v in range(NV)])
             accs = new
         return accs
 
-    accs = _acc_loop(b, kb, U, ap, bp, MR * U, NR * U, [[zero(vt)] * NV for _ in range(MR)], steps)
+    accs = _acc_loop(b, kb, U, ap, bp, MR * U, NR * U, [[zero(vt)] * NV for _ in range(R)], steps)
 
-    full = b.and_(b.icmp_signed("==", mr, i64(MR)), b.icmp_signed("==", nr, i64(NR)))
+    full = b.and_(b.icmp_signed("==", mr, i64(R)), b.icmp_signed("==", nr, i64(NR)))
     with b.if_else(full) as (then, otherwise):
         with then:
             def whole_tile(mode):
-                for i in range(MR):
+                for i in range(R):
                     for v in range(NV):
                         _apply(b, spec, mode, accs[i][v], o_rows[i], i64(v * VW), w_rows[i], i64(v * VW))
             _by_mode(b, spec, first, last, whole_tile)
         with otherwise:
-            for i in range(MR):
+            for i in range(R):
                 for v in range(NV):
                     vstore(b, accs[i][v], tile, i64(i * NR + v * VW), ab)
 
@@ -305,6 +314,19 @@ def _emit_micro(m: ir.Module, spec: GemmSpec):
             _by_mode(b, spec, first, last, edge_tile)
     b.ret_void()
     return fn
+
+
+def _call_micro(b, micro: dict, mr, args) -> None:
+    """Call the micro-kernel with the fewest rows >= mr (micro: {rows: function})."""
+    *small, full = sorted(micro)
+    if not small:
+        b.call(micro[full], args)
+        return
+    with b.if_else(b.icmp_signed("<=", mr, i64(small[0]))) as (few, more):
+        with few:
+            b.call(micro[small[0]], args)
+        with more:
+            _call_micro(b, {r: micro[r] for r in small[1:] + [full]}, mr, args)
 
 
 def _prefetch(b, ptr, write: bool):
@@ -515,8 +537,8 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
                         row = add(b, ic, ir_)
                         oi = add(b, mul(b, row, ldo), col)
                         wi = add(b, mul(b, b.sub(row, m0), nb), jr)      # W: the task's rows x this NC block
-                        b.call(micro, [kbp, gep(b, ap_blk, mul(b, ir_, kbp)), bpanel, gep(b, O, oi), ldo,
-                                       b.gep(W, [wi]), nb, mr, nr, first, last])
+                        _call_micro(b, micro, mr, [kbp, gep(b, ap_blk, mul(b, ir_, kbp)), bpanel, gep(b, O, oi), ldo,
+                                                   b.gep(W, [wi]), nb, mr, nr, first, last])
                         with if_then(b, b.and_(last, has_ep), "ep"):
                             for k in range(NE):     # tile origin of each epilogue operand
                                 at = add(b, mul(b, row, p(f"rse{k}")), mul(b, col, p(f"cse{k}")))
@@ -581,7 +603,7 @@ def build_ir(spec: GemmSpec) -> tuple:
         _emit_pack_b_tasks(m, spec, pack_b, name)
         return finalize_ir(m), name
     pack_a = _emit_pack(m, spec, "pack_a", spec.mr, pack_s)
-    micro = _emit_micro(m, spec)
+    micro = {r: _emit_micro(m, spec, r) for r in edge_rows(spec.mr) + (spec.mr,)}
     _emit_driver(m, spec, pack_a, pack_b, micro, name)
     return finalize_ir(m), name
 
