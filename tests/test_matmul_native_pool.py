@@ -103,11 +103,12 @@ def test_parallel_tiled_gemm_from_a_python_pool_worker_runs_inline(monkeypatch, 
     assert any(ran_on_worker) and not any(on_worker)
 
 
-def test_fused_bias_gelu_epilogue_on_the_native_parallel_path(monkeypatch, two_threads):
+@pytest.mark.parametrize("m", [130, 300])        # 300 rows: B packed once, shared by the threads
+def test_fused_bias_gelu_epilogue_on_the_native_parallel_path(monkeypatch, two_threads, m):
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
     monkeypatch.setattr(MM, "_plans", {})
     rng = np.random.default_rng(4)
-    x = rng.standard_normal((130, 70)).astype(np.float32)
+    x = rng.standard_normal((m, 70)).astype(np.float32)
     w = rng.standard_normal((70, 200)).astype(np.float32)
     bias = rng.standard_normal(200).astype(np.float32)
     old = config.get_matmul_backend()
@@ -116,6 +117,7 @@ def test_fused_bias_gelu_epilogue_on_the_native_parallel_path(monkeypatch, two_t
         got = (lc.tensor(x) @ lc.tensor(w) + lc.tensor(bias)).gelu().numpy()
     finally:
         config.set_matmul_backend(old)
+    assert any(getattr(p, "shared_rows", 0) for p in MM._plans.values()) == (m == 300)
     y = x.astype(np.float64) @ w + bias
     ref = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

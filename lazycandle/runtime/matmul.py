@@ -128,7 +128,8 @@ _tls = threading.local()
 
 def _workspace(nbytes: int) -> int:
     """Address of a 64-byte aligned scratch area of `nbytes`, reused per thread (it only
-    grows: a thread keeps the largest packing scratch it needed, ~10 MB at most)."""
+    grows: a thread keeps the largest packing scratch it needed, ~10 MB at most, plus up to
+    SHARED_B_MAX_BYTES for the shared B of a parallel plan)."""
     ws = getattr(_tls, "ws", None)
     if ws is None or ws[0] < nbytes:
         buf = np.empty(max(nbytes + 64, 1 << 16), np.uint8)
@@ -241,7 +242,7 @@ def _shared_b_rows(g: Geometry, spec: gemm.GemmSpec, mc: int, threads: int, w_us
     keeps the threads busy and duplicates only a small A) and no partial-sum scratch is used."""
     nb, mr = g.nbatch, spec.mr
     if threads <= 1 or g.flops * nb < PARALLEL_MIN_FLOPS or w_used or min(g.m, g.n, g.k) <= 0 \
-            or (nb > 1 and any(g.bsb)):
+            or (nb > 1 and any(g.bsb)) or len(g.bshape) > gemm.MAX_BATCH_RANK:
         return 0
     tiles = -(-g.m // mr)
     if nb * tiles < 8 * threads or _round_up(g.k, spec.unroll) * _round_up(g.n, spec.nr) * _acc_bytes(g.dtype) \
