@@ -45,7 +45,6 @@ def _machine_cpus() -> int:
 BLAS_PARTS = _machine_cpus()   # BLAS pieces per problem: the machine's size, not the thread setting
 W_BYTES, W_MAX_ROWS = 4 << 20, 1024      # tiled scratch for 16/8-bit partial sums, per thread
 A_KEEP_BYTES = 2 << 20                   # tiled: keep a task's packed A up to this size
-SHARED_B_MAX_BYTES = 64 << 20            # tiled, parallel: pack B once for all threads up to this size
 
 
 # ---- geometry ---------------------------------------------------------------------------
@@ -128,8 +127,8 @@ _tls = threading.local()
 
 def _workspace(nbytes: int) -> int:
     """Address of a 64-byte aligned scratch area of `nbytes`, reused per thread (it only
-    grows: a thread keeps the largest packing scratch it needed, ~10 MB at most, plus up to
-    SHARED_B_MAX_BYTES for the shared B of a parallel plan)."""
+    grows: a thread keeps the largest packing scratch it needed, ~10 MB at most, plus
+    SHARED_B_MAX_BYTES at most for the shared B of a parallel plan)."""
     ws = getattr(_tls, "ws", None)
     if ws is None or ws[0] < nbytes:
         buf = np.empty(max(nbytes + 64, 1 << 16), np.uint8)
@@ -187,6 +186,10 @@ def _chunks(nb: int, m: int, n: int, mr: int, nr: int, flops: float, threads: in
 
 
 CACHES = jit.cache_bytes()    # {level: bytes} of the host's data caches
+# tiled, parallel: pack B once for all threads when its packed copy fits the budget of one
+# KC x NC block of B (see _blocking); a larger one streamed whole per row task measured no
+# better than the n split (2048^2 at 2 threads, on a busy machine)
+SHARED_B_MAX_BYTES = min(4 << 20, CACHES[3] // 2)
 
 
 def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
