@@ -91,7 +91,8 @@ class GemmSpec(KernelSpec):
         return 2.0 * nb * m * n * k
 
     def describe(self) -> str:
-        return f"tiled GEMM {self.dtype.name}, register tile {self.mr}x{self.nr}, k unroll {self.unroll}"
+        what = "tiled GEMM" if self.role == "gemm" else "tiled GEMM's shared-B packer"
+        return f"{what} {self.dtype.name}, register tile {self.mr}x{self.nr}, k unroll {self.unroll}"
 
 def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
     """(MR, NV, VW) for `dt` on this host: NV vectors of VW accumulator lanes per row, MR rows,
