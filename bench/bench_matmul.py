@@ -15,6 +15,13 @@ other processes share the cores), against NumPy and torch; a variant is MR,NV,KC
 for the host's default (e.g. the pre-AVX-512-tuning 6,4,128,318,8192 against 14,2,0,0,0):
 
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=/work/peers python -m bench.bench_matmul --ab 1024 6,4,128,318,8192 14,2,0,0,0
+
+Per-call split of f32 n^2 at 1 thread (calling thread's CPU time and wall time, rotating): the
+tiled kernel alone (parameter block ready), the tiled and BLAS plans (runtime.matmul), the
+Tensor API `(a @ b).numpy()` (auto, and tiled), the same API on 16 x 16 (its fixed cost), NumPy
+and torch:
+
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH=/work/peers python -m bench.bench_matmul --split 256
 """
 from __future__ import annotations
 
@@ -329,6 +336,56 @@ def run_ab(n: int, variants, rounds: int = 21) -> list:
              "x_best_peer": round(peer / statistics.median(v), 3)} for k, v in cpu.items()]
 
 
+def run_split(n: int, rounds: int = 15) -> list:
+    """Rows (name, CPU median ms, wall median / min ms, GFLOP/s on CPU time) of the per-call
+    split of an f32 n x n matmul at 1 thread (see the module docstring)."""
+    import lazycandle as lc
+    from lazycandle.runtime import matmul as M
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    out = np.empty((n, n), np.float32)
+    g = M.geometry(Layout.contiguous((n, n)), Layout.contiguous((n, n)), D.f32)
+    old = config.get_num_threads()
+    config.set_num_threads(1)
+    try:
+        tiled, blas_plan = M.TiledPlan(g, 1), M.BlasPlan(g, 1)
+        ta, tb = lc.tensor(a).realize(), lc.tensor(b).realize()
+        sa, sb = lc.tensor(a[:16, :16].copy()).realize(), lc.tensor(b[:16, :16].copy()).realize()
+        addrs = (a.ctypes.data, b.ctypes.data, out.ctypes.data)
+        tiled.run(*addrs)
+        ws = M._workspace(tiled.ws_bytes)
+
+        def api_tiled():
+            with _backend(lc, "tiled"):
+                return (ta @ tb).numpy()
+        fns = {"tiled kernel alone": lambda: tiled.fn(tiled.params_addr, 0, tiled.ntask, ws),
+               "tiled plan": lambda: tiled.run(*addrs), "blas plan": lambda: blas_plan.run(*addrs),
+               "api (a @ b).numpy()": lambda: (ta @ tb).numpy(), "api, tiled": api_tiled,
+               "api on 16 x 16": lambda: (sa @ sb).numpy(), "numpy": lambda: np.matmul(a, b, out=out)}
+        try:
+            import torch
+            torch.set_num_threads(1)
+            xa, xb, xo = torch.from_numpy(a), torch.from_numpy(b), torch.empty(n, n)
+            fns["torch"] = lambda: torch.mm(xa, xb, out=xo)
+        except ImportError:
+            pass
+        reps = max(1, int(3e8 / n ** 3))
+        cpu, wall = {k: [] for k in fns}, {k: [] for k in fns}
+        for _ in range(rounds):
+            for k, fn in fns.items():
+                fn()
+                t0, w0 = time.thread_time(), time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                cpu[k].append((time.thread_time() - t0) / reps)
+                wall[k].append((time.perf_counter() - w0) / reps)
+    finally:
+        config.set_num_threads(old)
+    return [{"name": k, "cpu_ms": round(statistics.median(cpu[k]) * 1e3, 4),
+             "wall_ms": round(statistics.median(wall[k]) * 1e3, 4), "wall_min_ms": round(min(wall[k]) * 1e3, 4),
+             "gflops_cpu": round(2.0 * n ** 3 / statistics.median(cpu[k]) / 1e9, 1)} for k in fns]
+
+
 class _backend:
     """with _backend(lc, name): the matmul backend for the block."""
 
@@ -361,7 +418,14 @@ def main(argv=None) -> None:
     ap.add_argument("--peers", action="store_true", help="the peer table of PEER_SHAPES (NumPy, torch)")
     ap.add_argument("--ab", nargs="+", metavar=("N", "MR,NV,KC,MC,NC"),
                     help="tile / blocking A/B at 1 thread on CPU time: size, then variants")
+    ap.add_argument("--split", type=int, metavar="N", help="per-call split of f32 N^2 at 1 thread")
     args = ap.parse_args(argv)
+    if args.split:
+        print(f"# f32 {args.split}^2, 1 thread, loadavg={os.getloadavg()}")
+        for r in run_split(args.split, args.reps or 15):
+            print(f"{r['name']:22s} cpu {r['cpu_ms']:9.4f} ms ({r['gflops_cpu']:6.1f} GFLOP/s)  "
+                  f"wall median {r['wall_ms']:9.4f}  min {r['wall_min_ms']:9.4f}")
+        return
     if args.ab:
         print(f"# n={args.ab[0]} threads=1 CPU time, loadavg={os.getloadavg()}")
         for r in run_ab(int(args.ab[0]), args.ab[1:], args.reps or 21):

@@ -327,6 +327,37 @@ def test_tiled_generator_is_parametric(monkeypatch, bits):
             mm_case(rng, dt, "tiled", (m, k), (k, n), (2 * k + 3, 1), (1, k + 2), 1, 4)    # gaps, transposed B
 
 
+@pytest.mark.parametrize("dt", [D.f32, D.f64, D.bf16, D.i32, D.u8], ids=lambda d: d.name)
+def test_tiled_packs_k_contiguous_rows_by_register_transpose(dt):
+    """A with unit k stride (row-major) and B with unit k stride (transposed) are packed by
+    vector loads along k and an in-register transpose of vector-width blocks of rows, with a
+    masked store for a partial block of rows (14 rows of 16 lanes; f64: 8 + 6) and the k tail
+    per element: k around the vector width, rows around the panel width, row gaps."""
+    rng = np.random.default_rng(21)
+    spec = MM._tile_kernel(dt)[0]
+    vw, mr, nr = spec.vw, spec.mr, spec.nr
+    for m, k, n in [(mr, vw, nr), (mr + 1, vw - 1, nr - 1), (2 * mr - 1, vw + 1, 2 * nr + 3),
+                    (3 * mr, 3 * vw + 5, nr + 1), (mr - 1, 2 * vw, 3)]:
+        mm_case(rng, dt, "tiled", (m, k), (k, n), None, transposed((k, n)))
+        mm_case(rng, dt, "tiled", (m, k), (k, n), (k + 3, 1), (1, k + 5), 2, 1)      # row gaps
+
+
+@pytest.mark.parametrize("dt", [D.f32, D.bf16, D.i32, D.f64], ids=lambda d: d.name)
+def test_tiled_last_row_tile_of_every_height_uses_the_smallest_micro_kernel_that_fits(dt, monkeypatch):
+    """Every remainder of rows after whole register tiles (1 .. MR-1, inside and at the end of
+    an MC block) goes to the micro-kernel of 4, 8 or MR rows; KC cut to 8 so that the 16-bit
+    types also add partial sums across KC blocks in those kernels."""
+    from lazycandle.codegen import gemm
+    monkeypatch.setattr(MM, "_plans", {})
+    monkeypatch.setattr(MM, "_blocking", lambda spec, ab, k: (3 * spec.mr, 8, 4 * spec.nr))
+    mr = MM._tile_kernel(dt)[0].mr
+    assert gemm.edge_rows(14) == (4, 8) and gemm.edge_rows(6) == (4,)
+    rng = np.random.default_rng(22)
+    for m in range(1, 2 * mr + 1):
+        mm_case(rng, dt, "tiled", (m, 19), (19, 37))
+    mm_case(rng, dt, "tiled", (3 * mr + 5, 19), (19, 37), transposed((3 * mr + 5, 19)))
+
+
 @pytest.mark.parametrize("keep_a", [True, False])
 @pytest.mark.parametrize("dt", [D.f32, D.f16, D.bf16, D.i16, D.f64], ids=lambda d: d.name)
 def test_tiled_cache_blocking_edges(dt, keep_a, monkeypatch):

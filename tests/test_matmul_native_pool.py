@@ -103,11 +103,12 @@ def test_parallel_tiled_gemm_from_a_python_pool_worker_runs_inline(monkeypatch, 
     assert any(ran_on_worker) and not any(on_worker)
 
 
-def test_fused_bias_gelu_epilogue_on_the_native_parallel_path(monkeypatch, two_threads):
+@pytest.mark.parametrize("m", [130, 300])        # 300 rows: B packed once, shared by the threads
+def test_fused_bias_gelu_epilogue_on_the_native_parallel_path(monkeypatch, two_threads, m):
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
     monkeypatch.setattr(MM, "_plans", {})
     rng = np.random.default_rng(4)
-    x = rng.standard_normal((130, 70)).astype(np.float32)
+    x = rng.standard_normal((m, 70)).astype(np.float32)
     w = rng.standard_normal((70, 200)).astype(np.float32)
     bias = rng.standard_normal(200).astype(np.float32)
     old = config.get_matmul_backend()
@@ -116,6 +117,98 @@ def test_fused_bias_gelu_epilogue_on_the_native_parallel_path(monkeypatch, two_t
         got = (lc.tensor(x) @ lc.tensor(w) + lc.tensor(bias)).gelu().numpy()
     finally:
         config.set_matmul_backend(old)
+    assert any(getattr(p, "shared_rows", 0) for p in MM._plans.values()) == (m == 300)
     y = x.astype(np.float64) @ w + bias
     ref = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def _layouts(rng, dt, a_shape, b_shape, b_strides=None):
+    def buf(shape, strides=None):
+        if strides is None:
+            x = rng.integers(-3, 4, shape).astype(dt.numpy)
+            return x, Layout.contiguous(shape), x
+        span = 1 + sum((d - 1) * s for d, s in zip(shape, strides))
+        flat = rng.integers(-3, 4, span).astype(dt.numpy)
+        view = np.lib.stride_tricks.as_strided(flat, shape, [s * flat.itemsize for s in strides])
+        return flat, Layout(tuple(shape), tuple(strides), 0), view
+    return buf(a_shape), buf(b_shape, b_strides)
+
+
+@pytest.mark.parametrize("dt", [D.f32, D.f64, D.bf16, D.i32], ids=lambda d: d.name)
+@pytest.mark.parametrize("a_shape,b_shape,b_strides", [
+    ((301, 77), (77, 250), None),                 # ragged row tiles, panels and k
+    ((260, 300), (300, 97), (1, 300)),            # transposed B, several KC blocks (patched KC)
+    ((4, 70, 45), (4, 45, 66), (0, 66, 1)),       # one B broadcast over the batch
+])
+def test_parallel_tiled_gemm_packs_b_once_and_matches_one_thread_bit_for_bit(monkeypatch, dt, a_shape, b_shape,
+                                                                           b_strides):
+    """A parallel plan whose B is one matrix packs it once, shared by every thread (KC blocks
+    x panel groups as tasks), then splits rows: the result is the 1-thread result exactly."""
+    monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    real = MM._blocking
+    monkeypatch.setattr(MM, "_blocking", lambda spec, ab, k: (real(spec, ab, k)[0], 64, real(spec, ab, k)[2]))
+    (abuf, la, av), (bbuf, lb, bv) = _layouts(np.random.default_rng(5), dt, a_shape, b_shape, b_strides)
+    g = MM.geometry(la, lb, dt)
+    outs = []
+    for threads in (1, 2):
+        p = MM.TiledPlan(g, threads)
+        partial_sums = MM._tile_kernel(dt)[3] and g.k > 64      # 16-bit output over KC blocks: scratch W
+        assert bool(p.shared_rows) == (threads > 1 and not partial_sums) and p.parallel == (threads > 1)
+        if p.shared_rows:
+            assert p.npack == -(-g.k // 64) * -(-g.n // p.params[MM._BGROUP_SLOT])
+        out = np.full(np.broadcast_shapes(av.shape[:-1] + (1,), bv.shape[:-2] + (1, bv.shape[-1])), 7, dt.numpy)
+        native_pool.ensure(threads)
+        p.run(abuf.ctypes.data, bbuf.ctypes.data, out.ctypes.data)
+        outs.append(out)
+    ref = np.matmul(av.astype(np.float64), bv.astype(np.float64))
+    if dt.is_int:
+        np.testing.assert_array_equal(outs[0], ref.astype(dt.numpy))
+    else:
+        np.testing.assert_allclose(outs[0].astype(np.float64), ref.astype(dt.numpy).astype(np.float64), rtol=0,
+                                   atol=1e-2 if dt is D.bf16 else 1e-6)
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
+
+
+def test_b_is_not_shared_when_it_differs_per_batch_or_the_rows_are_few(monkeypatch):
+    monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    assert _plan(301, 77, 250, 2).shared_rows
+    assert not _plan(96, 64, 130, 2).shared_rows            # 7 row tiles: the n split keeps both busy
+    assert not _plan(301, 77, 250, 2, (3,)).shared_rows     # a B per batch element: tasks are batches
+    assert not _plan(301, 77, 250, 1).shared_rows
+
+
+def test_concurrent_callers_and_a_pool_worker_of_a_shared_b_plan(monkeypatch, two_threads):
+    """Concurrent callers get their own job words and counters, and each caller's thread its own
+    shared-B scratch; on a Python pool worker the plan packs and runs inline."""
+    monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    p = _plan(250, 64, 130, 2)
+    assert p.shared_rows
+    rng = np.random.default_rng(6)
+    work = [_operands(rng, 250, 64, 130) for _ in range(3)]
+    errors = []
+
+    def caller(a, b, out):
+        try:
+            for _ in range(10):
+                out.fill(np.nan)
+                p.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+                _close(out, a, b)
+        except Exception as e:         # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=w) for w in work]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+    def chunk(lo, hi):
+        for a, b, out in work[lo:hi]:
+            out.fill(np.nan)
+            p.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    pool.parallel_for(chunk, 0, 2, cost_per_item=1e12, min_cost=0, threads=2)
+    for a, b, out in work[:2]:
+        _close(out, a, b)

@@ -6,12 +6,16 @@
           for ic in m-range step MC:  pack A -> Ap         panels Ap[i/MR][k][MR]  (L2)
             for jr step NR: for ir step MR:  micro-kernel  MR x NR accumulators in registers
 
-Packing reads any strides (stride 0, transposed, gaps) and converts storage -> accumulator type
-(f16/bf16/f8 -> f32, narrow ints -> i32), so the micro-kernel only ever sees aligned, dense,
-zero-padded panels.  When asked (a_keep), Ap holds the task's whole packed A and is reused
-across NC blocks and across consecutive tasks reading the same A (a broadcast lhs).  The micro-kernel keeps MR x NV vectors of VW lanes as loop phis, broadcasts
-one A element per row and issues explicit `llvm.fma` (ints: mul + add, wrapping).  Results are
-added across KC blocks in the output itself, or, when the output type is narrower than the
+Packing (gemm_pack.py) reads any strides (stride 0, transposed, gaps) and converts storage ->
+accumulator type (f16/bf16/f8 -> f32, narrow ints -> i32), so the micro-kernel only ever sees
+aligned, dense, zero-padded panels.  A parallel plan whose B is one matrix packs it once,
+whole, into a buffer all threads read (the "pack_b" role's tasks run first; `bshared` in the
+parameter block), and its tasks are then blocks of rows.  When asked (a_keep), Ap holds the
+task's whole packed A and is reused across NC blocks and across consecutive tasks reading the
+same A (a broadcast lhs).  The micro-kernel keeps MR x NV vectors of VW lanes as loop phis,
+broadcasts one A element per row and issues explicit `llvm.fma` (ints: mul + add, wrapping);
+a last row tile of few rows runs a 4- or 8-row copy of it (edge_rows).  Results are added
+across KC blocks in the output itself, or, when the output type is narrower than the
 accumulator, in an accumulator-typed scratch W (the task's rows x NC) and rounded once on the
 last block.
 """
@@ -26,8 +30,9 @@ from ..dtype import DType
 from . import jit, registry
 from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
 from .gemm_ir import (ONE, ZERO, I64, acc_add, acc_type, define, finalize_ir, for_range, from_acc, gep, i64,
-                      if_then, imin, load, mul, add, new_module, storage_type, store, to_acc, type_bytes, vload,
+                      if_then, imin, load, mul, add, new_module, storage_type, store, type_bytes, vload,
                       vstore, zero)
+from .gemm_pack import emit_pack, emit_pack_scalar
 from .llvmutil import I1, VOID, call_intrinsic, splat, vec
 from ..ir.kernels import KernelSpec
 
@@ -35,7 +40,7 @@ MAX_BATCH_RANK = 8
 # Parameter block passed to the driver (one int64 each; batch arrays of MAX_BATCH_RANK follow).
 FIELDS = ("a", "b", "o", "m", "n", "k", "rsa", "csa", "rsb", "csb", "ldo", "mc", "kc", "nc",
           "mchunk", "nchunk", "mtasks", "ntasks", "bp_off", "w_off", "rank", "a_keep", "a_rows",
-          "ep_fn", "escal") + tuple(f"{f}{k}" for f in ("e", "rse", "cse", "esz") for k in range(MAX_EPILOGUE_INPUTS))
+          "bshared", "bgroup", "ep_fn", "escal") + tuple(f"{f}{k}" for f in ("e", "rse", "cse", "esz") for k in range(MAX_EPILOGUE_INPUTS))
 BATCH_ARRAYS = ("bshape", "bsa", "bsb", "bso") + tuple(f"bse{k}" for k in range(MAX_EPILOGUE_INPUTS))
 NPARAMS = len(FIELDS) + len(BATCH_ARRAYS) * MAX_BATCH_RANK
 
@@ -59,6 +64,7 @@ class GemmSpec(KernelSpec):
     vw: int          # lanes per vector
     unroll: int = 4  # k-loop unroll of the micro-kernel
     prefetch: int = 8  # prefetch the C tile before the k loop, and A this many unrolled steps ahead
+    role: str = "gemm"   # "gemm": the driver; "pack_b": the shared-B packer (build_ir)
 
     @property
     def nr(self) -> int:
@@ -71,7 +77,8 @@ class GemmSpec(KernelSpec):
 
     @property
     def key(self) -> str:
-        return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}"
+        role = "" if self.role == "gemm" else f"_{self.role}"
+        return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}{role}"
 
     def extent(self, sizes) -> int:
         """Register tiles of the output for sizes (nbatch, m, n, k): the most tasks a call
@@ -84,7 +91,8 @@ class GemmSpec(KernelSpec):
         return 2.0 * nb * m * n * k
 
     def describe(self) -> str:
-        return f"tiled GEMM {self.dtype.name}, register tile {self.mr}x{self.nr}, k unroll {self.unroll}"
+        what = "tiled GEMM" if self.role == "gemm" else "tiled GEMM's shared-B packer"
+        return f"{what} {self.dtype.name}, register tile {self.mr}x{self.nr}, k unroll {self.unroll}"
 
 def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
     """(MR, NV, VW) for `dt` on this host: NV vectors of VW accumulator lanes per row, MR rows,
@@ -104,88 +112,6 @@ def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
     return min(mr, 14), nv, vw
 
 
-# ---- packing ----------------------------------------------------------------------------
-# Both operands are packed into panels dst[r / W][k][W] (W = MR for A, NR for B) of kbp >= kb
-# k-rows each, zero padded past `rows` and past `kb`, so the micro-kernel needs no remainder
-# loop and no bounds checks.  A's rows are i (stride rsa) and its k stride is csa; B's "rows"
-# are j (stride csb) and its k stride is rsb.
-def _emit_pack_scalar(m: ir.Module, spec: GemmSpec):
-    """pack_s(src, rs, cs, rows, kb, kbp, dst, W): any strides and panel width, one element
-    at a time, walking each row along k (contiguous when cs == 1)."""
-    dt = spec.dtype
-    st, at = storage_type(dt), acc_type(dt)
-    ab, eb = type_bytes(at), dt.size_in_bytes
-    fn, b = define(m, "pack_s", VOID, [st.as_pointer(), I64, I64, I64, I64, I64, at.as_pointer(), I64])
-    src, rs, cs, rows, kb, kbp, dst, W = fn.args
-    npanel = b.sdiv(add(b, rows, b.sub(W, ONE)), W)
-    with for_range(b, ZERO, npanel, name="p") as p:
-        base = gep(b, src, mul(b, mul(b, p, W), rs))
-        out = gep(b, dst, mul(b, mul(b, p, kbp), W))
-        nrows = imin(b, W, b.sub(rows, mul(b, p, W)))
-        with if_then(b, b.or_(b.icmp_signed("<", nrows, W), b.icmp_signed("<", kb, kbp)), "pad"):
-            with for_range(b, ZERO, mul(b, kbp, W), name="z") as z:
-                store(b, zero(at), out, z, ab)
-        with for_range(b, ZERO, nrows, name="r") as r:
-            row = gep(b, base, mul(b, r, rs))
-            with for_range(b, ZERO, kb, name="k") as k:
-                v = to_acc(b, dt, load(b, row, mul(b, k, cs), eb))
-                store(b, v, out, add(b, mul(b, k, W), r), ab)
-    b.ret_void()
-    return fn
-
-
-def _emit_pack(m: ir.Module, spec: GemmSpec, name: str, width: int, pack_s):
-    """pack(src, rs, cs, rows, kb, kbp, dst) for panels of `width` (MR for A, NR for B).  Full
-    panels: when rs == 1 (B row-major) each k is one vector load, walking whole rows of B;
-    otherwise k-outer with the `width` scalar loads unrolled (contiguous when rs == 1, one
-    stream per row when cs == 1).  The last, partial panel and the k padding go to pack_s."""
-    dt = spec.dtype
-    st, at = storage_type(dt), acc_type(dt)
-    ab, eb = type_bytes(at), dt.size_in_bytes
-    fn, b = define(m, name, VOID, [st.as_pointer(), I64, I64, I64, I64, I64, at.as_pointer()])
-    src, rs, cs, rows, kb, kbp, dst = fn.args
-    W = i64(width)
-    full = b.sdiv(rows, W)
-    panel = mul(b, kbp, W)                       # elements per packed panel
-
-    def rows_of_b():
-        with for_range(b, ZERO, kb, name="kv") as k:
-            row = gep(b, src, mul(b, k, cs))
-            out = gep(b, dst, mul(b, k, W))
-            with for_range(b, ZERO, full, name="pv") as p:
-                v = to_acc(b, dt, vload(b, row, mul(b, p, W), width, eb))
-                vstore(b, v, out, mul(b, p, panel), min(64, width * ab))
-
-    def k_outer():
-        with for_range(b, ZERO, full, name="pg") as p:
-            base = gep(b, src, mul(b, mul(b, p, W), rs))
-            out = gep(b, dst, mul(b, p, panel))
-            with for_range(b, ZERO, kb, name="kg") as k:
-                col = gep(b, base, mul(b, k, cs))
-                o = gep(b, out, mul(b, k, W))
-                for r in range(width):
-                    store(b, to_acc(b, dt, load(b, col, mul(b, i64(r), rs), eb)), o, i64(r), ab)
-
-    if width == spec.nr:                         # B's panel is a whole number of vectors
-        with b.if_else(b.icmp_signed("==", rs, ONE)) as (unit, other):
-            with unit:
-                rows_of_b()
-            with other:
-                k_outer()
-    else:
-        k_outer()
-    # k padding of the full panels, then the partial panel
-    with for_range(b, ZERO, full, name="pz") as p:
-        out = gep(b, dst, mul(b, p, panel))
-        with for_range(b, mul(b, kb, W), panel, name="z") as z:
-            store(b, zero(at), out, z, ab)
-    done = mul(b, full, W)
-    b.call(pack_s, [gep(b, src, mul(b, done, rs)), rs, cs, b.sub(rows, done), kb, kbp,
-                    gep(b, dst, mul(b, full, panel)), W])
-    b.ret_void()
-    return fn
-
-
 # ---- micro-kernel -----------------------------------------------------------------------
 def _fma(b, x, y, acc):
     if isinstance(acc.type.element, ir.IntType):
@@ -193,20 +119,29 @@ def _fma(b, x, y, acc):
     return call_intrinsic(b, "fma", [x, y, acc])
 
 
-def _emit_micro(m: ir.Module, spec: GemmSpec):
-    """micro(kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last): C tile (mr x nr valid of MR x NR)
-    gets sum_k ap[k][i] * bp[k][j]; first/last say whether this is the first/last KC block."""
+def edge_rows(mr: int) -> tuple:
+    """Row counts of the extra micro-kernels for a last row tile of few rows (MR = 14: 4, 8),
+    so that e.g. 256 rows (18 tiles + 4 rows) do not compute a whole 14-row tile for 4."""
+    return tuple(r for r in (4, 8) if r < mr)
+
+
+def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
+    """micro(kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last): C tile (mr x nr valid of R x NR,
+    R = rows or MR) gets sum_k ap[k][i] * bp[k][j] (ap: an MR-wide packed panel of which the
+    first R rows are read); first/last say whether this is the first/last KC block."""
     dt = spec.dtype
     st, at = storage_type(dt), acc_type(dt)
     MR, NV, VW, NR, U = spec.mr, spec.nv, spec.vw, spec.nr, spec.unroll
+    R = rows or MR
     vt = vec(at, VW)
     ab = type_bytes(at)
-    fn, b = define(m, "micro", VOID, [I64, at.as_pointer(), at.as_pointer(), st.as_pointer(), I64,
-                                      at.as_pointer(), I64, I64, I64, I1, I1])
+    fn, b = define(m, "micro" if R == MR else f"micro_r{R}", VOID,
+                   [I64, at.as_pointer(), at.as_pointer(), st.as_pointer(), I64, at.as_pointer(), I64, I64, I64,
+                    I1, I1])
     kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = fn.args
-    tile = b.alloca(at, size=MR * NR)
-    o_rows = [b.gep(o, [mul(b, i64(i), ldo)]) for i in range(MR)]
-    w_rows = [b.gep(w, [mul(b, i64(i), ldw)]) for i in range(MR)]
+    tile = b.alloca(at, size=R * NR)
+    o_rows = [b.gep(o, [mul(b, i64(i), ldo)]) for i in range(R)]
+    w_rows = [b.gep(w, [mul(b, i64(i), ldw)]) for i in range(R)]
     if spec.prefetch:
         for row in o_rows:
             for off in sorted({0, NR - 1}):
@@ -219,24 +154,24 @@ def _emit_micro(m: ir.Module, spec: GemmSpec):
         for u in range(U):
             bvs = [vload(bb, b_ptr, i64(u * NR + v * VW), VW, min(64, VW * ab)) for v in range(NV)]
             new = []
-            for i in range(MR):
+            for i in range(R):
                 a = splat(bb, load(bb, a_ptr, i64(u * MR + i), ab), VW)
                 new.append([_fma(bb, a, bvs[v], accs[i][v]) for v in range(NV)])
             accs = new
         return accs
 
-    accs = _acc_loop(b, kb, U, ap, bp, MR * U, NR * U, [[zero(vt)] * NV for _ in range(MR)], steps)
+    accs = _acc_loop(b, kb, U, ap, bp, MR * U, NR * U, [[zero(vt)] * NV for _ in range(R)], steps)
 
-    full = b.and_(b.icmp_signed("==", mr, i64(MR)), b.icmp_signed("==", nr, i64(NR)))
+    full = b.and_(b.icmp_signed("==", mr, i64(R)), b.icmp_signed("==", nr, i64(NR)))
     with b.if_else(full) as (then, otherwise):
         with then:
             def whole_tile(mode):
-                for i in range(MR):
+                for i in range(R):
                     for v in range(NV):
                         _apply(b, spec, mode, accs[i][v], o_rows[i], i64(v * VW), w_rows[i], i64(v * VW))
             _by_mode(b, spec, first, last, whole_tile)
         with otherwise:
-            for i in range(MR):
+            for i in range(R):
                 for v in range(NV):
                     vstore(b, accs[i][v], tile, i64(i * NR + v * VW), ab)
 
@@ -248,6 +183,19 @@ def _emit_micro(m: ir.Module, spec: GemmSpec):
             _by_mode(b, spec, first, last, edge_tile)
     b.ret_void()
     return fn
+
+
+def _call_micro(b, micro: dict, mr, args) -> None:
+    """Call the micro-kernel with the fewest rows >= mr (micro: {rows: function})."""
+    *small, full = sorted(micro)
+    if not small:
+        b.call(micro[full], args)
+        return
+    with b.if_else(b.icmp_signed("<=", mr, i64(small[0]))) as (few, more):
+        with few:
+            b.call(micro[small[0]], args)
+        with more:
+            _call_micro(b, {r: micro[r] for r in small[1:] + [full]}, mr, args)
 
 
 def _prefetch(b, ptr, write: bool):
@@ -367,6 +315,12 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
     wsa = b.bitcast(ws, at.as_pointer())
     Ap = wsa
     Bp = gep(b, wsa, p("bp_off"))
+    # bshared != 0: B is already packed, whole, at that address (shared_b_offset), by the
+    # pack_b role's tasks, for every batch element (the plan only asks for it when B is one)
+    bshared = p("bshared")
+    shared = b.icmp_signed("!=", bshared, ZERO)
+    Bs = b.inttoptr(bshared, at.as_pointer())
+    npad = _round_up_ir(b, N, NR)
     W = b.gep(wsa, [p("w_off")])          # not inbounds: only allocated when partial sums need it
     per_batch = mul(b, mtasks, ntasks)
     NE = MAX_EPILOGUE_INPUTS
@@ -430,7 +384,9 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
             pc = b.load(pc_slot)
             kb = imin(b, kc, b.sub(K, pc))
             kbp = mul(b, b.sdiv(add(b, kb, i64(spec.unroll - 1)), i64(spec.unroll)), i64(spec.unroll))
-            b.call(pack_b, [gep(b, B, add(b, mul(b, pc, rsb), mul(b, jc, csb))), csb, rsb, nb, kb, kbp, Bp])
+            b.call(pack_b, [gep(b, B, add(b, mul(b, pc, rsb), mul(b, jc, csb))), csb, rsb,
+                            b.select(shared, ZERO, nb), kb, kbp, Bp])
+            Bblk = b.select(shared, b.gep(Bs, [add(b, mul(b, pc, npad), mul(b, jc, kbp))]), Bp)
             first = b.icmp_signed("==", pc, ZERO)
             last = b.icmp_signed(">=", add(b, pc, kb), K)
             with for_range(b, m0, m1, mc, name="ic") as ic:
@@ -443,15 +399,15 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
                                 ap_blk])
                 with for_range(b, ZERO, nb, i64(NR), name="jr") as jr:
                     nr = imin(b, i64(NR), b.sub(nb, jr))
-                    bpanel = gep(b, Bp, mul(b, jr, kbp))
+                    bpanel = gep(b, Bblk, mul(b, jr, kbp))
                     col = add(b, jc, jr)
                     with for_range(b, ZERO, mb, i64(MR), name="ir") as ir_:
                         mr = imin(b, i64(MR), b.sub(mb, ir_))
                         row = add(b, ic, ir_)
                         oi = add(b, mul(b, row, ldo), col)
                         wi = add(b, mul(b, b.sub(row, m0), nb), jr)      # W: the task's rows x this NC block
-                        b.call(micro, [kbp, gep(b, ap_blk, mul(b, ir_, kbp)), bpanel, gep(b, O, oi), ldo,
-                                       b.gep(W, [wi]), nb, mr, nr, first, last])
+                        _call_micro(b, micro, mr, [kbp, gep(b, ap_blk, mul(b, ir_, kbp)), bpanel, gep(b, O, oi), ldo,
+                                                   b.gep(W, [wi]), nb, mr, nr, first, last])
                         with if_then(b, b.and_(last, has_ep), "ep"):
                             for k in range(NE):     # tile origin of each epilogue operand
                                 at = add(b, mul(b, row, p(f"rse{k}")), mul(b, col, p(f"cse{k}")))
@@ -465,14 +421,58 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
     return fn
 
 
+def _round_up_ir(b, x, mult: int):
+    return mul(b, b.sdiv(add(b, x, i64(mult - 1)), i64(mult)), i64(mult))
+
+
+def shared_b_offset(pc: int, col: int, n: int, kbp: int, nr: int) -> int:
+    """Element offset in the shared packed B of the panel starting at column `col` (a multiple
+    of NR) of the KC block starting at k = pc (kbp: that block's padded depth): block pc holds
+    kbp x roundup(n, NR) elements from pc * roundup(n, NR) on (kbp <= KC), panels in order."""
+    return pc * (-(-n // nr) * nr) + col * kbp
+
+
+def _emit_pack_b_tasks(m: ir.Module, spec: GemmSpec, pack_b, name: str):
+    """lc_gemm_<key>_pack_b(params*, t_lo, t_hi, ws*): tasks [t_lo, t_hi) of packing all of B
+    into the shared buffer at `bshared` (shared_b_offset): task t packs columns
+    [g * bgroup, +bgroup) of KC block t // groups, g = t % groups (bgroup a multiple of NR)."""
+    dt = spec.dtype
+    st = storage_type(dt)
+    fn, b = define(m, name, VOID, [I64.as_pointer(), I64, I64, ir.IntType(8).as_pointer()], internal=False)
+    params, t_lo, t_hi, _ws = fn.args
+
+    def p(field):
+        return load(b, params, i64(param_index(field)), 8)
+
+    B = b.inttoptr(p("b"), st.as_pointer())
+    Bs = b.inttoptr(p("bshared"), acc_type(dt).as_pointer())
+    N, K, rsb, csb, kc, group = p("n"), p("k"), p("rsb"), p("csb"), p("kc"), p("bgroup")
+    groups = b.sdiv(add(b, N, b.sub(group, ONE)), group)
+    npad = _round_up_ir(b, N, spec.nr)
+    with for_range(b, t_lo, t_hi, name="t") as t:
+        pc = mul(b, b.sdiv(t, groups), kc)
+        col = mul(b, b.srem(t, groups), group)
+        kb = imin(b, kc, b.sub(K, pc))
+        kbp = _round_up_ir(b, kb, spec.unroll)
+        b.call(pack_b, [gep(b, B, add(b, mul(b, pc, rsb), mul(b, col, csb))), csb, rsb,
+                        imin(b, group, b.sub(N, col)), kb, kbp,
+                        gep(b, Bs, add(b, mul(b, pc, npad), mul(b, col, kbp)))])
+    b.ret_void()
+    return fn
+
+
 def build_ir(spec: GemmSpec) -> tuple:
-    """(IR text, exported driver name) for one GEMM kernel."""
+    """(IR text, exported function name) for one GEMM kernel: the driver, or for role
+    "pack_b" the shared-B packer (same signature)."""
     m = new_module(f"gemm_{spec.key}")
-    pack_s = _emit_pack_scalar(m, spec)
-    pack_a = _emit_pack(m, spec, "pack_a", spec.mr, pack_s)
-    pack_b = _emit_pack(m, spec, "pack_b", spec.nr, pack_s)
-    micro = _emit_micro(m, spec)
+    pack_s = emit_pack_scalar(m, spec)
+    pack_b = emit_pack(m, spec, "pack_b", spec.nr, pack_s)
     name = f"lc_gemm_{spec.key}"
+    if spec.role == "pack_b":
+        _emit_pack_b_tasks(m, spec, pack_b, name)
+        return finalize_ir(m), name
+    pack_a = emit_pack(m, spec, "pack_a", spec.mr, pack_s)
+    micro = {r: _emit_micro(m, spec, r) for r in edge_rows(spec.mr) + (spec.mr,)}
     _emit_driver(m, spec, pack_a, pack_b, micro, name)
     return finalize_ir(m), name
 

@@ -127,7 +127,8 @@ _tls = threading.local()
 
 def _workspace(nbytes: int) -> int:
     """Address of a 64-byte aligned scratch area of `nbytes`, reused per thread (it only
-    grows: a thread keeps the largest packing scratch it needed, ~10 MB at most)."""
+    grows: a thread keeps the largest packing scratch it needed, ~10 MB at most, plus
+    SHARED_B_MAX_BYTES at most for the shared B of a parallel plan)."""
     ws = getattr(_tls, "ws", None)
     if ws is None or ws[0] < nbytes:
         buf = np.empty(max(nbytes + 64, 1 << 16), np.uint8)
@@ -185,6 +186,10 @@ def _chunks(nb: int, m: int, n: int, mr: int, nr: int, flops: float, threads: in
 
 
 CACHES = jit.cache_bytes()    # {level: bytes} of the host's data caches
+# tiled, parallel: pack B once for all threads when its packed copy fits the budget of one
+# KC x NC block of B (see _blocking); a larger one streamed whole per row task measured no
+# better than the n split (2048^2 at 2 threads, on a busy machine)
+SHARED_B_MAX_BYTES = min(4 << 20, CACHES[3] // 2)
 
 
 def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
@@ -220,6 +225,36 @@ def _tile_of(dt: DType) -> tuple:
 _tiles: dict = {}
 
 
+_packers: dict = caches.register("tiled gemm shared-B packers", {})
+
+
+def _packer(spec: gemm.GemmSpec):
+    """The compiled "pack_b" role of `spec` (packs the shared B of a parallel tiled GEMM)."""
+    got = _packers.get(spec)
+    if got is None:
+        got = _packers[spec] = gemm.get_kernel(replace(spec, role="pack_b"))
+    return got
+
+
+def _shared_b_rows(g: Geometry, spec: gemm.GemmSpec, mc: int, threads: int, w_used: bool) -> int:
+    """Rows per task when a parallel tiled GEMM packs B once for all threads (0: it does not).
+    Then tasks are blocks of rows (per batch element), about 4 per thread, taken from a
+    counter: no thread packs B (or A) again, and a thread slowed down by another process gets
+    fewer tasks.  Only when B is one matrix for every batch element, its packed copy fits
+    SHARED_B_MAX_BYTES, there are row tiles for >= 8 tasks per thread (fewer: the n split
+    keeps the threads busy and duplicates only a small A) and no partial-sum scratch is used."""
+    nb, mr = g.nbatch, spec.mr
+    if threads <= 1 or g.flops * nb < PARALLEL_MIN_FLOPS or w_used or min(g.m, g.n, g.k) <= 0 \
+            or (nb > 1 and any(g.bsb)) or len(g.bshape) > gemm.MAX_BATCH_RANK:
+        return 0
+    tiles = -(-g.m // mr)
+    if nb * tiles < 8 * threads or _round_up(g.k, spec.unroll) * _round_up(g.n, spec.nr) * _acc_bytes(g.dtype) \
+            > SHARED_B_MAX_BYTES:
+        return 0
+    per_batch = -(-4 * threads // nb)
+    return mr * min(max(1, -(-tiles // per_batch)), max(1, mc // mr))
+
+
 def _tile_kernel(dt: DType) -> tuple:
     """(spec, compiled function, accumulator bytes, needs_w) of the tiled GEMM for `dt`."""
     got = _tile_kernels.get(dt.name)
@@ -237,6 +272,7 @@ _EP_SLOTS = tuple((gemm.param_index(f"e{k}"), gemm.param_index(f"rse{k}"), gemm.
                    gemm.param_index(f"esz{k}")) for k in range(gemm_epilogue.MAX_INPUTS))
 _ABO_SLOTS = tuple(gemm.param_index(f) for f in ("a", "b", "o"))
 _ESCAL_SLOT, _EP_FN_SLOT = gemm.param_index("escal"), gemm.param_index("ep_fn")
+_BSHARED_SLOT, _BGROUP_SLOT = gemm.param_index("bshared"), gemm.param_index("bgroup")
 _Params = ctypes.c_int64 * gemm.NPARAMS
 
 
@@ -255,6 +291,10 @@ class TiledPlan:
         mchunk, nchunk = _chunks(nb, g.m, g.n, mr, nr, g.flops, threads)
         mchunk, nchunk = max(mchunk, 1), max(nchunk, 1)
         w_used = needs_w and g.k > kc
+        self.shared_rows = _shared_b_rows(g, spec, mc, threads, w_used)
+        self.shared_bytes = 0
+        if self.shared_rows:
+            mchunk, nchunk, nc = self.shared_rows, g.n, _round_up(g.n, nr)
         if w_used:
             # partial sums live in scratch W of mchunk x NC: keep it within W_BYTES
             mchunk = min(mchunk, _round_up(W_MAX_ROWS, mr))
@@ -264,9 +304,9 @@ class TiledPlan:
         a_rows = _round_up(mchunk, mr)
         a_full = a_rows * _round_up(max(g.k, 1), unroll)
         reuse = (nb > 1 and not any(g.bsa)) or ntasks > 1 or g.n > nc
-        a_keep = reuse and a_full * ab <= A_KEEP_BYTES
+        a_keep = reuse and a_full * ab <= A_KEEP_BYTES and not self.shared_rows
         bp_off = _round_up(a_full if a_keep else _round_up(min(mc, mchunk), mr) * kc_eff, 16)
-        w_off = _round_up(bp_off + kc_eff * _round_up(min(nc, nchunk), nr), 16)
+        w_off = bp_off if self.shared_rows else _round_up(bp_off + kc_eff * _round_up(min(nc, nchunk), nr), 16)
         w_elems = mchunk * min(nc, nchunk) if w_used else 0
         self.ws_bytes = (w_off + w_elems) * ab
         # batch dims beyond the kernel's limit (only with > 8 unmergeable dims) loop here
@@ -296,37 +336,62 @@ class TiledPlan:
         self.esz = g.dtype.size_in_bytes
         self.out_elems = nb * g.m * g.n
         self.ep_slots = tuple(e for e, _, _, _ in _EP_SLOTS[:len(g.ep)])
+        if self.shared_rows:
+            self._shared_setup(spec, kc, threads)
         self._native_setup()
+
+    def _shared_setup(self, spec: gemm.GemmSpec, kc: int, threads: int) -> None:
+        """Pack tasks of the shared B (codegen/gemm.py "pack_b" role): KC blocks x groups of
+        whole panels, about 4 per thread per block; the buffer follows the parts' workspaces."""
+        g, nr = self.g, spec.nr
+        nblk = -(-g.k // kc)
+        kbp_last = _round_up(g.k - (nblk - 1) * kc, spec.unroll)
+        elems = gemm.shared_b_offset((nblk - 1) * kc, 0, g.n, kbp_last, nr) + kbp_last * _round_up(g.n, nr)
+        self.shared_bytes = _round_up(elems * _acc_bytes(g.dtype), 64)
+        panels = -(-g.n // nr)
+        group = nr * max(1, -(-panels // (threads * 4)))
+        self.params[_BGROUP_SLOT] = group
+        self.npack = nblk * -(-g.n // group)
+        self.packer = _packer(spec)
 
     def _native_setup(self) -> None:
         """The native pool job running every task (codegen/gemm_pool.py): `parts` threads, each
-        with its own slice of the caller's workspace, taking blocks of tasks from a counter."""
+        with its own slice of the caller's workspace, taking blocks of tasks from a counter
+        (after the shared B's pack tasks, when there is one)."""
         self.parts = min(self.threads, self.ntask)
         self.parallel = self.parts > 1 and self.ntask * self.cost >= PARALLEL_MIN_FLOPS
         if not self.parallel:
             return
-        block = 1 if self.ntask <= self.parts else max(1, self.ntask // (self.parts * 4))
+        block = 1 if self.ntask <= self.parts or self.shared_rows else max(1, self.ntask // (self.parts * 4))
         self.ws_stride = _round_up(max(self.ws_bytes, 1), 4096)
-        self.job_bufs = (ctypes.c_uint64 * 4)(ctypes.cast(self.fn, ctypes.c_void_p).value, 0, 0, 0)
-        self.job_sizes = (ctypes.c_int64 * 3)(self.ntask, block, self.ws_stride)
+        packer = ctypes.cast(self.packer, ctypes.c_void_p).value if self.shared_rows else 0
+        self.job_bufs = (ctypes.c_uint64 * 7)(ctypes.cast(self.fn, ctypes.c_void_p).value, 0, 0, 0, packer, 0, 0)
+        self.job_sizes = (ctypes.c_int64 * 4)(self.ntask, block, self.ws_stride, self.npack if self.shared_rows else 0)
         self.job = (ctypes.c_int64 * pool_ir.JOB_WORDS)(
             gemm_pool.entry_address(), ctypes.addressof(self.job_bufs), ctypes.addressof(self.job_sizes), 0,
             0, self.parts, 1, self.parts)
-        self.counter = ctypes.c_int64(0)
-        self.job_addr, self.counter_addr = ctypes.addressof(self.job), ctypes.addressof(self.counter)
+        self.counters = (ctypes.c_int64 * 3)()          # GEMM tasks taken, pack tasks taken, packs done
+        self.job_addr = ctypes.addressof(self.job)
 
-    def _run_native(self, pptr: int, own: bool) -> None:
+    def _run_native(self, params, pptr: int, own: bool) -> None:
+        parts_bytes = self.ws_stride * self.parts
+        ws = _workspace(parts_bytes + self.shared_bytes)
+        if self.shared_rows:
+            params[_BSHARED_SLOT] = ws + parts_bytes
         if getattr(pool._in_worker, "flag", False):     # on a Python pool worker: stay there
-            self.fn(pptr, 0, self.ntask, _workspace(self.ws_bytes))
+            if self.shared_rows:
+                self.packer(pptr, 0, self.npack, ws)
+            self.fn(pptr, 0, self.ntask, ws)
             return
-        bufs, counter, job = self.job_bufs, self.counter, self.job_addr
+        bufs, counters, job = self.job_bufs, self.counters, self.job_addr
         if not own:                                     # a concurrent caller: its own job words
-            bufs, counter = type(bufs).from_buffer_copy(bufs), ctypes.c_int64(0)
+            bufs, counters = type(bufs).from_buffer_copy(bufs), type(counters)()
             jb = type(self.job).from_buffer_copy(self.job)
             jb[1] = ctypes.addressof(bufs)
             job = ctypes.addressof(jb)
-        bufs[1], bufs[2], bufs[3] = pptr, _workspace(self.ws_stride * self.parts), ctypes.addressof(counter)
-        counter.value = 0
+        base = ctypes.addressof(counters)
+        bufs[1], bufs[2], bufs[3], bufs[5], bufs[6] = pptr, ws, base, base + 8, base + 16
+        counters[0] = counters[1] = counters[2] = 0
         native_pool.ensure(self.threads)
         native_pool.run_jobs(job, 1, self.threads)
 
@@ -346,7 +411,7 @@ class TiledPlan:
                 for slot, addr, off, ee in zip(self.ep_slots, extras, oe, self.ep_esz):
                     params[slot] = addr + off * ee      # the driver adds the batch offsets
                 if self.parallel:
-                    self._run_native(pptr, own)
+                    self._run_native(params, pptr, own)
                 else:
                     self.fn(pptr, 0, self.ntask, _workspace(self.ws_bytes))
         finally:
