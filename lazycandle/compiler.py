@@ -243,15 +243,17 @@ def trace_key(n):
     return (tr[0],) + patterns(tr)
 
 
-def _realize_traced(n) -> bool:
-    """Realize computed node `n` from its trace: the plan filed under its trace key runs on
+def _realize_traced(n, tr) -> bool:
+    """Realize computed node `n` from its trace `tr` (read once by the caller: another
+    thread's realize of `n` may drop it meanwhile): the plan filed under its trace key runs on
     the trace's buffers, offsets and scalars picked in the plan's order.  The first realize of
     a key captures, as realize_nodes does, and files the plan with where the capture's inputs,
     slots and scalars sit among the trace's.  False (nothing done) when a node below `n` was
-    realized since it was built (the capture then reads that node's buffer instead)."""
-    tr = n.trace
+    realized since it was built (the capture then reads that node's buffer instead; the trace
+    is dropped)."""
     for m in tr[3]:
         if m.buffer is not None:
+            n.trace = None          # it cannot stand again: let go of the nodes it holds
             return False
     key = (tr[0],) + patterns(tr)
     reads, scalars = tr[1], tr[2]
@@ -284,10 +286,12 @@ def realize_nodes(nodes) -> None:
     """Compute and attach buffers to every node in `nodes` (one compiled graph for all)."""
     n = nodes[0] if len(nodes) == 1 else None
     if n is not None and n.buffer is None:
-        if n.trace is not None and _realize_traced(n):
+        tr = n.trace
+        if tr is not None and _realize_traced(n, tr):
             return
         base = n._base
-        if base is not None and base.trace is not None and n.layout.is_contiguous() and _realize_traced(base):
+        tr = base.trace if base is not None else None
+        if tr is not None and n.layout.is_contiguous() and _realize_traced(base, tr):
             lay = n.layout          # a contiguous view of a computed node: it aliases the node's buffer
             n.set_buffer(base.buffer[lay.offset: lay.offset + prod(n.shape)])
             return

@@ -49,7 +49,7 @@ class Node:
         self.origin = None
         cat = op.category
         if cat == VIEW:
-            self._base = srcs[0].base
+            self._base = srcs[0]._base or srcs[0]      # the base, without the property call
             self.layout = layout
             self.trace = None
         else:
