@@ -238,7 +238,7 @@ def trace_key(n):
     """The key a traced node's plan is filed under in `eager plans`: its sig and the patterns
     of its reads and scalars (None when it has no standing trace)."""
     tr = n.trace
-    if tr is None or any(m.buffer is not None for m in tr[3]):
+    if tr is None or any(m.buffer is not None for m in tr[3]):      # (tr[3]: the watched nodes)
         return None
     return (tr[0],) + patterns(tr)
 
@@ -250,7 +250,8 @@ def _realize_traced(n, tr) -> bool:
     a key captures, as realize_nodes does, and files the plan with where the capture's inputs,
     slots and scalars sit among the trace's.  False (nothing done) when a node below `n` was
     realized since it was built (the capture then reads that node's buffer instead; the trace
-    is dropped)."""
+    is dropped) or, as a safeguard, when the capture has an input, slot or scalar the trace
+    does not (then no plan is filed and realize_nodes captures)."""
     for m in tr[3]:
         if m.buffer is not None:
             n.trace = None          # it cannot stand again: let go of the nodes it holds
@@ -260,8 +261,10 @@ def _realize_traced(n, tr) -> bool:
     entry = _eager.get(key)
     if entry is None:
         cap = capture([n])
-        plan = get_plan(cap, [n])
-        entry = _eager.put(key, (plan,) + _picks(cap, reads, scalars))
+        picks = _picks(cap, reads, scalars)
+        if picks is None:
+            return False
+        entry = _eager.put(key, (get_plan(cap, [n]),) + picks)
     plan, in_pick, slot_pick, scalar_pick = entry
     out, = plan.run([reads[i][0].buffer for i in in_pick], [reads[i][1] for i in slot_pick],
                     [scalars[i] for i in scalar_pick])
@@ -271,14 +274,17 @@ def _realize_traced(n, tr) -> bool:
 
 def _picks(cap, reads, scalars) -> tuple:
     """Per capture input, operand slot and scalar slot: the first of the trace's reads or
-    scalars that is it (every capture of the same trace key has them at the same places)."""
+    scalars that is it (every capture of the same trace key has them at the same places);
+    None when one is missing."""
     def first(pred, items):
-        return next(i for i, item in enumerate(items) if pred(item))
+        return next((i for i, item in enumerate(items) if pred(item)), None)
     inputs = tuple(first(lambda r: r[0] is inp, reads) for inp in cap.inputs)
     slots = tuple(first(lambda r: r[0] is cap.inputs[idx] and r[1] == off and r[2] == (shape, strides), reads)
                   for (idx, off), (_, shape, strides) in zip(cap.slots, cap.key[3]))
     values = tuple(first(lambda s: (s[1].name, repr(s[0])) == (dt.name, repr(v)), scalars)
                    for v, dt in cap.scalars)
+    if None in inputs or None in slots or None in values:
+        return None
     return inputs, slots, values
 
 

@@ -2,7 +2,7 @@
 of a small expression finds its compiled plan without walking the graph (compiler.py
 `realize_traced`).
 
-A trace is `(sig, reads, scalars, inner)`:
+A trace is `(sig, reads, scalars, watch, inner)`:
   * sig      an interned int standing for the node's whole expression tree: per node its op,
              structural arg, shape and dtype, and per source read how it is read -- a constant
              by (dtype, broadcast shape, the value class a rewrite tests: `ops.scalar_class`), a
@@ -13,9 +13,10 @@ A trace is `(sig, reads, scalars, inner)`:
              (read shape, strides));
   * scalars  per scalar operand (constants and the scalar args of affine, clamp, ...), in tree
              order: (value, DType);
-  * inner    the computed nodes (and views of them) the tree holds below the node: the trace
-             stands only while none of them is realized (a realized one is an input of the
-             capture instead).
+  * watch    every node below that was unrealized when `n` was built -- computed nodes, views,
+             constants: the trace stands only while none of them is realized (a realized one
+             is an input of the capture instead);
+  * inner    the computed nodes below (no two the same: see below).
 Which reads are of the same buffer, the same operand slot, and which scalars are equal is left
 to the realize (`patterns`), with the capture's rules, so the sig plus those patterns determine
 the capture key.  A node whose tree shares a computed node (`y * y`), reads a placeholder or
@@ -26,7 +27,8 @@ import itertools
 
 from .ops import SOURCE, VIEW, scalar_class
 
-MAX_INNER = 32          # computed nodes (and views of them) below a traced node
+MAX_INNER = 32          # computed nodes below a traced node
+MAX_WATCH = 96          # nodes whose realize would change the capture (computed, views, constants)
 MAX_READS = 16          # buffer reads
 MAX_SCALARS = 16
 MAX_SIGS = 1 << 16      # interned sigs kept before the table starts afresh
@@ -56,28 +58,32 @@ def argkey(a):
 def node_trace(n):
     """The trace of computed node `n` (its sources already built), or None."""
     kind = n.op
-    descs, reads, scalars, inner = [], (), (), ()
+    descs, reads, scalars, watch, inner = [], (), (), (), ()
     for s in n.srcs:
         b = s._base or s
         lay = s.layout
         if b.buffer is not None:
             descs.append(("i", b.shape, b.dtype.name, lay.shape, lay.strides))
             reads += ((b, lay.offset, (lay.shape, lay.strides)),)
+            if s is not b:
+                watch += (s,)               # a view realized later is an input of its own
         elif b.op.category is SOURCE:
             if b.op.name != "const":
                 return None                 # a placeholder: realized only through a Program
             v = b.arg
             descs.append(("c", b.dtype.name, lay.shape, scalar_class(kind, v) if kind.keyed_scalars else None))
             scalars += ((v, b.dtype),)
+            watch += (b, s) if s is not b else (b,)
         else:
             t = b.trace
             if t is None:
                 return None
             descs.append(("n", t[0], lay.shape, lay.strides, lay.offset))
-            below = t[3] + ((b, s) if s is not b else (b,))
+            below = t[4] + (b,)
             if inner and not {id(m) for m in inner}.isdisjoint([id(m) for m in below]):
                 return None                 # a shared computed node: the capture walk dedups it
             inner += below
+            watch += t[3] + ((b, s) if s is not b else (b,))
             reads += t[1]
             scalars += t[2]
     arg = n.arg
@@ -89,13 +95,13 @@ def node_trace(n):
         arg = kind.arg_class(values, n.dtype) if kind.arg_class else None
     elif not (arg is None or arg.__class__ in (int, float, str)):
         arg = argkey(arg)
-    if len(inner) > MAX_INNER or len(reads) > MAX_READS or len(scalars) > MAX_SCALARS:
+    if len(inner) > MAX_INNER or len(watch) > MAX_WATCH or len(reads) > MAX_READS or len(scalars) > MAX_SCALARS:
         return None
     try:
         sig = _intern((kind.name, arg, n.shape, n.dtype.name, tuple(descs)))
     except TypeError:                       # an arg that is not hashable: no key to file it under
         return None
-    return (sig, reads, scalars, inner)
+    return (sig, reads, scalars, watch, inner)
 
 
 def patterns(trace) -> tuple:
