@@ -115,16 +115,16 @@ def test_node_realized_after_the_consumer_was_built_is_read_not_recomputed():
     assert capture([((y + 1.0).exp())._node]).inputs[0] is y._node
 
 
-def test_views_and_constants_realized_after_the_consumer_was_built_are_its_inputs():
-    base = lc.tensor(np.arange(40, dtype=np.float32).reshape(8, 5))
-    b = base.t()                            # a transposed view of a realized buffer
-    f = lc.full(2.5, (5, 8))                # a broadcast constant
-    k = lc.full(0.5, ())                    # a rank-0 constant
-    y = ((b * f) + k).exp()
+@pytest.mark.parametrize("which", ["transposed view", "broadcast constant", "rank-0 constant"])
+def test_views_and_constants_realized_after_the_consumer_was_built_are_its_inputs(which):
+    data = np.arange(40, dtype=np.float32).reshape(8, 5) / 16
+    parts = {"transposed view": lc.tensor(data).t(), "broadcast constant": lc.full(2.5, (5, 8)),
+             "rank-0 constant": lc.full(0.5, ())}
+    y = ((parts["transposed view"] * parts["broadcast constant"]) + parts["rank-0 constant"]).exp()
     assert compiler.trace_key(y._node) is not None
-    b.numpy(), f.numpy(), k.numpy()        # each becomes a buffer of its own
+    parts[which].numpy()                    # it becomes a buffer of its own: an input of y's capture
     assert compiler.trace_key(y._node) is None
-    want = np.exp(np.arange(40, dtype=np.float32).reshape(8, 5).T * np.float32(2.5) + np.float32(0.5))
+    want = np.exp(data.T * np.float32(2.5) + np.float32(0.5))
     np.testing.assert_allclose(y.numpy(), want, rtol=4e-6)
 
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import itertools
 
-from .ops import SOURCE, VIEW, scalar_class
+from .. import caches
+from .ops import SOURCE, scalar_class
 
 MAX_INNER = 32          # computed nodes below a traced node
 MAX_WATCH = 96          # nodes whose realize would change the capture (computed, views, constants)
@@ -33,7 +34,9 @@ MAX_READS = 16          # buffer reads
 MAX_SCALARS = 16
 MAX_SIGS = 1 << 16      # interned sigs kept before the table starts afresh
 
-_sigs: dict = {}        # structural tuple -> sig (ids are never reused: a sig names one structure)
+# structural tuple -> sig; ids are never reused, so a sig names one structure even after the
+# table is cleared (the same structure built again gets a new sig, and compiles once more)
+_sigs = caches.register("trace sigs", {})
 _sig_ids = itertools.count()
 
 
