@@ -9,7 +9,7 @@ One path for realize, lc.compile, the dump tool and the tests:
                                the one kernel cache);
   * `get_plan(cap)`            the cached Plan of a capture's size class (bounded LRU), bound
                                to its sizes (symbolic_plan.py);
-  * `realize_nodes(nodes)`     capture, get the plan, run it, attach the buffers;  a single
+  * `realize_nodes(nodes)`     capture, get the plan, run it, attach the buffers; a single
                                node with a trace (ir/trace.py) skips the capture: its trace
                                key finds the bound plan (`eager plans`, filled by the first
                                realize of each key through the capture).

@@ -1,6 +1,6 @@
 """Each computed node's structural trace, built ONCE when the node is built, so an eager realize
 of a small expression finds its compiled plan without walking the graph (compiler.py
-`realize_traced`).
+`_realize_traced`).
 
 A trace is `(sig, reads, scalars, watch, inner)`:
   * sig      an interned int standing for the node's whole expression tree: per node its op,
@@ -35,7 +35,7 @@ MAX_SCALARS = 16
 MAX_SIGS = 1 << 16      # interned sigs kept before the table starts afresh
 
 # structural tuple -> sig; ids are never reused, so a sig names one structure even after the
-# table is cleared (the same structure built again gets a new sig, and compiles once more)
+# table is cleared (the same structure built again gets a new sig: its first realize captures)
 _sigs = caches.register("trace sigs", {})
 _sig_ids = itertools.count()
 
@@ -50,8 +50,9 @@ def _intern(key) -> int:
 
 
 def argkey(a):
-    """A node arg as a capture key holds it: dtypes by name, tuples element by element."""
-    if a.__class__ is tuple:
+    """A node arg as a key holds it (the trace's and graph.capture's): dtypes by name, tuples
+    element by element."""
+    if isinstance(a, tuple):
         return tuple(argkey(x) for x in a)
     if hasattr(a, "size_in_bytes"):
         return ("dtype", a.name)
