@@ -2,10 +2,12 @@
 both in ONE process and one loop (LAZYCANDLE_EXEC is read at every run, so the two rotate;
 it is set untimed before each call):
 
-    python bench/dispatch.py [--repeats 31] [--blocks 1]
+    python bench/dispatch.py [--repeats 31] [--blocks 1] [--split]
 
   * Program.run of a one-kernel program on 16 floats (target <= 10 us median);
   * eager realize of a 3-op chain on 16 floats, graph building included (target <= 40 us);
+    `--split` adds where its time goes, part by part (perf_counter_ns around each part);
+  * eager `x.sum(-1).numpy()` on (7, 33) (all Python and dispatch) and on (1024, 1024);
   * the GPT-2-style block program (bench/gpt2_block.py) on (1, 8, 768) (target >= 2x faster)
     and (1, 128, 768) (no slower), at 1 and 2 threads.
 Medians (min-max) in microseconds, and the machine's load."""
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 if __package__ in (None, ""):          # run as a script: make `bench` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,6 +64,50 @@ def tiny_cases(repeats):
     fns = {m: (lambda: lc.realize(((t * 2.0) + 1.0).exp())) for m in MODES}
     _report("eager realize of a 3-op chain on 16 floats",
             time_alternating(fns, repeats=repeats, warmup=3, setup=SETUP), "target <= 40 us")
+    for shape, reps in (((7, 33), repeats), ((1024, 1024), max(repeats // 10, 9))):
+        x = lc.tensor(np.random.default_rng(0).standard_normal(shape, np.float32))
+        fns = {m: (lambda: x.sum(-1).numpy()) for m in MODES}
+        _report(f"eager x.sum(-1).numpy() on {shape}", time_alternating(fns, repeats=reps, warmup=3, setup=SETUP))
+
+
+def eager_split(reps):
+    """Median ns of each part of the native eager realize of the 3-op chain, in the order the
+    realize runs them: building the 7 nodes (their traces included), the trace key (inner
+    check + read and scalar patterns), the plan lookup, the run (binding the leaves, offsets
+    and scalars, the native call, the output) and setting the result (the graph behind freed
+    when the last handle goes)."""
+    from lazycandle import compiler
+    _select("native")
+    t = lc.tensor(np.linspace(-1, 1, 16, dtype=np.float32))
+    lc.realize(((t * 2.0) + 1.0).exp())         # files the chain's plan under its trace key
+    parts = {k: [] for k in ("build", "trace key", "plan lookup", "run", "set_buffer + free")}
+    clock = time.perf_counter_ns
+    for i in range(reps + 200):
+        t0 = clock()
+        y = ((t * 2.0) + 1.0).exp()
+        t1 = clock()
+        n = y._node
+        key = compiler.trace_key(n)
+        t2 = clock()
+        plan, in_pick, slot_pick, scalar_pick = compiler._eager.get(key)
+        t3 = clock()
+        reads, scalars = n.trace[1], n.trace[2]
+        out, = plan.run([reads[k][0].buffer for k in in_pick], [reads[k][1] for k in slot_pick],
+                        [scalars[k] for k in scalar_pick])
+        t4 = clock()
+        n.set_buffer(out)
+        del n, y
+        t5 = clock()
+        if i >= 200:
+            for k, a, b in zip(parts, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5)):
+                parts[k].append(b - a)
+    total = 0.0
+    print(f"eager 3-op chain on 16 floats, split ({reps} reps, native):")
+    for k, v in parts.items():
+        m = statistics.median(v) / 1e3
+        total += m
+        print(f"  {k:18s} {m:6.1f} us")
+    print(f"  {'sum of medians':18s} {total:6.1f} us")
 
 
 def gpt2_case(seq, n_blocks, threads, repeats):
@@ -78,9 +126,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=31)
     ap.add_argument("--blocks", type=int, default=1)
+    ap.add_argument("--split", action="store_true", help="the eager chain's time part by part")
     a = ap.parse_args(argv)
     print(f"load average {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
     tiny_cases(a.repeats * 10)
+    if a.split:
+        eager_split(a.repeats * 100)
     for seq in (8, 128):
         for threads in (1, 2):
             gpt2_case(seq, a.blocks, threads, a.repeats)

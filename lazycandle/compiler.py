@@ -9,7 +9,10 @@ One path for realize, lc.compile, the dump tool and the tests:
                                the one kernel cache);
   * `get_plan(cap)`            the cached Plan of a capture's size class (bounded LRU), bound
                                to its sizes (symbolic_plan.py);
-  * `realize_nodes(nodes)`     capture, get the plan, run it, attach the buffers.
+  * `realize_nodes(nodes)`     capture, get the plan, run it, attach the buffers; a single
+                               node with a trace (ir/trace.py) skips the capture: its trace
+                               key finds the bound plan (`eager plans`, filled by the first
+                               realize of each key through the capture).
 
 What the passes and the scheduler decide depends on a capture's structure and its size class
 only (ir.graph.size_signature), so one Plan serves the class: a capture of the same class but
@@ -28,6 +31,7 @@ from . import caches, config
 from .errors import UnboundPlaceholder
 from .ir.graph import Capture, Operand, capture, size_signature
 from .ir.node import Node
+from .ir.trace import patterns
 from .ir.passes import optimize as _simplify, recompute_into_reductions
 from .ir.schedule import bind_kernels, schedule
 from .symbolic_plan import derive_binder
@@ -227,9 +231,76 @@ def _prepare_targets(nodes):
     return work, finish, aliases
 
 
+_eager = caches.register("eager plans", caches.LRU(config.plan_cache_size()))  # trace key -> (BoundPlan, picks)
+
+
+def trace_key(n):
+    """The key a traced node's plan is filed under in `eager plans`: its sig and the patterns
+    of its reads and scalars (None when it has no standing trace)."""
+    tr = n.trace
+    if tr is None or any(m.buffer is not None for m in tr[3]):      # (tr[3]: the watched nodes)
+        return None
+    return (tr[0],) + patterns(tr)
+
+
+def _realize_traced(n, tr) -> bool:
+    """Realize computed node `n` from its trace `tr` (read once by the caller: another
+    thread's realize of `n` may drop it meanwhile): the plan filed under its trace key runs on
+    the trace's buffers, offsets and scalars picked in the plan's order.  The first realize of
+    a key captures, as realize_nodes does, and files the plan with where the capture's inputs,
+    slots and scalars sit among the trace's.  False (nothing done) when a node below `n` was
+    realized since it was built (the capture then reads that node's buffer instead; the trace
+    is dropped) or, as a safeguard, when the capture has an input, slot or scalar the trace
+    does not (then no plan is filed and realize_nodes captures)."""
+    for m in tr[3]:
+        if m.buffer is not None:
+            n.trace = None          # it cannot stand again: let go of the nodes it holds
+            return False
+    key = (tr[0],) + patterns(tr)
+    reads, scalars = tr[1], tr[2]
+    entry = _eager.get(key)
+    if entry is None:
+        cap = capture([n])
+        picks = _picks(cap, reads, scalars)
+        if picks is None:
+            return False
+        entry = _eager.put(key, (get_plan(cap, [n]),) + picks)
+    plan, in_pick, slot_pick, scalar_pick = entry
+    out, = plan.run([reads[i][0].buffer for i in in_pick], [reads[i][1] for i in slot_pick],
+                    [scalars[i] for i in scalar_pick])
+    n.set_buffer(out)
+    return True
+
+
+def _picks(cap, reads, scalars) -> tuple:
+    """Per capture input, operand slot and scalar slot: the first of the trace's reads or
+    scalars that is it (every capture of the same trace key has them at the same places);
+    None when one is missing."""
+    def first(pred, items):
+        return next((i for i, item in enumerate(items) if pred(item)), None)
+    inputs = tuple(first(lambda r: r[0] is inp, reads) for inp in cap.inputs)
+    slots = tuple(first(lambda r: r[0] is cap.inputs[idx] and r[1] == off and r[2] == (shape, strides), reads)
+                  for (idx, off), (_, shape, strides) in zip(cap.slots, cap.key[3]))
+    values = tuple(first(lambda s: (s[1].name, repr(s[0])) == (dt.name, repr(v)), scalars)
+                   for v, dt in cap.scalars)
+    if None in inputs or None in slots or None in values:
+        return None
+    return inputs, slots, values
+
+
 def realize_nodes(nodes) -> None:
     """Compute and attach buffers to every node in `nodes` (one compiled graph for all)."""
     n = nodes[0] if len(nodes) == 1 else None
+    if n is not None and n.buffer is None:
+        tr = n.trace
+        if tr is not None and _realize_traced(n, tr):
+            return
+        base = n._base
+        tr = base.trace if base is not None else None
+        if tr is not None and n.layout.is_contiguous() and _realize_traced(base, tr):
+            lay = n.layout          # a contiguous view of a computed node: it aliases the node's buffer
+            n.set_buffer(base.buffer[lay.offset: lay.offset + prod(n.shape)])
+            return
     if n is not None and n.buffer is None and n.op.category not in ("view", "source"):
         work, finish, aliases = nodes, (None,), ()      # one computed node: it is its own target
     else:

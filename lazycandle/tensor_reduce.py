@@ -24,10 +24,13 @@ EMPTY_OK_KINDS = ("sum", "mean", "prod")
 def _dims(dims, shape, op):
     """The reduced dims as a sorted tuple of non-negative ints (a rank-0 tensor takes 0 or -1,
     like torch); NumPy's rules for the type of each dim."""
-    try:
-        dims = [dims] if isinstance(dims, str) else list(dims)
-    except TypeError:           # one dim (an int, a NumPy integer, a 0-d array)
+    if dims.__class__ is int:   # the common case, without the TypeError below
         dims = [dims]
+    else:
+        try:
+            dims = [dims] if isinstance(dims, str) else list(dims)
+        except TypeError:           # one dim (a NumPy integer, a 0-d array)
+            dims = [dims]
     if not dims:
         raise ValueError(f"{op}: no dims given")
     if not shape:
@@ -63,8 +66,9 @@ class ReduceMixin:
         t = type(self)(Node(kind, (x._node,), dims, shape, out_dt))
         if self.rank == 0:
             return t.reshape(())
-        if not keepdim:
-            t = t.reshape(tuple(d for i, d in enumerate(shape) if i not in dims))
+        if not keepdim:         # a view dropping the reduced dims (the node is contiguous)
+            out = tuple(d for i, d in enumerate(shape) if i not in dims)
+            t = t._view(t._node.layout.reshape(out), f"reshape{out}")
         return t
 
     def _many(self, kind, dims, keepdim, dim, axis):

@@ -18,10 +18,10 @@ def norm_dim(dim, rank, op, extra=0) -> int:
     shape = tuple(rank) if isinstance(rank, (tuple, list)) else None
     if shape is not None:
         rank = len(shape)
-    where = f"rank {rank}" + (f" (shape {shape})" if shape is not None else "")
     n = rank + extra
     d = as_index(dim, op, "dim")
     if d < -n or d >= n or n == 0:
+        where = f"rank {rank}" + (f" (shape {shape})" if shape is not None else "")
         raise DimOutOfRange(f"{op}: dim {dim} out of range for {where}")
     return d + n if d < 0 else d
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..layout import contiguous_strides
 from .ops import VIEW, scalar_class
+from .trace import argkey
 
 
 @dataclass
@@ -76,14 +77,6 @@ def _operand_from_raw(r, cap):
     if r[0] == "i":
         return Operand("in", r[1], r[2], r[3], src=cap.slots[r[1]][0])
     return Operand("node", r[1], r[2], r[3], r[4])
-
-
-def _argkey(a):
-    if isinstance(a, tuple):
-        return tuple(_argkey(x) for x in a)
-    if hasattr(a, "size_in_bytes"):
-        return ("dtype", a.name)
-    return a
 
 
 def capture(targets) -> Capture:
@@ -155,7 +148,7 @@ def capture(targets) -> Capture:
                     ops.append(("c", k, n.dtype.name, (), None))
                 arg = kind_.arg_class(values, n.dtype) if kind_.arg_class else None
             elif not (arg is None or isinstance(arg, (int, float, str))):
-                arg = _argkey(arg)
+                arg = argkey(arg)
             ops = tuple(ops)
             index[nid] = ("n", len(nodes))
             nodes.append(n)

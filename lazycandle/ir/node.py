@@ -8,7 +8,8 @@ import itertools
 
 from ..layout import CONTIGUOUS_LAYOUTS, contiguous_layout
 from ..named_dims import SYMBOLIC, sizes_of
-from .ops import OPS, VIEW
+from .ops import OPS, SOURCE, VIEW
+from .trace import node_trace
 
 _ids = itertools.count()
 
@@ -30,7 +31,8 @@ class Origin:
 
 
 class Node:
-    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "_base", "layout", "buffer", "label", "id", "origin", "__weakref__")
+    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "_base", "layout", "buffer", "label", "id", "origin", "trace",
+                 "__weakref__")
 
     def __init__(self, op, srcs, arg, shape, dtype, layout=None, buffer=None, label=None):
         self.op = op = OPS[op] if op.__class__ is str else op
@@ -45,12 +47,16 @@ class Node:
         self.label = label          # what the user called (for dumps): "transpose(0, 1)"
         self.id = next(_ids)
         self.origin = None
-        if op.category == VIEW:
-            self._base = srcs[0].base
+        cat = op.category
+        if cat == VIEW:
+            self._base = srcs[0]._base or srcs[0]      # the base, without the property call
             self.layout = layout
+            self.trace = None
         else:
             self._base = None          # itself (not stored: a self-reference would be a cycle)
             self.layout = CONTIGUOUS_LAYOUTS.get(shape) or contiguous_layout(shape)
+            # the eager realize's key of the expression (ir/trace.py), while it is unrealized
+            self.trace = None if cat == SOURCE or buffer is not None else node_trace(self)
 
     @property
     def base(self):
@@ -69,6 +75,7 @@ class Node:
         self.srcs = ()
         self.arg = None
         self.buffer = buf
+        self.trace = None
         if self._base is not None:      # a view becomes contiguous (other nodes already are)
             self._base = None
             self.layout = contiguous_layout(self.shape)

@@ -1,0 +1,127 @@
+"""Each computed node's structural trace, built ONCE when the node is built, so an eager realize
+of a small expression finds its compiled plan without walking the graph (compiler.py
+`_realize_traced`).
+
+A trace is `(sig, reads, scalars, watch, inner)`:
+  * sig      an interned int standing for the node's whole expression tree: per node its op,
+             structural arg, shape and dtype, and per source read how it is read -- a constant
+             by (dtype, broadcast shape, the value class a rewrite tests: `ops.scalar_class`), a
+             realized buffer by (its shape, dtype, the read's shape and strides), a computed node
+             by (its sig, the read's shape, strides and offset).  What graph.capture's key holds,
+             in tree form; never data, scalar values or input offsets (those are runtime).
+  * reads    per read of a realized buffer, in tree order: (buffer node, element offset,
+             (read shape, strides));
+  * scalars  per scalar operand (constants and the scalar args of affine, clamp, ...), in tree
+             order: (value, DType);
+  * watch    every node below that was unrealized when `n` was built -- computed nodes, views,
+             constants: the trace stands only while none of them is realized (a realized one
+             is an input of the capture instead);
+  * inner    the computed nodes below (no two the same: see below).
+Which reads are of the same buffer, the same operand slot, and which scalars are equal is left
+to the realize (`patterns`), with the capture's rules, so the sig plus those patterns determine
+the capture key.  A node whose tree shares a computed node (`y * y`), reads a placeholder or
+grows past the bounds below gets no trace (None): it realizes through the capture walk."""
+from __future__ import annotations
+
+import itertools
+
+from .. import caches
+from .ops import SOURCE, scalar_class
+
+MAX_INNER = 32          # computed nodes below a traced node
+MAX_WATCH = 96          # nodes whose realize would change the capture (computed, views, constants)
+MAX_READS = 16          # buffer reads
+MAX_SCALARS = 16
+MAX_SIGS = 1 << 16      # interned sigs kept before the table starts afresh
+
+# structural tuple -> sig; ids are never reused, so a sig names one structure even after the
+# table is cleared (the same structure built again gets a new sig: its first realize captures)
+_sigs = caches.register("trace sigs", {})
+_sig_ids = itertools.count()
+
+
+def _intern(key) -> int:
+    sig = _sigs.get(key)
+    if sig is None:
+        if len(_sigs) >= MAX_SIGS:
+            _sigs.clear()
+        sig = _sigs.setdefault(key, next(_sig_ids))
+    return sig
+
+
+def argkey(a):
+    """A node arg as a key holds it (the trace's and graph.capture's): dtypes by name, tuples
+    element by element."""
+    if isinstance(a, tuple):
+        return tuple(argkey(x) for x in a)
+    if hasattr(a, "size_in_bytes"):
+        return ("dtype", a.name)
+    return a
+
+
+def node_trace(n):
+    """The trace of computed node `n` (its sources already built), or None."""
+    kind = n.op
+    descs, reads, scalars, watch, inner = [], (), (), (), ()
+    for s in n.srcs:
+        b = s._base or s
+        lay = s.layout
+        if b.buffer is not None:
+            descs.append(("i", b.shape, b.dtype.name, lay.shape, lay.strides))
+            reads += ((b, lay.offset, (lay.shape, lay.strides)),)
+            if s is not b:
+                watch += (s,)               # a view realized later is an input of its own
+        elif b.op.category is SOURCE:
+            if b.op.name != "const":
+                return None                 # a placeholder: realized only through a Program
+            v = b.arg
+            descs.append(("c", b.dtype.name, lay.shape, scalar_class(kind, v) if kind.keyed_scalars else None))
+            scalars += ((v, b.dtype),)
+            watch += (b, s) if s is not b else (b,)
+        else:
+            t = b.trace
+            if t is None:
+                return None
+            descs.append(("n", t[0], lay.shape, lay.strides, lay.offset))
+            below = t[4] + (b,)
+            if inner and not {id(m) for m in inner}.isdisjoint([id(m) for m in below]):
+                return None                 # a shared computed node: the capture walk dedups it
+            inner += below
+            watch += t[3] + ((b, s) if s is not b else (b,))
+            reads += t[1]
+            scalars += t[2]
+    arg = n.arg
+    if kind.scalar_args:
+        values = arg if arg.__class__ is tuple else (arg,)
+        for v in values:
+            descs.append(("c", n.dtype.name, (), None))
+            scalars += ((v, n.dtype),)
+        arg = kind.arg_class(values, n.dtype) if kind.arg_class else None
+    elif not (arg is None or arg.__class__ in (int, float, str)):
+        arg = argkey(arg)
+    if len(inner) > MAX_INNER or len(watch) > MAX_WATCH or len(reads) > MAX_READS or len(scalars) > MAX_SCALARS:
+        return None
+    try:
+        sig = _intern((kind.name, arg, n.shape, n.dtype.name, tuple(descs)))
+    except TypeError:                       # an arg that is not hashable: no key to file it under
+        return None
+    return (sig, reads, scalars, watch, inner)
+
+
+def patterns(trace) -> tuple:
+    """The runtime identity pattern of a trace's reads and scalars, by the capture's rules:
+    per read, which distinct buffer (by identity) and which operand slot (buffer, read shape,
+    strides, offset) it is; per scalar, which slot (dtype, repr of the value)."""
+    reads, scalars = trace[1], trace[2]
+    if len(reads) == 1:
+        rp = (0, 0)
+    else:
+        leaves, slots, rp = {}, {}, []
+        for leaf, off, rc in reads:
+            rp.append(leaves.setdefault(id(leaf), len(leaves)))
+            rp.append(slots.setdefault((id(leaf), rc, off), len(slots)))
+        rp = tuple(rp)
+    sc, cp = {}, []
+    for v, dt in scalars:
+        cp.append(sc.setdefault((dt.name, repr(v)), len(sc)))
+    return rp, tuple(cp)

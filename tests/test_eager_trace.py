@@ -1,0 +1,176 @@
+"""The eager realize's trace key (ir/trace.py, compiler.realize_traced): a single computed
+node finds its bound plan from the key its construction built, without the capture walk.  The
+key must tell apart exactly what the capture key tells apart, a new scalar value must compile
+nothing, and every result must match NumPy on both execution paths."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lazycandle as lc
+from lazycandle import compiler
+from lazycandle.ir.graph import capture
+
+from conftest import run_in_threads
+
+A = np.linspace(-1.5, 2.0, 16, dtype=np.float32)
+M = np.arange(16, dtype=np.float32).reshape(4, 4) / 7
+
+
+def _keys(t):
+    n = t._node.base         # a reduction behind its reshape view: the view aliases it
+    return compiler.trace_key(n), capture([n]).key
+
+
+# name -> builder of (tensor, numpy expected) from fresh leaves; pairs that differ in what the
+# kernel is built for, and pairs that differ only in data, offsets or scalar values
+def _builders():
+    def leaf(a=A, dt=None):
+        return lc.tensor(a if dt is None else a.astype(dt))
+    f64 = A.astype(np.float64)
+    return {
+        "chain": lambda: (((leaf() * 2.0) + 1.0).exp(), np.exp(A * np.float32(2) + np.float32(1))),
+        "chain other scalars": lambda: (((leaf() * 3.0) + 0.5).exp(), np.exp(A * np.float32(3) + np.float32(0.5))),
+        "chain f64": lambda: (((leaf(dt=np.float64) * 2.0) + 1.0).exp(), np.exp(f64 * 2 + 1)),
+        "chain equal scalars": lambda: (((leaf() * 2.0) + 2.0).exp(), np.exp(A * np.float32(2) + np.float32(2))),
+        "times one": lambda: (((leaf() * 1.0) + 1.0).exp(), np.exp(A + np.float32(1))),
+        "plus zero": lambda: (((leaf() * 2.0) + 0.0).exp(), np.exp(A * np.float32(2))),
+        "plus minus zero": lambda: (((leaf() * 2.0) + -0.0).exp(), np.exp(A * np.float32(2))),
+        "square": lambda: ((leaf() ** 2.0) + 1.0, A ** np.float32(2) + np.float32(1)),
+        "cube": lambda: ((leaf() ** 3.0) + 1.0, A ** np.float32(3) + np.float32(1)),
+        "two leaves": lambda: ((leaf() + leaf(A[::-1].copy())).exp(), np.exp(A + A[::-1])),
+        "one leaf twice": lambda: _twice(),
+        "broadcast rows": lambda: ((leaf(M) + leaf(M[:1].copy())) * 2.0, (M + M[:1]) * np.float32(2)),
+        "broadcast cols": lambda: ((leaf(M) + leaf(M[:, :1].copy())) * 2.0, (M + M[:, :1]) * np.float32(2)),
+        "transposed read": lambda: ((leaf(M).t() + 1.0) * 2.0, (M.T + np.float32(1)) * np.float32(2)),
+        "contiguous read": lambda: ((leaf(M) + 1.0) * 2.0, (M + np.float32(1)) * np.float32(2)),
+        "slices apart": lambda: _slices(0, 8),
+        "slices apart elsewhere": lambda: _slices(2, 6),
+        "same slice twice": lambda: _slices(4, 4),
+        "row sum": lambda: ((leaf(M) * 2.0).sum(-1), (M * np.float32(2)).sum(-1)),
+        "affine clamp": lambda: (leaf().affine(2.0, 1.0).clamp(-1.0, 3.0), np.clip(A * 2 + 1, -1, 3)),
+        "affine clamp others": lambda: (leaf().affine(0.5, -1.0).clamp(-2.0, 0.0), np.clip(A * 0.5 - 1, -2, 0)),
+        "int wrap": lambda: (lc.tensor(np.arange(16, dtype=np.int32)) * 7 + 3, np.arange(16, dtype=np.int32) * 7 + 3),
+    }
+
+
+def _twice():
+    x = lc.tensor(A)
+    return (x * x + 1.0).exp(), np.exp(A * A + np.float32(1))
+
+
+def _slices(i, j):
+    x = lc.tensor(A)
+    return x[i:i + 8] * 2.0 + x[j:j + 8], A[i:i + 8] * np.float32(2) + A[j:j + 8]
+
+
+def test_trace_key_tells_apart_exactly_what_the_capture_key_does():
+    built = {name: b()[0] for name, b in _builders().items()}
+    keys = {name: _keys(t) for name, t in built.items()}
+    assert all(k[0] is not None for k in keys.values())
+    for a, (ta, ca) in keys.items():
+        for b, (tb, cb) in keys.items():
+            assert (ta == tb) == (ca == cb), (a, b)
+    # the pairs the kernel does not depend on share a key; the others do not
+    assert keys["chain"][0] == keys["chain other scalars"][0]
+    assert keys["slices apart"][0] == keys["slices apart elsewhere"][0]
+    assert keys["affine clamp"][0] == keys["affine clamp others"][0]
+    for other in ("chain f64", "chain equal scalars", "times one", "plus zero", "plus minus zero"):
+        assert keys["chain"][0] != keys[other][0], other
+    assert keys["plus zero"][0] != keys["plus minus zero"][0]
+    assert keys["square"][0] != keys["cube"][0]
+    assert keys["two leaves"][0] != keys["one leaf twice"][0]
+    assert keys["broadcast rows"][0] != keys["broadcast cols"][0]
+    assert keys["transposed read"][0] != keys["contiguous read"][0]
+    assert keys["slices apart"][0] != keys["same slice twice"][0]
+
+
+@pytest.mark.parametrize("mode", ["python", "native"])
+def test_traced_realize_matches_numpy_on_both_paths(monkeypatch, mode):
+    monkeypatch.setenv("LAZYCANDLE_EXEC", mode)
+    for _ in range(3):              # the first realize of a key captures, the next ones do not
+        for name, b in _builders().items():
+            t, want = b()
+            np.testing.assert_allclose(t.numpy(), want, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_new_scalar_values_and_leaves_compile_nothing():
+    x = lc.tensor(A)
+    ((x * 2.0) + 1.0).exp().numpy()
+    plans, eager = len(compiler._plans), len(compiler._eager)
+    for s in (3.0, -0.5, 7.25):
+        got = ((lc.tensor(A + 1) * s) + 0.25).exp().numpy()
+        np.testing.assert_allclose(got, np.exp((A + 1) * np.float32(s) + np.float32(0.25)), rtol=1e-6)
+    assert (len(compiler._plans), len(compiler._eager)) == (plans, eager)
+
+
+def test_node_realized_after_the_consumer_was_built_is_read_not_recomputed():
+    x = lc.tensor(A)
+    y = x * 2.0
+    z = (y + 1.0).exp()
+    key_before = compiler.trace_key(z._node)
+    y.realize()
+    assert key_before is not None and compiler.trace_key(z._node) is None
+    np.testing.assert_allclose(z.numpy(), np.exp(A * np.float32(2) + np.float32(1)), rtol=1e-6)
+    assert capture([((y + 1.0).exp())._node]).inputs[0] is y._node
+
+
+@pytest.mark.parametrize("which", ["transposed view", "broadcast constant", "rank-0 constant"])
+def test_views_and_constants_realized_after_the_consumer_was_built_are_its_inputs(which):
+    data = np.arange(40, dtype=np.float32).reshape(8, 5) / 16
+    parts = {"transposed view": lc.tensor(data).t(), "broadcast constant": lc.full(2.5, (5, 8)),
+             "rank-0 constant": lc.full(0.5, ())}
+    y = ((parts["transposed view"] * parts["broadcast constant"]) + parts["rank-0 constant"]).exp()
+    assert compiler.trace_key(y._node) is not None
+    parts[which].numpy()                    # it becomes a buffer of its own: an input of y's capture
+    assert compiler.trace_key(y._node) is None
+    want = np.exp(data.T * np.float32(2.5) + np.float32(0.5))
+    np.testing.assert_allclose(y.numpy(), want, rtol=4e-6)
+
+
+def test_realized_tensor_reused_in_a_new_graph():
+    x = lc.tensor(A)
+    y = ((x * 2.0) + 1.0).exp().realize()
+    for _ in range(2):
+        z = ((y - 1.0) * 0.5).numpy()
+        np.testing.assert_allclose(z, (np.exp(A * np.float32(2) + np.float32(1)) - 1) * np.float32(0.5), rtol=1e-6)
+    np.testing.assert_allclose((y + x).numpy(), np.exp(A * np.float32(2) + np.float32(1)) + A, rtol=1e-6)
+
+
+def test_shared_subexpression_has_no_trace_and_realizes_right():
+    x = lc.tensor(A)
+    d = x - 0.5
+    sq = d * d
+    assert sq._node.trace is None
+    np.testing.assert_allclose(sq.numpy(), (A - np.float32(0.5)) ** 2, rtol=1e-6)
+
+
+def test_placeholder_in_an_eager_realize_still_raises():
+    p = lc.placeholder("p", (16,), lc.f32)
+    with pytest.raises(lc.UnboundPlaceholder):
+        ((p * 2.0) + 1.0).realize()
+
+
+def test_reduction_behind_a_reshape_view_realizes_through_its_trace():
+    x = lc.tensor(M)
+    for _ in range(2):
+        s = (x * 2.0).sum(-1)
+        assert s._node.op.category == "view" and s._node.base.trace is not None
+        np.testing.assert_allclose(s.numpy(), (M * 2).sum(-1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["python", "native"])
+def test_concurrent_eager_realize_from_threads_is_right(monkeypatch, mode):
+    monkeypatch.setenv("LAZYCANDLE_EXEC", mode)
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(150):
+            a = rng.standard_normal(16).astype(np.float32)
+            s = float(rng.integers(1, 9))
+            t = lc.tensor(a)
+            np.testing.assert_allclose(((t * s) + 1.0).exp().numpy(), np.exp(a * np.float32(s) + np.float32(1)),
+                                       rtol=4e-6)      # exp: SPEC's 4-ulp allowance
+            np.testing.assert_allclose((t * 0.5 + t).sum(-1).numpy(), (a * np.float32(0.5) + a).sum(-1),
+                                       rtol=1e-5, atol=1e-5)
+    assert run_in_threads(work, 4) == []
