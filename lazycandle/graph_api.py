@@ -3,6 +3,7 @@ tool (lc.dump / Program.dump / LAZYCANDLE_DUMP)."""
 from __future__ import annotations
 
 import functools
+import weakref
 from math import prod
 
 import numpy as np
@@ -162,7 +163,9 @@ class Program:
             dims = {d for _, spec, _ in self.inputs for d in spec if isinstance(d, str)}
             self._traced = _Traced(self._user_nodes, sorted(dims))
         self._bound = caches.LRU(self.BINDINGS_KEPT)
-        self._last = self._fixed
+        self._last, self._recent = self._fixed, None
+        if self._symbolic:
+            _programs.add(self)
         # name -> (numpy dtype, shape, rank 1) of each input, for the exact-feed fast path
         self._exact = {name: (dt.numpy, spec, len(spec) == 1) for name, spec, dt in self.inputs} \
             if not self._symbolic else None
@@ -231,6 +234,9 @@ class Program:
     def _instance(self, sizes) -> _Instance:
         if self._fixed is not None:
             return self._fixed
+        recent = self._recent
+        if recent is not None and sizes == recent[0]:     # the sizes of the last run (a loop at one size)
+            return recent[1]
         key = tuple(sorted(sizes.items()))
         inst = self._bound.get(key)
         if inst is None:
@@ -239,7 +245,7 @@ class Program:
                 inst = _Instance(named_dims.bind(self._user_nodes, sizes))
                 self._traced.learn(inst, sizes)
             inst = self._bound.put(key, inst)
-        self._last = inst
+        self._last, self._recent = inst, (sizes, inst)      # one tuple: read whole by other threads
         return inst
 
     def run(self, **feeds) -> list:
@@ -279,6 +285,29 @@ class Program:
         (usually a cache hit)."""
         from .graph_pickle import graph_state, rebuild_program
         return rebuild_program, (graph_state(self._user_nodes),)
+
+
+class _ProgramBindings:
+    """The bindings every live named-dim Program keeps (each a bounded LRU of BINDINGS_KEPT), as
+    one registered cache: lc.clear_caches() drops them (a program binds again from its size
+    class's formulas, nothing recompiled), lc.cache_info() counts them."""
+
+    def __init__(self):
+        self.programs = weakref.WeakSet()
+
+    def add(self, program) -> None:
+        self.programs.add(program)
+
+    def clear(self) -> None:
+        for p in list(self.programs):
+            p._bound.clear()
+            p._recent = None
+
+    def __len__(self):
+        return sum(len(p._bound) for p in list(self.programs))
+
+
+_programs = caches.register("program bindings", _ProgramBindings())
 
 
 def _feed_array(v, dt) -> np.ndarray:
