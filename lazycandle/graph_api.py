@@ -169,7 +169,10 @@ class Program:
         # name -> (numpy dtype, shape, rank 1) of each input, for the exact-feed fast path
         self._exact = {name: (dt.numpy, spec, len(spec) == 1) for name, spec, dt in self.inputs} \
             if not self._symbolic else None
-        self._named = [(name, dt.numpy, spec) for name, spec, dt in self.inputs] if self._symbolic else None
+        # per input: (name, numpy dtype, rank, (dim, size) of its sizes, (dim, name) of its named dims)
+        self._named = [(name, np.dtype(dt.numpy), len(spec), [(i, d) for i, d in enumerate(spec) if d.__class__ is int],
+                        [(i, d) for i, d in enumerate(spec) if d.__class__ is str])
+                       for name, spec, dt in self.inputs] if self._symbolic else None
 
     def _exact_feeds(self, feeds):
         """The flat feeds when every one is already a C-contiguous ndarray of exactly its
@@ -198,17 +201,18 @@ class Program:
         if named is None or len(feeds) != len(named):
             return None
         arrays, sizes = {}, {}
-        for name, npdt, spec in named:
+        for name, npdt, rank, fixed, dims in named:
             v = feeds.get(name)
-            if type(v) is not np.ndarray or v.dtype != npdt or len(v.shape) != len(spec) or not v.flags.c_contiguous:
+            if type(v) is not np.ndarray or v.dtype != npdt or v.ndim != rank or not v.flags.c_contiguous:
                 return None
-            for d, g in zip(spec, v.shape):
-                if d.__class__ is str:
-                    if sizes.setdefault(d, g) != g:
-                        return None
-                elif d != g:
+            shape = v.shape
+            for i, size in fixed:
+                if shape[i] != size:
                     return None
-            arrays[name] = v if v.ndim == 1 else v.reshape(-1)
+            for i, d in dims:
+                if sizes.setdefault(d, shape[i]) != shape[i]:
+                    return None
+            arrays[name] = v if rank == 1 else v.reshape(-1)
         return arrays, sizes
 
     def _check_feeds(self, feeds):
