@@ -142,3 +142,16 @@ def test_the_same_length_again_reuses_its_binding():
     assert prog._last is inst
     prog.run(**_feeds(1, 10))
     assert prog._last is not inst
+
+
+@pytest.mark.parametrize("broadcast_b", [True, False])
+def test_rebinder_on_batched_operands_matches_the_small_m_plan_or_decides_again(broadcast_b):
+    def plan(b, m, n, k):
+        la = Layout((b, m, k), (m * k, k, 1))
+        lb = Layout((b, k, n), (0 if broadcast_b else k * n, 1, k))
+        return SK.SkinnyPlan(MM.geometry(la, lb, lc.f32), 2), la, lb
+    own = plan(3, 1, 40, 64)[0]
+    rebind = SK.Rebinder(own)
+    for shape in ((3, 1, 50, 64), (4, 1, 7, 9), (2, 1, 100, 33), (5, 2, 10, 10), (17, 1, 10, 10)):
+        p, la, lb = plan(*shape)    # a broadcast B folds its batch into the rows: more rows, another class
+        assert rebind(la, lb) == ((p.sizes_list, p.extent, p.cost) if p.spec == own.spec else None), shape
