@@ -3,6 +3,7 @@ tool (lc.dump / Program.dump / LAZYCANDLE_DUMP)."""
 from __future__ import annotations
 
 import functools
+import weakref
 from math import prod
 
 import numpy as np
@@ -162,11 +163,16 @@ class Program:
             dims = {d for _, spec, _ in self.inputs for d in spec if isinstance(d, str)}
             self._traced = _Traced(self._user_nodes, sorted(dims))
         self._bound = caches.LRU(self.BINDINGS_KEPT)
-        self._last = self._fixed
+        self._last, self._recent = self._fixed, None
+        if self._symbolic:
+            _programs.add(self)
         # name -> (numpy dtype, shape, rank 1) of each input, for the exact-feed fast path
         self._exact = {name: (dt.numpy, spec, len(spec) == 1) for name, spec, dt in self.inputs} \
             if not self._symbolic else None
-        self._named = [(name, dt.numpy, spec) for name, spec, dt in self.inputs] if self._symbolic else None
+        # per input: (name, numpy dtype, rank, (dim, size) of its sizes, (dim, name) of its named dims)
+        self._named = [(name, np.dtype(dt.numpy), len(spec), [(i, d) for i, d in enumerate(spec) if d.__class__ is int],
+                        [(i, d) for i, d in enumerate(spec) if d.__class__ is str])
+                       for name, spec, dt in self.inputs] if self._symbolic else None
 
     def _exact_feeds(self, feeds):
         """The flat feeds when every one is already a C-contiguous ndarray of exactly its
@@ -195,17 +201,18 @@ class Program:
         if named is None or len(feeds) != len(named):
             return None
         arrays, sizes = {}, {}
-        for name, npdt, spec in named:
+        for name, npdt, rank, fixed, dims in named:
             v = feeds.get(name)
-            if type(v) is not np.ndarray or v.dtype != npdt or len(v.shape) != len(spec) or not v.flags.c_contiguous:
+            if type(v) is not np.ndarray or v.dtype != npdt or v.ndim != rank or not v.flags.c_contiguous:
                 return None
-            for d, g in zip(spec, v.shape):
-                if d.__class__ is str:
-                    if sizes.setdefault(d, g) != g:
-                        return None
-                elif d != g:
+            shape = v.shape
+            for i, size in fixed:
+                if shape[i] != size:
                     return None
-            arrays[name] = v if v.ndim == 1 else v.reshape(-1)
+            for i, d in dims:
+                if sizes.setdefault(d, shape[i]) != shape[i]:
+                    return None
+            arrays[name] = v if rank == 1 else v.reshape(-1)
         return arrays, sizes
 
     def _check_feeds(self, feeds):
@@ -231,6 +238,9 @@ class Program:
     def _instance(self, sizes) -> _Instance:
         if self._fixed is not None:
             return self._fixed
+        recent = self._recent
+        if recent is not None and sizes == recent[0]:     # the sizes of the last run (a loop at one size)
+            return recent[1]
         key = tuple(sorted(sizes.items()))
         inst = self._bound.get(key)
         if inst is None:
@@ -239,7 +249,7 @@ class Program:
                 inst = _Instance(named_dims.bind(self._user_nodes, sizes))
                 self._traced.learn(inst, sizes)
             inst = self._bound.put(key, inst)
-        self._last = inst
+        self._last, self._recent = inst, (sizes, inst)      # one tuple: read whole by other threads
         return inst
 
     def run(self, **feeds) -> list:
@@ -279,6 +289,29 @@ class Program:
         (usually a cache hit)."""
         from .graph_pickle import graph_state, rebuild_program
         return rebuild_program, (graph_state(self._user_nodes),)
+
+
+class _ProgramBindings:
+    """The bindings every live named-dim Program keeps (each a bounded LRU of BINDINGS_KEPT), as
+    one registered cache: lc.clear_caches() drops them (a program binds again from its size
+    class's formulas, nothing recompiled), lc.cache_info() counts them."""
+
+    def __init__(self):
+        self.programs = weakref.WeakSet()
+
+    def add(self, program) -> None:
+        self.programs.add(program)
+
+    def clear(self) -> None:
+        for p in list(self.programs):
+            p._bound.clear()
+            p._recent = None
+
+    def __len__(self):
+        return sum(len(p._bound) for p in list(self.programs))
+
+
+_programs = caches.register("program bindings", _ProgramBindings())
 
 
 def _feed_array(v, dt) -> np.ndarray:

@@ -64,6 +64,17 @@ class Step:
                           cost_per_item=cost, align=self.align)
 
 
+_native_exec = None      # runtime/native_exec, imported at the first native run (not at import lazycandle)
+
+
+def _import_native_exec():
+    """Import native_exec once: an import statement per new binding costs more than binding it."""
+    global _native_exec
+    from . import native_exec
+    _native_exec = native_exec
+    return native_exec
+
+
 class Binding:
     """The size-dependent part of a Plan for one capture's sizes: per step, (sizes tuple,
     extent, cost per unit) of a fused kernel or the operand Layouts of a node step; per
@@ -255,7 +266,7 @@ class Plan:
         hands its values over between steps by replacing a buffer)."""
         b = binding or self.binding
         if b.native is None:
-            from . import native_exec
+            native_exec = _native_exec or _import_native_exec()
             if self.native_ok is None:
                 self.native_ok = native_exec.supports(self)
             try:

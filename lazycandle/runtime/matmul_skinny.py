@@ -113,6 +113,15 @@ def _k_chunk(spec, k: int) -> int:
     return max(spec.vw, A_L1_BYTES // (spec.mr * esz) // spec.vw * spec.vw)
 
 
+def unit_sizes(gc, m, n, k, rsa, csa, ldb, ldo, nb, bsa, bsb, bso, kc) -> list:
+    """The kernel's SIZES (gemm_skinny.SIZES, before the epilogue words) on a folded geometry:
+    column blocks of whole groups of `gc` columns, about UNITS of them per call, k in chunks
+    of kc (_k_chunk)."""
+    per = max(1, -(-UNITS // max(nb, 1)))
+    ucols = max(gc, -(-_ceil(n, per) // gc) * gc)
+    return [m, n, k, rsa, csa, ldb, ldo, nb, bsa, bsb, bso, ucols, -(-n // ucols), kc, max(1, _ceil(k, kc))]
+
+
 class SkinnyPlan:
     """The small-m kernel on one geometry: its spec, sizes and unit count."""
     backend = "skinny"
@@ -125,13 +134,8 @@ class SkinnyPlan:
         self.spec = K.SkinnySpec(g.dtype, layout, mr, K.group_of(layout, mr), K.lanes_of(g.dtype),
                                  prefetch=layout == "t" and mr >= PREFETCH_ROWS)
         self.fn = self.spec.compiled()
-        gc = self.spec.group_cols
-        per = max(1, -(-UNITS // max(f.nbatch, 1)))
-        ucols = max(gc, -(-_ceil(f.n, per) // gc) * gc)
-        ldb = f.csb if layout == "t" else f.rsb
-        kc = _k_chunk(self.spec, f.k)
-        sizes = [f.m, f.n, f.k, f.rsa, f.csa, ldb, f.ldo, f.nbatch, f.bsa[0], f.bsb[0], f.bso[0],
-                 ucols, -(-f.n // ucols), kc, max(1, _ceil(f.k, kc))]
+        sizes = unit_sizes(self.spec.group_cols, f.m, f.n, f.k, f.rsa, f.csa, f.csb if layout == "t" else f.rsb,
+                           f.ldo, f.nbatch, f.bsa[0], f.bsb[0], f.bso[0], _k_chunk(self.spec, f.k))
         self.ep_kernel, esz = None, ()
         if epilogue is not None:        # compiled once per epilogue (kept alive by the plan)
             self.ep_kernel = gemm_epilogue.get_kernel(epilogue)
@@ -156,3 +160,64 @@ class SkinnyPlan:
         bufs, sz, fn = ctypes.addressof(addrs), self.sizes.ctypes.data, self.fn
         pool.parallel_for(lambda lo, hi: fn(bufs, sz, scalars or None, lo, hi), 0, self.extent,
                           cost_per_item=self.cost, threads=self.threads)
+
+
+class Rebinder:
+    """One matmul step's small-m kernel re-bound to other operand layouts by arithmetic (a
+    decode step meets a new length at every token): the backend decision, the spec (B's form,
+    rows per block) and the compiled kernel are `plan`'s, made once; a call works out only the
+    kernel's sizes, extent and cost per unit.  It returns None when the layouts leave the
+    decision's bucket -- another form or row class, across RULE_M, or (above RULE_M) a measured
+    choice's other size bucket -- and the caller decides again (matmul.plan_for).  Steps with an
+    epilogue keep their layouts, so a rebinder serves plans without one."""
+
+    def __init__(self, plan):
+        from .matmul import _canon, geometry
+        f = _fold_batch(plan.g)
+        self._canon, self._geometry = _canon, geometry
+        self.plan, self.dtype, self.threads = plan, plan.g.dtype, plan.threads
+        spec = plan.spec
+        self.form, self.gc = spec.layout, spec.group_cols
+        self.bucket = None if f.m <= RULE_M else matmul_auto.bucket(f, plan.threads)
+        # the rows rows_per_block gives spec.mr for, within the rule's side of RULE_M
+        top = K.max_rows()
+        self.m_lo = 0 if spec.mr == 1 else spec.mr // 2 + 1
+        self.m_hi = spec.mr if spec.mr < top else MEASURED_M
+        if self.bucket is None:
+            self.m_hi = min(self.m_hi, RULE_M)
+        else:
+            self.m_lo = max(self.m_lo, RULE_M + 1)
+        # _k_chunk: all of k, or (a "t" kernel whose row block of a outgrows A_L1_BYTES) chunks
+        self.k_whole = _k_chunk(spec, 1 << 40) == 1 << 40
+        self.k_max = A_L1_BYTES // (spec.mr * spec.dtype.size_in_bytes)
+        self.k_chunk = _k_chunk(spec, self.k_max + 1)
+        self.tail = plan.sizes_list[K.SIZES.index("ep_fn"):]      # the epilogue words: none
+        self.two_d = len(plan.g.bshape) == 1 and plan.g.nbatch == 1
+
+    def __call__(self, la, lb):
+        """(sizes, extent, cost per unit) at layouts la @ lb, or None (decide again)."""
+        if self.two_d and len(la.shape) == 2:
+            (m, k), n = la.shape, lb.shape[1]
+            rsa, csa = self._canon(m, k, *la.strides)
+            rsb, csb = self._canon(k, n, *lb.strides)
+            ldo, nb, bsa, bsb, bso = n, 1, 0, 0, 0
+            f = None
+        else:
+            f = _fold_batch(self._geometry(la, lb, self.dtype))
+            if len(f.bshape) != 1:
+                return None
+            m, n, k, rsa, csa, rsb, csb, ldo, nb = f.m, f.n, f.k, f.rsa, f.csa, f.rsb, f.csb, f.ldo, f.nbatch
+            bsa, bsb, bso = f.bsa[0], f.bsb[0], f.bso[0]
+        form = "t" if rsb == 1 and csa == 1 else "n" if csb == 1 else None
+        if form != self.form or not self.m_lo <= m <= self.m_hi:
+            return None
+        if self.bucket is not None:
+            if f is None:
+                f = self._geometry(la, lb, self.dtype)
+            if matmul_auto.bucket(f, self.threads) != self.bucket:
+                return None
+        kc = max(k, 1) if self.k_whole or k <= self.k_max else self.k_chunk
+        sizes = unit_sizes(self.gc, m, n, k, rsa, csa, csb if form == "t" else rsb, ldo, nb, bsa, bsb, bso, kc)
+        sizes += self.tail
+        extent = nb * sizes[12] if m and n else 0
+        return sizes, extent, 2.0 * nb * m * n * max(k, 1) / max(extent, 1)

@@ -27,6 +27,7 @@ import weakref
 
 import numpy as np
 
+from .. import config
 from . import native_pool
 from .buffers import alloc
 from ..codegen.program import PARALLEL, SERIAL, segment_names
@@ -81,16 +82,6 @@ def _lifetimes(plan):
         else:
             out.append((j, 0, n_k))
     return out
-
-
-def _element(e, reads, steps) -> int:
-    """An element offset of a pointer ref at a binding: an int, (step, read) into its
-    read_offsets, or ("layout", step, operand): a node step's operand layout offset."""
-    if e.__class__ is int:
-        return e
-    if len(e) == 2:
-        return reads[e[0]][e[1]]
-    return steps[e[1]][e[2]].offset
 
 
 class NotNative(Exception):
@@ -245,7 +236,71 @@ class NativeProgram:
         self.arena = None                  # (kept arena, address), grown for the largest binding so far
         self.scalars, self.packed = None, None      # the last scalar list run and its packed form
         self.scalar_struct = None          # the struct.Struct packing the plan's scalar slots (fixed dtypes)
+        self.slot_fn, self.fill_fn = self._generated_binders()
+        self.run_tables = None             # (slots, feed tables, call sequence): NativePlan._run_tables
+        self.last_bound = None             # the NativePlan built last (a new binding copies its fixed part)
         _live.add(self)
+
+    def _generated_binders(self):
+        """What a NativePlan works out per binding, as two straight-line functions generated once
+        per program (a decode loop binds a new length at every token):
+          slots(numels) -> (byte offset per arena slot, arena bytes): each slot as large as its
+              largest buffer, 64-byte aligned (_slot_starts);
+          fill(steps, reads, at, base) -> (words, out refs): the ptrs + sizes block -- every arena
+              pointer at `base` (0: offsets, for an arena taken per run), every call's extent,
+              SERIAL | PARALLEL and sizes -- and (position, target, byte offset) per output pointer.
+        Feed and output pointers are left 0: each run writes them."""
+        def element(e):
+            if e.__class__ is int:
+                return str(e)
+            return f"rd[{e[0]}][{e[1]}]" if len(e) == 2 else f"st[{e[1]}][{e[2]}].offset"
+        per_slot = [[] for _ in range(self.slots[1])]
+        for j, slot, itemsize in self.slot_items:
+            per_slot[slot].append(f"(nm[{j}] * {itemsize} + {ALIGN - 1}) & -{ALIGN}")
+        lines = ["def slots(nm):"]
+        for slot, sizes in enumerate(per_slot):
+            lines.append(f"    z{slot} = max({ALIGN}, {', '.join(sizes)})" if sizes else f"    z{slot} = {ALIGN}")
+        starts = ["0"] + [" + ".join(f"z{k}" for k in range(slot + 1)) for slot in range(self.slots[1])]
+        lines.append(f"    return [{', '.join(starts[:-1])}], {starts[-1]}")
+        scope = {"backend": config.get_matmul_backend, "threads": config.get_num_threads}
+        words, outs = [], []
+        arena_at = {pos: (slot, e, size) for pos, slot, e, size in self.arena_refs}
+        for pos in range(self.n_refs):
+            if pos in arena_at:
+                slot, e, size = arena_at[pos]
+                words.append(f"base + at[{slot}] + {element(e)} * {size}")
+            else:
+                words.append(str(self.words[pos]))
+        for pos, t, e, size in self.out_refs:
+            outs.append(f"({pos}, {t}, {element(e)} * {size})")
+        body = ["def fill(st, rd, at, base):"]
+        ends = [w for w, _, _, _ in self.calls_sized[1:]] + [len(self.words)]
+        at = self.n_refs
+        for (word_at, sizes_at, sized, i), end in zip(self.calls_sized, ends):
+            if word_at != at:
+                raise AssertionError("native program: the calls' words are not back to back")
+            if sized.__class__ is int:
+                body.append(f"    s{i}, e{i}, c{i} = st[{i}]")
+            elif sized.__class__ is tuple:
+                scope[f"k{i}"] = sized
+                body.append(f"    s{i}, e{i}, c{i} = k{i}")
+            elif getattr(sized, "rebind", None) is not None:        # a small-m matmul: _matmul_call's sized
+                scope[f"rb{i}"], scope[f"set{i}"], scope[f"dc{i}"] = sized.rebind, sized.setting, sized.decide
+                body.append(f"    l{i} = st[{i}]\n    g{i} = rb{i}(l{i}[0], l{i}[1]) if (backend(), threads()) == set{i} "
+                            f"else None\n    s{i}, e{i}, c{i} = g{i} or dc{i}(l{i})")
+            else:
+                scope[f"f{i}"] = sized
+                body.append(f"    s{i}, e{i}, c{i} = f{i}(st[{i}])")
+            words += [f"e{i}", f"({PARALLEL} if e{i} * c{i} >= {MIN_PARALLEL_COST!r} and e{i} > 1 else {SERIAL})"]
+            if sizes_at is not None:
+                words.append(f"*s{i}")
+            at = end
+        if not self.calls_sized:
+            words += ["0"] * (len(self.words) - len(words))
+        body.append(f"    return [{', '.join(words)}], [{', '.join(outs)}]")
+        exec(compile("\n".join(lines) + "\n", "<native slots>", "exec"), scope)
+        exec(compile("\n".join(body) + "\n", "<native binding>", "exec"), scope)
+        return scope["slots"], scope["fill"]
 
     def _ref_of_bind(self, bind, read):
         """The pointer ref of a kernel operand: a feed slot, or node bind[1] at element `read`."""
@@ -302,6 +357,7 @@ class NativeProgram:
         binding runs on the per-kernel path (NotNative)."""
         from ..codegen.gemm_skinny import MAX_EPILOGUE_INPUTS
         from ..codegen.program import Call
+        from . import matmul_skinny
         own = step.native_plan(self.plan.binding.steps[i])
         if own is None:
             return None
@@ -316,12 +372,25 @@ class NativeProgram:
             refs.append(("slot", slot) if kind == "in" else self._ref_of_bind(("node", buf), offset))
         refs += [("fixed", 0)] * (bufs_at + 3 + MAX_EPILOGUE_INPUTS - len(refs))     # unused epilogue slots
         n_sizes = len(own.sizes_list)
+        own_sized = (own.sizes_list, own.extent, own.cost)      # SkinnyPlan.cost is per unit
+        rebind = matmul_skinny.Rebinder(own) if step.binds_layouts else None
+        setting = (config.get_matmul_backend(), own.threads)
 
-        def sized(layouts):
+        def decide(layouts):
             got = step.native_plan(layouts)
             if got is None or got.fn is not own.fn or len(got.sizes_list) != n_sizes:
                 raise NotNative(f"step {i}: the matmul plan at this binding is not the program's kernel")
-            return got.sizes_list, got.extent, got.cost        # SkinnyPlan.cost is per unit
+            return got.sizes_list, got.extent, got.cost
+
+        def sized(layouts):
+            """The kernel's (sizes, extent, cost) at a binding: by arithmetic while the backend
+            setting and the decision's bucket hold (matmul_skinny.Rebinder), else decided again."""
+            if (config.get_matmul_backend(), config.get_num_threads()) == setting:
+                got = own_sized if rebind is None else rebind(layouts[0], layouts[1])
+                if got is not None:
+                    return got
+            return decide(layouts)
+        sized.rebind, sized.setting, sized.decide = rebind, setting, decide     # inlined by _generated_binders
         addr = _fn_address(own.fn)
         sym = names.setdefault(addr, f"kernel{len(names)}")
         imports[sym] = addr
@@ -376,44 +445,37 @@ class NativePlan:
 
     def __init__(self, plan, binding):
         prog = plan.native_program or program_of(plan)
-        self.program = prog
+        like = prog.last_bound          # the previous binding's NativePlan: its size-independent part
+        if like is not None:
+            self.__dict__.update(like.__dict__)
+        else:
+            self.program = prog
+            self.targets, self.target_index, self.returned = prog.targets, prog.target_index, prog.returned
+            self.steps_of, self.segments, self.module, self.fns = prog.steps_of, prog.segments, prog.module, prog.fns
+            self.call_steps, self.has_status, self.status = prog.call_steps, prog.has_status, prog.status
         self.plan, self.binding = plan, binding
         numels = self.numels = binding.numels
-        self.slot_at, self.arena_bytes = slot_at, arena_bytes = _slot_starts(prog.slot_items, prog.slots[1], numels)
+        self.slot_at, self.arena_bytes = slot_at, arena_bytes = prog.slot_fn(numels)
         self.keep_arena = keep = arena_bytes <= ARENA_KEEP_BYTES
-        self.targets, self.target_index, self.returned = prog.targets, prog.target_index, prog.returned
-        self.steps_of, self.segments, self.module, self.fns = prog.steps_of, prog.segments, prog.module, prog.fns
-        self.call_steps, self.has_status, self.status = prog.call_steps, prog.has_status, prog.status
         self.items = prog.items if not prog.python_steps else \
             [("python", (plan.steps[what], binding.steps[what])) if kind == "python" else (kind, what)
              for kind, what in prog.items]
-        words = prog.words.copy()
-        reads, steps = binding.read_offsets, binding.steps
-        arena_pos = [(pos, slot_at[slot] + _element(e, reads, steps) * size)
-                     for pos, slot, e, size in prog.arena_refs]
-        self.arena = None
-        if keep:
-            self.arena, base = prog.arena_at_least(arena_bytes)
-            for pos, off in arena_pos:
-                words[pos] = base + off
-        for word_at, sizes_at, sized, i in prog.calls_sized:
-            sizes, extent, cost = steps[sized] if sized.__class__ is int else \
-                sized if sized.__class__ is tuple else sized(steps[i])
-            words[word_at] = extent
-            words[word_at + 1] = PARALLEL if extent * cost >= MIN_PARALLEL_COST and extent > 1 else SERIAL
-            if sizes_at is not None:
-                words[sizes_at:sizes_at + len(sizes)] = sizes
+        self.arena, base = prog.arena_at_least(arena_bytes) if keep else (None, 0)
+        words, out_pos = prog.fill_fn(binding.steps, binding.read_offsets, slot_at, base)
+        # an arena taken per run: the words hold the offsets, each run adds its address
+        arena_pos = [] if keep else [(pos, words[pos]) for pos, _, _, _ in prog.arena_refs]
         block = np.array(words, np.int64)
         n_refs = prog.n_refs
         self.ptrs, self.sizes = block[:max(n_refs, 1)], block[n_refs:]
-        self.ptrs_addr = block.ctypes.data
+        self.ptrs_addr = address(block)
         self.sizes_addr = self.ptrs_addr + 8 * n_refs
-        self._by_pos = (prog.slot_pos,
-                        [(pos, t, _element(e, reads, steps) * size)
-                         for pos, t, e, size in prog.out_refs],
-                        arena_pos)
+        self._by_pos = (prog.slot_pos, out_pos, arena_pos)
         self._fixed_bufs = None
         self._plan_outputs()
+        if like is not None and (prog.python_steps or out_pos != like._by_pos[1]
+                                 or self.small_outputs != like.small_outputs):
+            self._tables = None         # the run tables (_run_tables) differ from the previous binding's
+        prog.last_bound = self
 
     @property
     def lock(self):
@@ -450,12 +512,26 @@ class NativePlan:
         slice of the run's block and the pointers into it; per large output, its pointers;
         the call sequence (a segment function, or a Python step with its sizes)."""
         slot_pos, out_pos, _ = self._by_pos
-        used = sorted({slots[s][0] for _, s in slot_pos})
-        feeds = [(pos, used.index(slots[s][0]), slots[s][0], s) for pos, s in slot_pos]
+        prog = self.program
+        fixed = prog.run_tables          # the size-independent part, once per program
+        if fixed is None or fixed[0] is not slots:
+            used = sorted({slots[s][0] for _, s in slot_pos})
+            feeds = [(pos, used.index(slots[s][0]), slots[s][0], s) for pos, s in slot_pos]
+            fixed = prog.run_tables = (slots, used, feeds, None if prog.python_steps else self._call_sequence())
+        _, used, feeds, seq = fixed
         small_at = {t: off for t, off, _, _ in self.small_outputs}
         views = [(npdt, n, off) for _, off, n, npdt in self.small_outputs]
         small_fill = [(pos, small_at[t] + off) for pos, t, off in out_pos if t in small_at]
         large_fill = [(pos, t, off) for pos, t, off in out_pos if t not in small_at]
+        seq = seq or self._call_sequence()
+        self._block = ctypes.c_char * (self.small_bytes + ALIGN)
+        self._tables = (used, feeds, views, small_fill, large_fill, seq)
+        return self._tables
+
+    _tables = None          # built by _run_tables at the first run
+
+    def _call_sequence(self) -> list:
+        """Per item, (segment function, segment number, None) or (None, Python step, its sizes)."""
         seq, seg = [], 0
         for kind, what in self.items:
             if kind == "native":
@@ -463,11 +539,7 @@ class NativePlan:
                 seg += 1
             else:
                 seq.append((None, what[0], what[1]))
-        self._block = ctypes.c_char * (self.small_bytes + ALIGN)
-        self._tables = (used, feeds, views, small_fill, large_fill, seq)
-        return self._tables
-
-    _tables = None          # built by _run_tables at the first run
+        return seq
 
     def _outputs(self, views, small_fill, large_fill):
         """This run's fresh output arrays by target (small ones carved from one 64-byte

@@ -1,0 +1,157 @@
+"""A decode step at a new cache length binds by arithmetic (issue 9): the small-m matmul is
+re-bound from the layouts without a plan, a backend decision or a geometry search, the native
+sizes block comes from one generated pass, and the results equal the per-kernel path bit for
+bit across lengths of one size class (including the small-m rule's 16 / 17 row boundary)."""
+import numpy as np
+import pytest
+
+import lazycandle as lc
+from lazycandle.layout import Layout
+from lazycandle.runtime import matmul as MM, matmul_skinny as SK
+
+D = 64
+
+
+def _attention(q, k, v):
+    return lc.nn.softmax_last_dim((q @ k.transpose(0, 1)) * 0.125) @ v
+
+
+def _decode_program(rows="m"):
+    return lc.compile(_attention(lc.placeholder("q", (rows, D)), lc.placeholder("k", ("L", D)),
+                                 lc.placeholder("v", ("L", D))))
+
+
+def _feeds(m, L, seed=0):
+    r = np.random.default_rng(seed + 1000 * m + L)
+    return {"q": r.standard_normal((m, D)).astype(np.float32), "k": r.standard_normal((L, D)).astype(np.float32),
+            "v": r.standard_normal((L, D)).astype(np.float32)}
+
+
+def _numpy_attention(f):
+    s = f["q"].astype(np.float64) @ f["k"].T.astype(np.float64) * 0.125
+    p = np.exp(s - s.max(-1, keepdims=True)) if s.size else s
+    p = p / p.sum(-1, keepdims=True) if s.size else p
+    return p @ f["v"].astype(np.float64)
+
+
+def _run(prog, feeds, mode, monkeypatch):
+    monkeypatch.setenv("LAZYCANDLE_EXEC", mode)
+    return prog.run(**feeds)[0]
+
+
+def test_native_and_per_kernel_decode_steps_are_bit_identical_across_lengths_and_row_counts(monkeypatch):
+    prog = _decode_program()
+    for m in (1, 0, 2, 15, 16, 17, 1):         # softmax over L = 0 is an EmptyReduction (its max)
+        for L in (1, 2, 3, 31, 33, 127, 129, 3):
+            f = _feeds(m, L)
+            slow = _run(prog, f, "python", monkeypatch)
+            fast = _run(prog, f, "native", monkeypatch)
+            assert slow.shape == fast.shape == (m, D)
+            assert np.array_equal(slow, fast), (m, L)
+            np.testing.assert_allclose(fast, _numpy_attention(f), rtol=2e-4, atol=2e-5)
+
+
+def test_a_new_length_makes_no_matmul_plan_or_backend_decision(monkeypatch):
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    prog = _decode_program(rows=1)
+    for L in (3, 4, 5):             # the class plan, its binder and its native program
+        for _ in range(2):
+            prog.run(**_feeds(1, L))
+    calls = {"plan_for": 0, "backend_for": 0, "geometry": 0}
+
+    def counted(name):
+        real = getattr(MM, name)
+
+        def wrapper(*a, **kw):
+            calls[name] += 1
+            return real(*a, **kw)
+        return wrapper
+    for name in calls:
+        monkeypatch.setattr(MM, name, counted(name))
+    monkeypatch.setattr(SK, "SkinnyPlan", None)      # no small-m plan is built either
+    for L in range(6, 60, 7):
+        f = _feeds(1, L)
+        np.testing.assert_allclose(prog.run(**f)[0], _numpy_attention(f), rtol=2e-4, atol=2e-5)
+    assert calls == {"plan_for": 0, "backend_for": 0, "geometry": 0}
+
+
+def _skinny_plan(m, n, k, transposed=True):
+    la = Layout((m, k), (k, 1))
+    lb = Layout((k, n), (1, k)) if transposed else Layout((k, n), (n, 1))
+    return SK.SkinnyPlan(MM.geometry(la, lb, lc.f32), 2), la, lb
+
+
+@pytest.mark.parametrize("transposed", [True, False])
+def test_rebinder_gives_the_small_m_plan_sizes_inside_its_bucket_and_none_at_its_edges(transposed):
+    own = _skinny_plan(1, 40, 64, transposed)[0]
+    rebind = SK.Rebinder(own)
+    for n, k in ((1, 1), (7, 64), (100, 64), (257, 3), (64, 5000), (64, 7000), (0, 64), (5, 0)):
+        plan, la, lb = _skinny_plan(1, n, k, transposed)
+        same = plan.spec == own.spec        # (x @ w with one column is the x @ w.T form)
+        assert rebind(la, lb) == ((plan.sizes_list, plan.extent, plan.cost) if same else None), (n, k)
+    for m in (2, 3, 17):            # another row class: the caller decides again
+        _, la, lb = _skinny_plan(m, 40, 64, transposed)
+        assert rebind(la, lb) is None
+    eight = SK.Rebinder(_skinny_plan(9, 40, 64, transposed)[0])     # rows 5..16: one kernel by rule
+    for m in (5, 8, 16):
+        plan, la, lb = _skinny_plan(m, 33, 64, transposed)
+        assert plan.spec == eight.plan.spec and eight(la, lb) == (plan.sizes_list, plan.extent, plan.cost), m
+    assert eight(*_skinny_plan(17, 33, 64, transposed)[1:]) is None    # past RULE_M: a measured choice
+
+
+def test_index_out_of_bounds_is_raised_at_new_lengths():
+    t = lc.placeholder("t", ("n", 8), lc.f32)
+    ids = lc.placeholder("ids", (4,), lc.i64)
+    prog = lc.compile((t * 2.0).index_select(ids, 0).sum(-1))
+    for n in (3, 5, 9, 20, 41):
+        tv = np.ones((n, 8), np.float32)
+        for _ in range(2):
+            np.testing.assert_array_equal(prog.run(t=tv, ids=np.array([0, 1, 2, n - 1]))[0], np.full(4, 16.0))
+        with pytest.raises(lc.IndexOutOfBounds):
+            prog.run(t=tv, ids=np.array([0, n, 1, 2]))
+
+
+def test_named_dims_that_disagree_raise_feed_error_naming_both_inputs_and_sizes():
+    prog = _decode_program(rows=1)
+    f = _feeds(1, 5)
+    prog.run(**f)
+    f["v"] = np.zeros((6, D), np.float32)
+    with pytest.raises(lc.FeedError, match=r"'L' is 5 in input 'k' \(shape \(5, 64\)\) but 6 in input 'v'"):
+        prog.run(**f)
+
+
+def test_program_bindings_are_bounded_and_cleared_by_clear_caches(monkeypatch):
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    prog = _decode_program(rows=1)
+    for L in range(2, prog.BINDINGS_KEPT + 12):
+        prog.run(**_feeds(1, L))
+    assert len(prog._bound) == prog.BINDINGS_KEPT
+    assert lc.cache_info()["caches"]["program bindings"] >= prog.BINDINGS_KEPT
+    lc.clear_caches()
+    assert len(prog._bound) == 0 and lc.cache_info()["caches"]["program bindings"] == 0
+    f = _feeds(1, 7)
+    np.testing.assert_allclose(prog.run(**f)[0], _numpy_attention(f), rtol=2e-4, atol=2e-5)
+
+
+def test_the_same_length_again_reuses_its_binding():
+    prog = _decode_program(rows=1)
+    f = _feeds(1, 9)
+    prog.run(**f)
+    inst = prog._last
+    prog.run(**f)
+    assert prog._last is inst
+    prog.run(**_feeds(1, 10))
+    assert prog._last is not inst
+
+
+@pytest.mark.parametrize("broadcast_b", [True, False])
+def test_rebinder_on_batched_operands_matches_the_small_m_plan_or_decides_again(broadcast_b):
+    def plan(b, m, n, k):
+        la = Layout((b, m, k), (m * k, k, 1))
+        lb = Layout((b, k, n), (0 if broadcast_b else k * n, 1, k))
+        return SK.SkinnyPlan(MM.geometry(la, lb, lc.f32), 2), la, lb
+    own = plan(3, 1, 40, 64)[0]
+    rebind = SK.Rebinder(own)
+    for shape in ((3, 1, 50, 64), (4, 1, 7, 9), (2, 1, 100, 33), (5, 2, 10, 10), (17, 1, 10, 10)):
+        p, la, lb = plan(*shape)    # a broadcast B folds its batch into the rows: more rows, another class
+        assert rebind(la, lb) == ((p.sizes_list, p.extent, p.cost) if p.spec == own.spec else None), shape
