@@ -1,10 +1,6 @@
 """LLVM IR of the native worker pool (runtime/native_pool.py links it once per process).
 
-Workers are pthreads parked on a condition variable: an idle pool uses no CPU.  After a
-section a worker spins for a short while (SPIN_PAUSES `pause`s, ~0.1 ms) watching the
-generation word before it parks, and the caller spins the same way on the pending count
-before it waits: the sections of one program follow each other within microseconds, and a
-futex wake-up per section would cost more than the work of a small one.  A parallel
+Workers are pthreads parked on a condition variable: an idle pool uses no CPU.  A parallel
 section is a list of JOBS, each `JOB_WORDS` i64 words:
 
     [kernel fn, bufs, sizes, scalars, lo, hi, align, max parts]
@@ -15,23 +11,18 @@ of them), so independent kernels of one phase share a single barrier.  The calle
 0; `lc_pool_run` returns when every chunk is done.  One section runs at a time (callers from
 several threads queue on an entry mutex).
 
-Shared words are written under the pool mutex; they have external linkage and are loaded
-atomically so the optimiser can never cache them across a wait.  The two spins read `gen` and
-`pending` outside the mutex with acquire loads of release stores (a worker then takes the
-mutex to read the jobs; the caller's acquire of `pending` == 0 orders the workers' outputs
-before its return).  The pthread
+All shared words are read and written under the pool mutex; they have external linkage and
+are loaded atomically so the optimiser can never cache them across a wait.  The pthread
 objects are opaque byte blocks larger than any ABI's (glibc x86-64: 40 and 48 bytes) and are
 initialised by pthread_*_init, so no layout is assumed."""
 from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from . import jit
 from .llvmutil import I8, I32, I64, VOID
 from .loops import new_module, counted_loop
 
 JOB_WORDS = 8
-SPIN_PAUSES = 1500               # spin before parking: ~0.1 ms at ~70 ns per pause
 SYNC_BYTES = 256                 # room for one pthread mutex / condition variable
 EXPORTS = ("lc_pool_init", "lc_pool_run", "lc_pool_start", "lc_pool_reset", "lc_pool_ready")
 
@@ -59,8 +50,6 @@ class _Pool:
         self.wait = decl("pthread_cond_wait", I32, [I8P, I8P])
         self.broadcast = decl("pthread_cond_broadcast", I32, [I8P])
         self.signal = decl("pthread_cond_signal", I32, [I8P])
-        self.pause = (decl("llvm.x86.sse2.pause", VOID, [])
-                      if jit.triple_and_layout()[0].startswith(("x86_64", "i686", "i386")) else None)
         worker_t = ir.FunctionType(I8P, [I8P])
         self.create = decl("pthread_create", I32, [I64P, I8P, worker_t.as_pointer(), I8P])
         self.detach = decl("pthread_detach", I32, [I64])
@@ -78,28 +67,8 @@ class _Pool:
     def get(self, b, name):
         return b.load_atomic(self.words[name], "monotonic", 8)
 
-    def put(self, b, name, v, order="monotonic"):
-        b.store_atomic(v, self.words[name], order, 8)
-
-    def spin_until(self, b, fn, name, stop, tag):
-        """Spin (at most SPIN_PAUSES pauses) until stop(acquire load of word `name`) holds;
-        branches to the returned (seen, timed out) blocks."""
-        head, body = fn.append_basic_block(f"{tag}.spin"), fn.append_basic_block(f"{tag}.pause")
-        seen, out = fn.append_basic_block(f"{tag}.seen"), fn.append_basic_block(f"{tag}.timeout")
-        pre = b.block
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64, name=f"{tag}.i")
-        i.add_incoming(I64(0), pre)
-        v = b.load_atomic(self.words[name], "acquire", 8)
-        b.cbranch(stop(v), seen, body)
-        b.position_at_end(body)
-        if self.pause is not None:
-            b.call(self.pause, [])
-        nxt = b.add(i, I64(1))
-        i.add_incoming(nxt, body)
-        b.cbranch(b.icmp_signed("<", nxt, I64(SPIN_PAUSES)), head, out)
-        return seen, out
+    def put(self, b, name, v):
+        b.store_atomic(v, self.words[name], "monotonic", 8)
 
     @staticmethod
     def smin(b, x, y):
@@ -137,8 +106,6 @@ class _Pool:
         fn.linkage = "internal"
         entry = fn.append_basic_block("entry")
         head = fn.append_basic_block("head")
-        spin = fn.append_basic_block("spin")
-        test = fn.append_basic_block("test")
         park = fn.append_basic_block("park")
         work = fn.append_basic_block("work")
         b = ir.IRBuilder(entry)
@@ -149,29 +116,21 @@ class _Pool:
         self.put(b, "ready", me)
         b.store(self.get(b, "gen"), seen)
         b.branch(head)
-        b.position_at_end(head)                 # (mutex held) a new generation: work; else spin
-        b.cbranch(b.icmp_signed("==", self.get(b, "gen"), b.load(seen)), spin, work)
-        b.position_at_end(spin)
-        b.call(self.unlock, [mu])
-        changed, timed_out = self.spin_until(b, fn, "gen", lambda g: b.icmp_signed("!=", g, b.load(seen)), "w")
-        for blk in (changed, timed_out):
-            b.position_at_end(blk)
-            b.call(self.lock, [mu])
-            b.branch(test)
-        b.position_at_end(test)                 # (mutex held) still the generation seen: park
-        b.cbranch(b.icmp_signed("==", self.get(b, "gen"), b.load(seen)), park, work)
+        b.position_at_end(head)
+        g = self.get(b, "gen")
+        b.cbranch(b.icmp_signed("==", g, b.load(seen)), park, work)
         b.position_at_end(park)
         b.call(self.wait, [self.ptr(b, "work_cv"), mu])
-        b.branch(test)
+        b.branch(head)
         b.position_at_end(work)
-        b.store(self.get(b, "gen"), seen)
+        b.store(g, seen)
         jobs, njobs, nparts = (self.get(b, n) for n in ("jobs", "njobs", "nparts"))
         with b.if_then(b.icmp_signed("<", me, nparts)):
             b.call(self.unlock, [mu])
             b.call(self.run_part, [b.inttoptr(jobs, I64P), njobs, me, nparts])
             b.call(self.lock, [mu])
             left = b.sub(self.get(b, "pending"), I64(1))
-            self.put(b, "pending", left, "release")
+            self.put(b, "pending", left)
             with b.if_then(b.icmp_signed("==", left, I64(0))):
                 b.call(self.signal, [self.ptr(b, "done_cv")])
         b.branch(head)
@@ -210,15 +169,10 @@ class _Pool:
         self.put(b, "njobs", njobs)
         self.put(b, "nparts", nparts)
         self.put(b, "pending", b.sub(nparts, I64(1)))
-        self.put(b, "gen", b.add(self.get(b, "gen"), I64(1)), "release")
+        self.put(b, "gen", b.add(self.get(b, "gen"), I64(1)))
         b.call(self.broadcast, [self.ptr(b, "work_cv")])
         b.call(self.unlock, [mu])
         b.call(self.run_part, [jobs, njobs, I64(0), nparts])
-        finished, timed_out = self.spin_until(b, fn, "pending", lambda p: b.icmp_signed("==", p, I64(0)), "c")
-        b.position_at_end(finished)
-        b.call(self.unlock, [entry_mu])
-        b.ret_void()
-        b.position_at_end(timed_out)
         b.call(self.lock, [mu])
         b.branch(wait_head)
         b.position_at_end(wait_head)
