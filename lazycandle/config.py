@@ -39,6 +39,7 @@ def _default_threads() -> int:
 
 _num_threads = _default_threads()
 _matmul_backend = os.environ.get("LAZYCANDLE_MATMUL", "auto")
+matmul_epoch = 0        # bumped by each change of the backend: a native program built before re-decides
 if _matmul_backend not in ("auto", "blas", "tiled"):
     _matmul_backend = "auto"
 
@@ -77,9 +78,12 @@ def on_threads_change(fn) -> None:
 def set_matmul_backend(name: str) -> None:
     """"auto" | "blas" | "tiled" (also env LAZYCANDLE_MATMUL)."""
     global _matmul_backend
+    global matmul_epoch
     if name not in ("auto", "blas", "tiled"):
         raise ValueError(f"set_matmul_backend: expected 'auto', 'blas' or 'tiled', got {name!r}")
-    _matmul_backend = name
+    if name != _matmul_backend:
+        _matmul_backend = name
+        matmul_epoch += 1
 
 
 def get_matmul_backend() -> str:

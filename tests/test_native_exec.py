@@ -288,3 +288,34 @@ def test_two_outputs_of_one_node_and_a_graph_without_inputs_run_natively(monkeyp
         np.testing.assert_array_equal(got, np.abs(xv))
     for _ in range(2):
         np.testing.assert_array_equal(lc.ones((2, 3), lc.f32).numpy(), np.ones((2, 3), np.float32))
+
+
+def test_a_backend_change_after_a_native_run_reaches_the_compiled_program():
+    """set_matmul_backend("blas") after a program ran natively with the small-m kernel: its
+    next run calls BLAS (SPEC: "blas" calls sgemm), with the same values."""
+    from lazycandle.runtime import matmul as M
+    x, w = lc.placeholder("x", (4, 64)), lc.placeholder("w", (64, 32))
+    prog = lc.compile(x @ w)
+    r = np.random.default_rng(0)
+    xv, wv = r.standard_normal((4, 64)).astype(np.float32), r.standard_normal((64, 32)).astype(np.float32)
+    old = lc.get_matmul_backend()
+    try:
+        lc.set_matmul_backend("auto")
+        for _ in range(3):
+            prog.run(x=xv, w=wv)
+        used = []
+        run_plan = M.run_plan
+
+        def spy(plan, *a, **k):
+            used.append(plan.backend)
+            return run_plan(plan, *a, **k)
+        M.run_plan = spy
+        try:
+            lc.set_matmul_backend("blas")
+            got = prog.run(x=xv, w=wv)[0]
+        finally:
+            M.run_plan = run_plan
+        assert used == ["blas"]
+        np.testing.assert_allclose(got, xv @ wv, rtol=1e-5, atol=1e-5)
+    finally:
+        lc.set_matmul_backend(old)

@@ -256,6 +256,9 @@ class Plan:
                 self.runs += 1
                 if self.runs >= 2 or mode == "native":
                     native = self.native_form(b)
+            elif native and native.matmul_epoch != config.matmul_epoch:
+                b.native = None                     # set_matmul_backend since: decide its matmuls again
+                native = self.native_form(b)
             if native:
                 return native.run(in_bufs, offsets, scalars, self.slots)
         return self.run_python(in_bufs, offsets, scalars, None, b)

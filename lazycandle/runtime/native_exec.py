@@ -454,6 +454,7 @@ class NativePlan:
             self.steps_of, self.segments, self.module, self.fns = prog.steps_of, prog.segments, prog.module, prog.fns
             self.call_steps, self.has_status, self.status = prog.call_steps, prog.has_status, prog.status
         self.plan, self.binding = plan, binding
+        self.matmul_epoch = config.matmul_epoch      # the backend setting its matmul calls were chosen under
         numels = self.numels = binding.numels
         self.slot_at, self.arena_bytes = slot_at, arena_bytes = prog.slot_fn(numels)
         self.keep_arena = keep = arena_bytes <= ARENA_KEEP_BYTES
