@@ -3,12 +3,11 @@ results against a float64 NumPy oracle, one native section per call, concurrent 
 one plan, a call from a Python pool worker, and the fused epilogue at 2 threads."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 import lazycandle as lc
+from conftest import run_in_threads
 from lazycandle import config
 from lazycandle import dtype as D
 from lazycandle.layout import Layout
@@ -63,21 +62,14 @@ def test_concurrent_callers_of_one_parallel_plan(monkeypatch, two_threads):
     p = _plan(96, 64, 130, 2)
     rng = np.random.default_rng(2)
     work = [_operands(rng, 96, 64, 130) for _ in range(4)]
-    errors = []
 
-    def caller(a, b, out):
-        try:
-            for _ in range(20):
-                p.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
-                _close(out, a, b)
-        except Exception as e:         # noqa: BLE001 - reported by the main thread
-            errors.append(e)
+    def caller(i):
+        a, b, out = work[i]
+        for _ in range(20):
+            p.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+            _close(out, a, b)
 
-    threads = [threading.Thread(target=caller, args=w) for w in work]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(caller, len(work))
     assert not errors, errors[0]
 
 
@@ -187,22 +179,15 @@ def test_concurrent_callers_and_a_pool_worker_of_a_shared_b_plan(monkeypatch, tw
     assert p.shared_rows
     rng = np.random.default_rng(6)
     work = [_operands(rng, 250, 64, 130) for _ in range(3)]
-    errors = []
 
-    def caller(a, b, out):
-        try:
-            for _ in range(10):
-                out.fill(np.nan)
-                p.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
-                _close(out, a, b)
-        except Exception as e:         # noqa: BLE001 - reported by the main thread
-            errors.append(e)
+    def caller(i):
+        a, b, out = work[i]
+        for _ in range(10):
+            out.fill(np.nan)
+            p.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+            _close(out, a, b)
 
-    threads = [threading.Thread(target=caller, args=w) for w in work]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(caller, len(work))
     assert not errors, errors[0]
 
     def chunk(lo, hi):
