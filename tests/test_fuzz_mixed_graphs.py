@@ -223,7 +223,7 @@ FUZZ_SETTINGS = dict(deadline=None, database=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@settings(max_examples=2000, derandomize=True, **FUZZ_SETTINGS)
+@settings(max_examples=600, derandomize=True, **FUZZ_SETTINGS)
 @given(graphs())
 def test_random_mixed_graph_matches_numpy(case):
     run_case(case)
