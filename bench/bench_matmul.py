@@ -284,6 +284,17 @@ def run_epilogue(threads: int, repeats: int = 15) -> list:
     return rows
 
 
+def _add_torch_mm(fns, a, b) -> None:
+    """fns["torch"]: torch.mm of a @ b into a preallocated output at 1 thread, when torch is installed."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+    ta, tb, to = torch.from_numpy(a), torch.from_numpy(b), torch.empty(a.shape[0], b.shape[1])
+    fns["torch"] = lambda: torch.mm(ta, tb, out=to)
+
+
 def run_ab(n: int, variants, rounds: int = 21) -> list:
     """Rows (name, CPU-time median / min ms, GFLOP/s, x best peer) of tiled f32 n^3 plans built
     with each MR,NV,KC,MC,NC variant, and NumPy / torch, at 1 thread, rotating."""
@@ -294,13 +305,7 @@ def run_ab(n: int, variants, rounds: int = 21) -> list:
     out = np.empty((n, n), np.float32)
     g = M.geometry(Layout.contiguous((n, n)), Layout.contiguous((n, n)), D.f32)
     fns = {"numpy": lambda: np.matmul(a, b, out=out)}
-    try:
-        import torch
-        torch.set_num_threads(1)
-        ta, tb, to = torch.from_numpy(a), torch.from_numpy(b), torch.empty(n, n)
-        fns["torch"] = lambda: torch.mm(ta, tb, out=to)
-    except ImportError:
-        pass
+    _add_torch_mm(fns, a, b)
     real_blocking, saved = M._blocking, dict(M._tile_kernels)
     old = config.get_num_threads()
     config.set_num_threads(1)
@@ -362,13 +367,7 @@ def run_split(n: int, rounds: int = 15) -> list:
                "tiled plan": lambda: tiled.run(*addrs), "blas plan": lambda: blas_plan.run(*addrs),
                "api (a @ b).numpy()": lambda: (ta @ tb).numpy(), "api, tiled": api_tiled,
                "api on 16 x 16": lambda: (sa @ sb).numpy(), "numpy": lambda: np.matmul(a, b, out=out)}
-        try:
-            import torch
-            torch.set_num_threads(1)
-            xa, xb, xo = torch.from_numpy(a), torch.from_numpy(b), torch.empty(n, n)
-            fns["torch"] = lambda: torch.mm(xa, xb, out=xo)
-        except ImportError:
-            pass
+        _add_torch_mm(fns, a, b)
         reps = max(1, int(3e8 / n ** 3))
         cpu, wall = {k: [] for k in fns}, {k: [] for k in fns}
         for _ in range(rounds):
