@@ -18,10 +18,13 @@ METHOD = """\
 - **Timing**: like the seed: one warm-up call, then the median of {repeats} calls with min–max; every
   implementation of a case is called once per round, in the same loop (rotating order), so the
   noise of this shared machine hits all of them alike. A lazycandle call builds the graph afresh
-  from realized input tensors and realizes it with `.numpy()` (graph capture, cached plan lookup,
+  from input tensors and realizes it with `.numpy()` (graph capture, cached plan lookup,
   kernels and the output buffer are all inside the timing; compilation happens in the warm-up,
   shown as "1st call"). NumPy and the peers get their inputs ready-made (jax: already on device,
-  its function `jax.jit`-compiled in the warm-up).
+  its function `jax.jit`-compiled in the warm-up). lazycandle's inputs are `lc.from_dlpack` views
+  of the NumPy arrays, as torch's are `torch.from_numpy` views: NumPy, torch and lazycandle read
+  the same memory, so none gets an input that the previous call left in the last-level cache
+  while another reads a cold copy.
 - **Fairness**: the suite runs with OMP_WAIT_POLICY=PASSIVE, KMP_BLOCKTIME=0 and
   OPENBLAS_THREAD_TIMEOUT=4 (set before any library loads; the command restarts itself to set them),
   so the peers' idle OpenMP / OpenBLAS threads sleep instead of spinning on a core the next timed
