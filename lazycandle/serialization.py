@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from math import prod
 
@@ -150,6 +148,7 @@ def _unpack(data: np.ndarray, bits: int, count: int) -> np.ndarray:
 
 
 def _write_atomically(path, chunks) -> None:
+    import tempfile         # here, not at import: tempfile and zipfile cost `import lazycandle` ~10 ms
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".lc-save-", dir=folder)
@@ -340,6 +339,7 @@ def save_npz(tensors: dict, path) -> None:
 
 def load_npz(path) -> dict:
     """`{name: Tensor}` from an .npz file (as written by `save_npz` or by np.savez)."""
+    import zipfile
     try:
         with np.load(path, allow_pickle=False) as z:
             special = {}
@@ -358,6 +358,7 @@ def load_npz(path) -> dict:
 
 
 def _read_member(path, z, name):
+    import zipfile
     try:
         return z[name]
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
