@@ -1,0 +1,202 @@
+"""The direct path of a named-dim program's size class: a new size is one generated function
+and one native call.
+
+The layered path binds a new size through the program binding, the symbolic plan binding,
+Plan.bind_values (a Binding of Layouts, extents and costs) and a NativePlan (its words block
+filled from that Binding).  Once a size class runs natively, `derive` writes those steps as
+one straight-line function of the named-dim values: the upper layer's lines give the flat
+quantities `q` (symbolic_plan.derive_direct), and NativeProgram.binding_source writes the
+arena slots, every pointer and every call's sizes words from `q` directly (DirectSource) --
+a small-m matmul's sizes by its Rebinder on shapes and strides, without Layouts.  The
+function returns None wherever a layered step would decide again (a view out of bounds, a
+size that leaves the class, a matmul leaving its bucket, a backend change, an arena above
+ARENA_KEEP_BYTES); the caller then runs the layered path, which decides or raises.
+DirectRunner runs the words on the program's native segments: the words block, the pointers
+of feeds and outputs and the status words are written under the program's lock (runs of the
+plan, at any binding, are serialised there), so threads at different sizes do not mix."""
+from __future__ import annotations
+
+import ctypes
+import struct
+from math import prod
+
+import numpy as np
+
+from .. import config
+from ..layout import Layout
+from . import native_pool
+from .buffers import alloc
+from .native_exec import ALIGN, ARENA_KEEP_BYTES, SMALL_OUTPUT_BYTES, BindingSource, address, program_of
+
+_addressof = ctypes.addressof
+
+
+class DirectSource(BindingSource):
+    """A binding's parts written as the flat quantities (Plan.q_positions), each a source token
+    (`q`: per position, a literal or the local holding it)."""
+
+    def __init__(self, plan, q):
+        self.steps, self.reads, self.numels = plan.q_positions()
+        self.q = q
+
+    def _tuple(self, at, n):
+        return "(" + "".join(f"{self.q[at + c]}, " for c in range(n)) + ")"
+
+    def numel(self, j):
+        return self.q[self.numels[j]]
+
+    def read(self, i, r):
+        return self.q[self.reads[i][0] + r]
+
+    def layout_offset(self, i, n):
+        return self.q[self.steps[i][1][n][2]]
+
+    def layouts(self, i, scope):
+        scope["Layout"] = Layout
+        return "[" + ", ".join(f"Layout({self._tuple(sh, r)}, {self._tuple(st, r)}, {self.q[off]})"
+                               for sh, st, off, r in self.steps[i][1]) + "]"
+
+    def kernel(self, i, scope):
+        _, spec, at, count = self.steps[i]
+        scope[f"extent{i}"], scope[f"cost{i}"] = spec.extent, spec.cost
+        return [f"    s{i} = {self._tuple(at, count)}", f"    e{i} = extent{i}(s{i})",
+                f"    c{i} = cost{i}(s{i}) / (e{i} or 1)"]
+
+    def matmul(self, i, rebind):
+        """The small-m kernel's sizes by its Rebinder, written out (Rebinder.source) or called."""
+        (ash, ast, _, ar), (bsh, bst, _, br) = self.steps[i][1][:2]
+        a_shape, a_strides = self._tokens(ash, ar), self._tokens(ast, ar)
+        b_shape, b_strides = self._tokens(bsh, br), self._tokens(bst, br)
+        lines = [f"    if (backend(), threads()) != set{i}:\n        return None"]
+        inline = rebind.source(i, a_shape, a_strides, b_shape, b_strides)
+        if inline is not None:
+            return lines + inline
+        args = ", ".join("(" + "".join(f"{x}, " for x in part) + ")" for part in (a_shape, a_strides, b_shape, b_strides))
+        return lines + [f"    g{i} = rb{i}.sized({args})", f"    if g{i} is None:\n        return None",
+                        f"    s{i}, e{i}, c{i} = g{i}"]
+
+    def _tokens(self, at, n):
+        return [self.q[at + c] for c in range(n)]
+
+
+def derive(plan, prefix, q, results, inputs):
+    """The DirectRunner of `plan` (running natively, no step in Python) for the size class
+    whose upper-layer lines `prefix` (of `sizes`, the named-dim values) define the flat
+    quantities (`q`: a source token per position) or return None; `results`: sources of the
+    slot offsets, output shapes and output offsets; `inputs`: the capture's input nodes.  None
+    when the plan has no such path."""
+    prog = plan.native_program
+    if prog is None or prog.python_steps or not prog.segments or prog.last_bound is None:
+        return None
+    scope: dict = {"arena_at_least": prog.arena_at_least}
+    src = DirectSource(plan, q)
+    slot_lines, fill_lines, words, outs = prog.binding_source(src, scope)
+    numels = "(" + "".join(f"{src.numel(j)}, " for j in prog.targets) + ")"
+    lines = (["def direct(sizes):"] + prefix + slot_lines
+             + [f"    if top > {ARENA_KEEP_BYTES}:\n        return None", "    arena = arena_at_least(top)",
+                "    base = arena[1]"] + fill_lines
+             + [f"    return {words}, {outs}, {numels}, arena, {', '.join(results)}"])
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, "<direct binding>", "exec"), scope)
+    return DirectRunner(plan, prog, scope["direct"], source, inputs)
+
+
+class DirectRunner:
+    """One size class of a named-dim program, run directly: `run(arrays, sizes, scalars)` gives
+    the outputs, or None when these sizes are not this class's (the caller binds them the
+    layered way).  The sizes run last and what they bound are kept: the same sizes again
+    write only the feed and output pointers."""
+
+    def __init__(self, plan, prog, fn, source, inputs):
+        self.plan, self.program, self.fn, self.source = plan, prog, fn, source
+        self.packer = prog.last_bound            # a NativePlan of the program: packs the scalars
+        self.words = struct.Struct(f"={len(prog.words)}q")
+        self.block = np.zeros(len(prog.words), np.int64)
+        self.block_addr = address(self.block)
+        self.sizes_addr = self.block_addr + 8 * prog.n_refs
+        self.filled = None                       # the bound sizes whose words the block holds
+        self.inputs = [(n.arg if n.buffer is None else None, n.buffer) for n in inputs]
+        self.used = sorted({plan.slots[s][0] for _, s in prog.slot_pos})
+        self.feeds = [(pos, self.used.index(plan.slots[s][0]), plan.slots[s][0], s) for pos, s in prog.slot_pos]
+        self.target_types = [(dt.numpy.itemsize, dt) for _, _, _, dt in prog.target_items]
+        self.fns, self.returned = prog.fns, prog.returned
+        self.epoch = config.matmul_epoch
+        self.last = None                         # (sizes, what they bound)
+
+    def clear(self) -> None:
+        self.last = self.filled = None
+
+    def bound(self, sizes):
+        """What `sizes` bind to (words, output tables, arena, slot offsets, output slices), or None."""
+        got = self.fn(sizes)
+        if got is None:
+            return None
+        words, out_pos, numels, arena, offsets, out_shapes, out_offsets = got
+        small, large, top = [], [], 0
+        for t, ((itemsize, dt), n) in enumerate(zip(self.target_types, numels)):
+            nbytes = n * itemsize
+            if nbytes < SMALL_OUTPUT_BYTES:
+                small.append((t, top, n, dt.numpy))
+                top += -(-max(nbytes, 1) // ALIGN) * ALIGN
+            else:
+                large.append((t, n, dt))
+        small_at = {t: off for t, off, _, _ in small}
+        small_fill = [(pos, small_at[t] + off) for pos, t, off in out_pos if t in small_at]
+        large_fill = [(pos, t, off) for pos, t, off in out_pos if t not in small_at]
+        slices = [(off, prod(shape), shape) for shape, off in zip(out_shapes, out_offsets)]
+        return (words, ctypes.c_char * (top + ALIGN), small, large, small_fill, large_fill, arena, offsets, slices)
+
+    def run(self, arrays, sizes, scalars):
+        mode, profiling = config.exec_flags()
+        if mode == "python" or profiling:
+            return None
+        if config.matmul_epoch != self.epoch:
+            self.epoch, self.last = config.matmul_epoch, None
+        last = self.last
+        if last is not None and last[0] == sizes:
+            b = last[1]
+        else:
+            b = self.bound(sizes)
+            if b is None:
+                return None
+            self.last = (sizes, b)
+        words, block_type, small, large, small_fill, large_fill, _, offsets, slices = b
+        in_bufs = [arrays[name] if name is not None else buf for name, buf in self.inputs]
+        in_addr = [address(in_bufs[i]) for i in self.used]
+        outs = [None] * len(self.target_types)
+        fill = []
+        if small:
+            blk = block_type()
+            addr = _addressof(blk)
+            skip = -addr % ALIGN
+            for t, off, n, npdt in small:
+                outs[t] = np.frombuffer(blk, npdt, n, skip + off)
+            addr += skip
+            fill = [(pos, addr + off) for pos, off in small_fill]
+        if large:
+            at = {}
+            for t, n, dt in large:
+                outs[t] = o = alloc(n, dt)
+                at[t] = address(o)
+            fill += [(pos, at[t] + off) for pos, t, off in large_fill]
+        prog, block = self.program, self.block
+        nthreads = native_pool.threads()
+        with prog.lock:
+            if self.filled is not b:
+                self.words.pack_into(block, 0, *words)
+                self.filled = b
+            for pos, k, i, s in self.feeds:
+                off = offsets[s]
+                block[pos] = in_addr[k] + off * in_bufs[i].itemsize if off else in_addr[k]
+            for pos, addr in fill:
+                block[pos] = addr
+            if prog.has_status:
+                prog.status.fill(0)
+            _, sc = self.packer._pack(scalars)
+            p, sz = self.block_addr, self.sizes_addr
+            for fn in self.fns:
+                if fn(p, sz, sc, nthreads):
+                    return None         # a bad id: the layered path runs again and raises its error
+        outs = [outs[t] for t in self.returned]
+        return [o if o.shape == shape else (o if off == 0 and o.size == n else o[off:off + n]).reshape(shape)
+                for o, (off, n, shape) in zip(outs, slices)]
