@@ -38,11 +38,11 @@ class SymbolicBinder:
     symbol values `dims`, or None when the capture's read strides / offsets (`layout`) are
     not the ones the binder's formulas give."""
 
-    def __init__(self, fn, source, n_dims, layout_parts, quantity_parts):
+    def __init__(self, fn, source, layout_parts, quantity_parts):
         self.fn, self.source = fn, source
         # the sources of the layout's and the quantities' elements in the symbols d0, d1, ...:
         # what a direct path composes (derive_direct)
-        self.n_dims, self.layout_parts, self.quantity_parts = n_dims, layout_parts, quantity_parts
+        self.layout_parts, self.quantity_parts = layout_parts, quantity_parts
 
     def __call__(self, plan, dims, layout):
         lay, q = self.fn(*dims)
@@ -76,7 +76,7 @@ def derive_binder(cap: Capture, plan, dims):
     source = f"def bind({args}):\n    return {_tuple_source(parts[0])}, {_tuple_source(parts[1])}\n"
     scope: dict = {}
     exec(compile(source, "<symbolic plan binding>", "exec"), scope)
-    binder = SymbolicBinder(scope["bind"], source, len(dims), parts[0], parts[1])
+    binder = SymbolicBinder(scope["bind"], source, parts[0], parts[1])
     return binder if binder(plan, dims, size_signature(cap)[2]) is not None else None
 
 
@@ -159,11 +159,12 @@ class ProgramBinder:
     checks what named_dims.bind checks (every size of the class > 1 and distinct -- so no size
     is negative and the class cannot change -- and every view inside its base buffer)."""
 
-    def __init__(self, fn, plan, binder, source, body, results):
+    def __init__(self, fn, plan, binder, source, reads, dims, checks, results):
         self.fn, self.plan, self.binder, self.source = fn, plan, binder, source
-        # the generated function's lines up to its return and what it returns (sources of
-        # dims, layout, slot offsets, output shapes, output offsets), for derive_direct
-        self.body, self.results = body, results
+        # the generated function's parts, for derive_direct: the lines reading the sizes, the
+        # sources of the symbols and of the view checks, and of what it returns (dims,
+        # layout, slot offsets, output shapes, output offsets)
+        self.reads, self.dims, self.checks, self.results = reads, dims, checks, results
         self.direct = None          # its DirectRunner (native_direct.py) once derived; False: none
 
     def __call__(self, sizes: dict):
@@ -189,19 +190,33 @@ def _span_check(shape, strides, offset, numel, var):
     if 0 in lit[:r]:
         return "True"               # an empty view reads nothing
     lo, hi = [off], [off]
-    for d, st, st_lit in zip(sizes, steps, lit[r:2 * r]):
+    lo_at, hi_at = offset, offset          # the bounds at the probes, while every stride is a literal
+    for d, st, st_lit, size, stride in zip(sizes, steps, lit[r:2 * r], shape, strides):
         if st_lit == 0:
             continue
         term = f"({d} - 1) * {st}"
         if st_lit is None:
             lo.append(f"min(0, {term})")
             hi.append(f"max(0, {term})")
+            lo_at = hi_at = None
         else:
             (hi if st_lit > 0 else lo).append(term)
+            if lo_at is not None:
+                if st_lit > 0:
+                    hi_at += (size - 1) * stride
+                else:
+                    lo_at += (size - 1) * stride
+    if lo_at is not None and _nonnegative(lo_at) and _nonnegative(numel - 1 - hi_at):
+        return "True"               # inside at every size: the bounds' margins are constants
     inside = f"({' + '.join(lo)} >= 0 and {' + '.join(hi)} < {total})"
     if _always(inside):
         return "True"
     return "".join(f"{d} == 0 or " for d, d_lit in zip(sizes, lit) if d_lit is None) + inside
+
+
+def _nonnegative(v) -> bool:
+    """v (a polynomial of the probes) is a constant >= 0: no name in it."""
+    return not named_dims.is_symbolic(v) and 0 <= int(v) < named_dims.SYMBOLIC
 
 
 def _always(check: str) -> bool:
@@ -243,11 +258,13 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
         if check != "True":
             views.append(check)
     views = list(dict.fromkeys(views))      # views of one layout over one base: checked once
+    dims_parts = [named_dims.polynomial_source(v, var) for v in pdims]
     pieces = [src(pdims), src(playout), src(traced_cap.offsets), src(out_offsets)]
     shapes = [src(n.shape) for n in user_nodes]
     if None in pieces or None in shapes:
         return None
-    lines = ["def bind(sizes):"] + [f"    {var[n]} = sizes[{n!r}]" for n in names] + [f"    dims = {pieces[0]}"]
+    reads = [f"    {var[n]} = sizes[{n!r}]" for n in names]
+    lines = ["def bind(sizes):"] + reads + [f"    dims = {pieces[0]}"]
     if pdims:
         lines.append("    if min(dims) < 2 or len(set(dims)) != len(dims):\n        return None")
     for check in views:
@@ -256,7 +273,7 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
     source = "\n".join(lines + [f"    return {', '.join(results)}"]) + "\n"
     scope: dict = {}
     exec(compile(source, "<program binding>", "exec"), scope)
-    pb = ProgramBinder(scope["bind"], plan, binder, source, lines[1:], results)
+    pb = ProgramBinder(scope["bind"], plan, binder, source, reads, dims_parts, views, results)
     got = pb.fn(sizes)
     want = size_signature(cap)
     if got is None or got[0] != want[1] or got[1] != want[2] or got[2] != list(cap.offsets):
@@ -272,9 +289,11 @@ def derive_direct(pb: ProgramBinder, names, inputs):
     equals the program binding's (_same_layouts).  None when the plan has no direct path."""
     from .runtime import native_direct
     sb = pb.binder
-    prefix = list(pb.body)
-    if sb.n_dims:
-        prefix.append(f"    {''.join(f'd{k}, ' for k in range(sb.n_dims))}= dims")
+    prefix = list(pb.reads) + [f"    d{k} = {d}" for k, d in enumerate(pb.dims)]
+    for k in range(len(pb.dims)):       # the class: every symbol > 1 and distinct (as pb.fn checks)
+        prefix.append(f"    if d{k} < 2:\n        return None")
+        prefix += [f"    if d{k} == d{j}:\n        return None" for j in range(k)]
+    prefix += [f"    if not ({check}):\n        return None" for check in pb.checks]
     if not _same_layouts(pb, names):
         prefix += [f"    if {_tuple_source(sb.layout_parts)} != {pb.results[1]}:", "        return None"]
     tokens, local = [], {}

@@ -145,11 +145,11 @@ def test_the_same_length_again_reuses_its_binding(monkeypatch):
     for L in (3, 4, 9):
         prog.run(**_feeds(1, L))
     runner = prog._traced.direct[0]
-    bound = runner.last[1]
+    bound = runner.last
     prog.run(**_feeds(1, 9))
-    assert runner.last[1] is bound
+    assert runner.last is bound
     prog.run(**_feeds(1, 10))
-    assert runner.last[1] is not bound and runner.last[0] == {"L": 10}
+    assert runner.last is not bound and runner.last[0] == {"L": 10}
 
 
 @pytest.mark.parametrize("broadcast_b", [True, False])

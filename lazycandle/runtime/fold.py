@@ -1,0 +1,209 @@
+"""Constant folding of a generated straight-line function (the direct path, native_direct.py).
+
+The direct path's source is written by several generators that know nothing of each other's
+values: a size class symbol that is a constant (64), a stride of 1, a matmul's fixed k all reach
+the matmul sizes and the words block as names.  `fold` evaluates, once, every expression whose
+names are all known -- literals, the `constants` given, and calls of the `pure` functions on
+them -- substitutes the values, splits tuple and list displays into their elements (so
+`s0 = (m0, n0, 64)` becomes per element, constant ones folded), drops the assignments no
+later statement reads and the checks that always pass.  What is left computes only what
+depends on the sizes.  Only straight-line code is handled: assignments, `if ...: return
+None` checks and one final return, as the generators write them."""
+from __future__ import annotations
+
+import ast
+
+_FOLDABLE = (int, float, bool, tuple, type(None))
+
+
+def fold(source: str, pure: dict, constants: dict) -> ast.FunctionDef:
+    """The function defined by `source` with its constant parts evaluated (as an AST)."""
+    fn = ast.parse(source).body[0]
+    folder = _Folder(pure, constants)
+    body = []
+    for stmt in fn.body:
+        body.extend(folder.statement(stmt))
+    fn.body = _drop_unread(body, set(pure))
+    return ast.fix_missing_locations(fn)
+
+
+def literal(node):
+    """(True, value) when `node` is a constant, else (False, None)."""
+    return (True, node.value) if isinstance(node, ast.Constant) else (False, None)
+
+
+class _Folder(ast.NodeTransformer):
+    def __init__(self, pure, constants):
+        self.pure = pure
+        self.env = {k: ast.Constant(v) for k, v in constants.items()}   # name -> Constant | Name | Tuple
+        self.fresh = 0
+        self.checks = set()         # the checks written so far (ast.dump of their tests)
+
+    # ---- expressions ----------------------------------------------------------------
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Load) and node.id in self.env:
+            return _copy(self.env[node.id])
+        return node
+
+    def visit_Subscript(self, node):
+        node = self.generic_visit(node)
+        if isinstance(node.value, (ast.Tuple, ast.List)) and isinstance(node.slice, ast.Constant) \
+                and isinstance(node.slice.value, int) and -len(node.value.elts) <= node.slice.value < len(node.value.elts):
+            return node.value.elts[node.slice.value]
+        return self._evaluated(node)
+
+    def _display(self, node):
+        node = self.generic_visit(node)
+        elts = []
+        for e in node.elts:          # *(a, b) inside a display: its elements
+            if isinstance(e, ast.Starred) and isinstance(e.value, (ast.Tuple, ast.List)):
+                elts.extend(e.value.elts)
+            elif isinstance(e, ast.Starred) and isinstance(e.value, ast.Constant) and isinstance(e.value.value, tuple):
+                elts.extend(ast.Constant(v) for v in e.value.value)
+            else:
+                elts.append(e)
+        node.elts = elts
+        return self._evaluated(node) if isinstance(node, ast.Tuple) else node
+
+    visit_Tuple = visit_List = _display
+
+    def generic_expr(self, node):
+        return self._evaluated(self.generic_visit(node))
+
+    visit_Compare = visit_Call = generic_expr
+
+    def visit_BinOp(self, node):
+        """Also x * 1, 1 * x, x + 0, 0 + x, x - 0 -> x (the generators write them for unit
+        coefficients and zero offsets)."""
+        node = self._evaluated(self.generic_visit(node))
+        if not isinstance(node, ast.BinOp):
+            return node
+        left, right = literal(node.left), literal(node.right)
+        unit = 1 if isinstance(node.op, ast.Mult) else 0 if isinstance(node.op, (ast.Add, ast.Sub)) else None
+        if unit is None:
+            return node
+        if right[0] and right[1] == unit and type(right[1]) is int:
+            return node.left
+        if left[0] and left[1] == unit and type(left[1]) is int and not isinstance(node.op, ast.Sub):
+            return node.right
+        return node
+
+    def visit_IfExp(self, node):
+        node = self.generic_visit(node)
+        node.test = _truth(node.test)
+        known, value = literal(node.test)
+        if known:
+            return node.body if value else node.orelse
+        if isinstance(node.body, ast.Constant) and isinstance(node.orelse, ast.Constant) \
+                and node.body.value == node.orelse.value and type(node.body.value) is type(node.orelse.value):
+            return node.body            # both branches the same constant (tests here have no side effects)
+        return node
+
+    def visit_UnaryOp(self, node):
+        node = self.generic_visit(node)
+        if isinstance(node.op, ast.Not):
+            node.operand = _truth(node.operand)
+        return self._evaluated(node)
+
+    def visit_BoolOp(self, node):
+        return self._evaluated(self.generic_visit(node))
+
+    def _evaluated(self, node):
+        """`node` as a Constant when every name in it is a pure function and it evaluates."""
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and sub.id not in self.pure or isinstance(sub, (ast.Starred, ast.List)):
+                return node
+        try:
+            value = eval(compile(ast.fix_missing_locations(ast.Expression(node)), "<fold>", "eval"),
+                         {"__builtins__": {}}, dict(self.pure))
+        except Exception:           # left to run (and raise) as written
+            return node
+        return ast.Constant(value) if isinstance(value, _FOLDABLE) and _plain(value) else node
+
+    # ---- statements -----------------------------------------------------------------
+    def statement(self, stmt) -> list:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target, value = stmt.targets[0], self.visit(stmt.value)
+            if isinstance(target, ast.Name):
+                return self._bind(target.id, value)
+            if isinstance(target, ast.Tuple) and isinstance(value, (ast.Tuple, ast.List)) \
+                    and len(value.elts) == len(target.elts) and all(isinstance(t, ast.Name) for t in target.elts):
+                return [s for t, v in zip(target.elts, value.elts) for s in self._bind(t.id, v)]
+            for t in ast.walk(target):           # assigned by unpacking a value: no longer known
+                if isinstance(t, ast.Name):
+                    self.env.pop(t.id, None)
+            stmt.value = value
+            return [stmt]
+        if isinstance(stmt, ast.If) and not stmt.orelse:
+            stmt.test = _truth(self.visit(stmt.test))
+            known, value = literal(stmt.test)
+            seen = ast.dump(stmt.test)
+            if known and not value or seen in self.checks:
+                return []               # a check that always passes, or one made before
+            self.checks.add(seen)       # (every name is assigned once: the same test, the same outcome)
+            return [stmt]
+        return [self.visit(stmt)]
+
+    def _bind(self, name, value) -> list:
+        if isinstance(value, (ast.Constant, ast.Name)):
+            self.env[name] = value
+            return []
+        if isinstance(value, (ast.Tuple, ast.List)):
+            out, elts = [], []
+            for e in value.elts:
+                if isinstance(e, (ast.Constant, ast.Name)):
+                    elts.append(e)
+                else:
+                    self.fresh += 1
+                    part = f"_{name}_{self.fresh}"
+                    out.append(ast.Assign([ast.Name(part, ast.Store())], e))
+                    elts.append(ast.Name(part, ast.Load()))
+            self.env[name] = ast.Tuple(elts, ast.Load())
+            return out
+        self.env.pop(name, None)
+        return [ast.Assign([ast.Name(name, ast.Store())], value)]
+
+
+def _truth(node):
+    """`node` as a condition: constant operands of `and` / `or` and of `not` decided."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        inner = _truth(node.operand)
+        known, value = literal(inner)
+        return ast.Constant(not value) if known else ast.UnaryOp(ast.Not(), inner)
+    if not isinstance(node, ast.BoolOp):
+        return node
+    is_and = isinstance(node.op, ast.And)
+    kept = []
+    for v in (_truth(v) for v in node.values):
+        known, value = literal(v)
+        if not known:
+            kept.append(v)
+        elif bool(value) != is_and:
+            return ast.Constant(not is_and)       # a false operand of `and`, a true one of `or`
+    if not kept:
+        return ast.Constant(is_and)
+    return kept[0] if len(kept) == 1 else ast.BoolOp(node.op, kept)
+
+
+def _plain(value) -> bool:
+    return not isinstance(value, tuple) or all(isinstance(v, (int, float, bool)) for v in value)
+
+
+def _copy(node):
+    return ast.parse(ast.unparse(node), mode="eval").body if not isinstance(node, (ast.Constant, ast.Name)) \
+        else (ast.Constant(node.value) if isinstance(node, ast.Constant) else ast.Name(node.id, ast.Load()))
+
+
+def _drop_unread(body, pure) -> list:
+    """The statements without the assignments of pure values nothing after them reads."""
+    read, out = set(), []
+    for stmt in reversed(body):
+        if isinstance(stmt, ast.Assign):
+            names = {t.id for t in ast.walk(stmt.targets[0]) if isinstance(t, ast.Name)}
+            calls = [c for c in ast.walk(stmt.value) if isinstance(c, ast.Call)]
+            side_effects = any(not (isinstance(c.func, ast.Name) and c.func.id in pure) for c in calls)
+            if not names & read and not side_effects:
+                continue
+        read |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        out.append(stmt)
+    return out[::-1]
