@@ -139,8 +139,8 @@ def main(argv=None):
               f"{again:.3f} ms); against the fixed-L program run once where the new L runs {fixed_once:.3f} ms "
               f"({new_prog / fixed_once:.2f}x); eager step at a new L {new_eager:.3f} ms vs the same L again "
               f"{same:.3f} ms ({new_eager / same:.2f}x)")
-        print("     L   eager new L ms   eager same L ms   named-dim new L ms   named-dim same L ms   fixed-L program ms"
-              "   fixed-L once ms")
+        print("     L   eager new L ms   eager same L ms   named-dim new L ms   named-dim same L ms"
+              "   fixed-L program ms   fixed-L once ms")
         for L, ne, npg, fx, sm, ag, fo in r["rows"]:
             print(f"  {L:4d}   {ne:14.3f}   {sm:15.3f}   {npg:18.3f}   {ag:19.3f}   {fx:18.3f}   {fo:15.3f}")
 

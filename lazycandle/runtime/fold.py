@@ -47,9 +47,10 @@ class _Folder(ast.NodeTransformer):
 
     def visit_Subscript(self, node):
         node = self.generic_visit(node)
-        if isinstance(node.value, (ast.Tuple, ast.List)) and isinstance(node.slice, ast.Constant) \
-                and isinstance(node.slice.value, int) and -len(node.value.elts) <= node.slice.value < len(node.value.elts):
-            return node.value.elts[node.slice.value]
+        if isinstance(node.value, (ast.Tuple, ast.List)) and isinstance(node.slice, ast.Constant):
+            at, elts = node.slice.value, node.value.elts
+            if isinstance(at, int) and -len(elts) <= at < len(elts):
+                return elts[at]
         return self._evaluated(node)
 
     def _display(self, node):

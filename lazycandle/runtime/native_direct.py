@@ -26,7 +26,7 @@ from .. import config
 from ..layout import Layout
 from . import fold, native_pool
 from .buffers import alloc
-from .native_exec import ALIGN, ARENA_KEEP_BYTES, SMALL_OUTPUT_BYTES, BindingSource, address, program_of
+from .native_exec import ALIGN, ARENA_KEEP_BYTES, SMALL_OUTPUT_BYTES, BindingSource, NotNative, address
 
 _addressof = ctypes.addressof
 
@@ -71,9 +71,13 @@ class DirectSource(BindingSource):
         inline = rebind.source(i, a_shape, a_strides, b_shape, b_strides)
         if inline is not None:
             return lines + inline
-        args = ", ".join("(" + "".join(f"{x}, " for x in part) + ")" for part in (a_shape, a_strides, b_shape, b_strides))
+        args = ", ".join("(" + "".join(f"{x}, " for x in part) + ")"
+                         for part in (a_shape, a_strides, b_shape, b_strides))
         return lines + [f"    g{i} = rb{i}.sized({args})", f"    if g{i} is None:\n        return None",
                         f"    s{i}, e{i}, c{i} = g{i}"]
+
+    def spread(self, i, n):
+        return ", ".join(f"s{i}[{c}]" for c in range(n))
 
     def _tokens(self, at, n):
         return [self.q[at + c] for c in range(n)]
@@ -93,7 +97,8 @@ def derive(plan, prefix, q, results, inputs):
     src = DirectSource(plan, q)
     slot_lines, fill_lines, words, outs = prog.binding_source(src, scope)
     numels = "(" + "".join(f"{src.numel(j)}, " for j in prog.targets) + ")"
-    lines = (["def direct(sizes):"] + prefix + ["    setting = (backend(), threads())"] * any(k.startswith("rb") for k in scope)
+    matmuls = any(k.startswith("rb") for k in scope)
+    lines = (["def direct(sizes):"] + prefix + ["    setting = (backend(), threads())"] * matmuls
              + slot_lines
              + [f"    if top > {ARENA_KEEP_BYTES}:\n        return None", "    arena = arena_at_least(top)",
                 "    base = arena[1]"] + fill_lines
@@ -150,7 +155,10 @@ class DirectRunner:
 
     def _bind(self, sizes):
         """Write the words of `sizes` and return what else they bind to, or None (not this class)."""
-        got = self.fn(sizes)
+        try:
+            got = self.fn(sizes)
+        except NotNative:           # an index kernel of another form at these sizes
+            return None
         if got is None:
             return None
         out_pos, numels, arena, offsets, out_shapes, out_offsets = got

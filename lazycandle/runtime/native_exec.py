@@ -179,6 +179,10 @@ class BindingSource:
     def kernel(self, i, scope):
         return [f"    s{i}, e{i}, c{i} = st[{i}]"]
 
+    def spread(self, i, n):
+        """Call i's `n` sizes words in the words list."""
+        return f"*s{i}"
+
     def matmul(self, i, rebind):
         """A small-m matmul's sizes: re-bound while the backend setting holds, else decided again."""
         return [f"    l{i} = st[{i}]\n    g{i} = rb{i}(l{i}[0], l{i}[1]) if (backend(), threads()) == set{i} "
@@ -334,7 +338,7 @@ class NativeProgram:
                 body.append(f"    s{i}, e{i}, c{i} = f{i}({src.layouts(i, scope)})")
             words += [f"e{i}", f"({PARALLEL} if e{i} * c{i} >= {MIN_PARALLEL_COST!r} and e{i} > 1 else {SERIAL})"]
             if sizes_at is not None:
-                words.append(f"*s{i}")
+                words.append(src.spread(i, end - sizes_at))
             at = end
         if not self.calls_sized:
             words += ["0"] * (len(self.words) - len(words))
