@@ -208,17 +208,17 @@ class Program:
         return feeds
 
     def _named_feeds(self, feeds):
-        """(flat feeds, named dim sizes) when every feed is a C-contiguous ndarray of its
-        input's dtype and rank whose sizes agree with the input's spec and each other (the
-        common case of a named-dim program, checked without conversions); else None, and
-        _check_feeds converts or raises."""
+        """The named dim sizes when every feed is a C-contiguous ndarray of its input's dtype
+        and rank whose sizes agree with the input's spec and each other (the common case of a
+        named-dim program, checked without conversions: the direct path reads `feeds` as they
+        are); else None, and _check_feeds converts or raises."""
         named = self._named
         if named is None or len(feeds) != len(named):
             return None
-        arrays, sizes = {}, {}
+        sizes = {}
         for name, npdt, rank, fixed, dims in named:
             v = feeds.get(name)
-            if type(v) is not np.ndarray or v.dtype != npdt or v.ndim != rank or not v.flags.c_contiguous:
+            if v.__class__ is not np.ndarray or v.dtype != npdt or v.ndim != rank or not v.flags.c_contiguous:
                 return None
             shape = v.shape
             for i, size in fixed:
@@ -227,8 +227,7 @@ class Program:
             for i, d in dims:
                 if sizes.setdefault(d, shape[i]) != shape[i]:
                     return None
-            arrays[name] = v if rank == 1 else v.reshape(-1)
-        return arrays, sizes
+        return sizes
 
     def _check_feeds(self, feeds):
         """Flat arrays by input name, and the sizes of the named dims (FeedError on any mismatch)."""
@@ -272,18 +271,19 @@ class Program:
             arrays = self._exact_feeds(feeds)
             if arrays is not None:
                 return self._fixed.run(arrays)
-        got = self._named_feeds(feeds)
-        if got is not None:
-            self._last_sizes = got[1]
+        sizes = self._named_feeds(feeds)
+        if sizes is not None:
+            self._last_sizes = sizes
             for runner in self._traced.direct:          # a size class's direct path
-                out = runner.run(got[0], got[1], self._traced.cap.scalars)
+                out = runner.run(feeds, sizes, self._traced.cap.scalars)
                 if out is not None:
                     return out
+            arrays = {name: v.reshape(-1) for name, v in feeds.items()}
         else:
-            got = self._check_feeds(feeds)
-            self._last_sizes = got[1]
-        inst = self._instance(got[1])
-        out = inst.run(got[0])
+            arrays, sizes = self._check_feeds(feeds)
+            self._last_sizes = sizes
+        inst = self._instance(sizes)
+        out = inst.run(arrays)
         if inst.__class__ is _BoundInstance and inst.binder.direct is None:
             self._traced.learn_direct(inst.binder)
         return out
