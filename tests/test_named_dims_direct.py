@@ -200,6 +200,23 @@ def test_fold_evaluates_known_parts_and_keeps_what_depends_on_the_arguments():
         assert scope["f"]({"n": n}) == plain["f"]({"n": n}), n
 
 
+def test_fold_uses_the_lower_bounds_its_checks_prove_and_stays_equal_to_the_source():
+    source = ("def f(sizes):\n    n = sizes['n']\n    if n < 2:\n        return None\n"
+              "    a = max(n, 1)\n    b = 1 if n == 1 else 7\n    c = -(-n // 16)\n    d = max(1, c)\n"
+              "    e = max(8, -(-(-(-n // 16)) // 8) * 8)\n    g = n * 4 + 63 & -64\n    h = n * 4 + 63 & -64\n"
+              "    return (a, b, d, e, g + h, c if n else 0, n == 0, n - 0, max(n, 3))\n")
+    fn = fold.fold(source, {"max": max}, {})
+    text = ast.unparse(fn)
+    assert "n == 1" not in text and "n == 0" not in text and "max(n, 1)" not in text and "max(8" not in text
+    assert text.count("& -64") == 1 and "max(n, 3)" in text           # equal values computed once; 3 > 2 kept
+    scope: dict = {}
+    exec(compile(ast.Module([fn], []), "<t>", "exec"), scope)
+    plain: dict = {"max": max}
+    exec(source, plain)
+    for n in range(-3, 300):
+        assert scope["f"]({"n": n}) == plain["f"]({"n": n}), n
+
+
 def _skinny_plan(m, n, k, transposed=True):
     la = Layout((m, k), (k, 1))
     lb = Layout((k, n), (1, k)) if transposed else Layout((k, n), (n, 1))

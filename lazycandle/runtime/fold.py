@@ -38,6 +38,8 @@ class _Folder(ast.NodeTransformer):
         self.env = {k: ast.Constant(v) for k, v in constants.items()}   # name -> Constant | Name | Tuple
         self.fresh = 0
         self.checks = set()         # the checks written so far (ast.dump of their tests)
+        self.lower = {}             # name -> a lower bound the checks so far prove
+        self.values = {}            # ast.dump of a value assigned -> the name holding it
 
     # ---- expressions ----------------------------------------------------------------
     def visit_Name(self, node):
@@ -71,7 +73,60 @@ class _Folder(ast.NodeTransformer):
     def generic_expr(self, node):
         return self._evaluated(self.generic_visit(node))
 
-    visit_Compare = visit_Call = generic_expr
+    def visit_Compare(self, node):
+        """Also a comparison of a name with a constant its lower bound decides."""
+        node = self._evaluated(self.generic_visit(node))
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            low, (known, c) = self._lower(node.left), literal(node.comparators[0])
+            if low is not None and known and type(c) is int:
+                op = node.ops[0]
+                if isinstance(op, (ast.Eq, ast.Lt)) and c < low + isinstance(op, ast.Lt):
+                    return ast.Constant(False)
+                if isinstance(op, ast.NotEq) and c < low or isinstance(op, ast.GtE) and c <= low \
+                        or isinstance(op, ast.Gt) and c < low:
+                    return ast.Constant(True)
+        return node
+
+    def visit_Call(self, node):
+        """Also max(x, c) -> x where x's lower bound is at least the constant c."""
+        node = self._evaluated(self.generic_visit(node))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "max" \
+                and len(node.args) == 2 and not node.keywords:
+            for x, y in (node.args, node.args[::-1]):
+                known, c = literal(y)
+                low = self._lower(x)
+                if known and type(c) is int and low is not None and low >= c:
+                    return x
+        return node
+
+    def _lower(self, node):
+        """A lower bound of int expression `node` from the checks so far, or None."""
+        known, value = literal(node)
+        if known:
+            return value if type(value) is int else None
+        if isinstance(node, ast.Name):
+            return self.lower.get(node.id)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            a, b = self._lower(node.left), self._lower(node.right)
+            if a is None or b is None or isinstance(node.op, ast.Mult) and (a < 0 or b < 0):
+                return None
+            return a + b if isinstance(node.op, ast.Add) else a * b
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "max":
+            lows = [x for x in map(self._lower, node.args) if x is not None]
+            return max(lows) if lows else None
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.BinOp) \
+                and isinstance(node.operand.op, ast.FloorDiv) and isinstance(node.operand.left, ast.UnaryOp) \
+                and isinstance(node.operand.left.op, ast.USub):           # -(-a // k): a / k rounded up
+            a, (known, k) = self._lower(node.operand.left.operand), literal(node.operand.right)
+            return -(-a // k) if a is not None and known and type(k) is int and k > 0 else None
+        return None
+
+    def _test(self, node):
+        """`node` as a condition (_truth), a name whose lower bound is positive decided."""
+        node = _truth(node)
+        if isinstance(node, ast.Name) and (self.lower.get(node.id) or 0) > 0:
+            return ast.Constant(True)
+        return node
 
     def visit_BinOp(self, node):
         """Also x * 1, 1 * x, x + 0, 0 + x, x - 0 -> x (the generators write them for unit
@@ -91,7 +146,7 @@ class _Folder(ast.NodeTransformer):
 
     def visit_IfExp(self, node):
         node = self.generic_visit(node)
-        node.test = _truth(node.test)
+        node.test = self._test(node.test)
         known, value = literal(node.test)
         if known:
             return node.body if value else node.orelse
@@ -136,12 +191,18 @@ class _Folder(ast.NodeTransformer):
             stmt.value = value
             return [stmt]
         if isinstance(stmt, ast.If) and not stmt.orelse:
-            stmt.test = _truth(self.visit(stmt.test))
+            stmt.test = self._test(self.visit(stmt.test))
             known, value = literal(stmt.test)
             seen = ast.dump(stmt.test)
             if known and not value or seen in self.checks:
                 return []               # a check that always passes, or one made before
             self.checks.add(seen)       # (every name is assigned once: the same test, the same outcome)
+            test = stmt.test            # `if x < c: return None`: x >= c from here on
+            if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Lt) \
+                    and isinstance(test.left, ast.Name) and literal(test.comparators[0])[0] \
+                    and type(test.comparators[0].value) is int and _returns_none(stmt.body):
+                c = test.comparators[0].value
+                self.lower[test.left.id] = max(self.lower.get(test.left.id, c), c)
             return [stmt]
         return [self.visit(stmt)]
 
@@ -157,12 +218,31 @@ class _Folder(ast.NodeTransformer):
                 else:
                     self.fresh += 1
                     part = f"_{name}_{self.fresh}"
-                    out.append(ast.Assign([ast.Name(part, ast.Store())], e))
-                    elts.append(ast.Name(part, ast.Load()))
+                    out += self._bind(part, e)
+                    elts.append(self.env.get(part, ast.Name(part, ast.Load())))
             self.env[name] = ast.Tuple(elts, ast.Load())
             return out
+        key = ast.dump(value)
+        if key in self.values and not _calls_outside(value, self.pure):
+            self.env[name] = ast.Name(self.values[key], ast.Load())     # the same value computed before
+            return []
         self.env.pop(name, None)
+        self.values[key] = name
+        low = self._lower(value)
+        if low is not None:
+            self.lower[name] = low
         return [ast.Assign([ast.Name(name, ast.Store())], value)]
+
+
+def _returns_none(body) -> bool:
+    return len(body) == 1 and isinstance(body[0], ast.Return) and \
+        (body[0].value is None or isinstance(body[0].value, ast.Constant) and body[0].value.value is None)
+
+
+def _calls_outside(node, pure) -> bool:
+    """Whether `node` calls anything but the pure functions (its value may change per call)."""
+    return any(isinstance(c, ast.Call) and not (isinstance(c.func, ast.Name) and c.func.id in pure)
+               for c in ast.walk(node))
 
 
 def _truth(node):
@@ -201,9 +281,7 @@ def _drop_unread(body, pure) -> list:
     for stmt in reversed(body):
         if isinstance(stmt, ast.Assign):
             names = {t.id for t in ast.walk(stmt.targets[0]) if isinstance(t, ast.Name)}
-            calls = [c for c in ast.walk(stmt.value) if isinstance(c, ast.Call)]
-            side_effects = any(not (isinstance(c.func, ast.Name) and c.func.id in pure) for c in calls)
-            if not names & read and not side_effects:
+            if not names & read and not _calls_outside(stmt.value, pure):
                 continue
         read |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         out.append(stmt)
