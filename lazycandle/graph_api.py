@@ -70,6 +70,7 @@ class _BoundInstance(_Instance):
 
     def __init__(self, traced, binder, bound):
         binding, self.offsets, self.out_shapes, self.out_offsets = bound
+        self.binder = binder
         self.outputs = _output_slices(self.out_shapes, self.out_offsets)
         self.user_nodes, self.targets, self.inputs, self.scalars = traced.user_nodes, traced.targets, \
             traced.cap.inputs, traced.cap.scalars
@@ -79,7 +80,9 @@ class _BoundInstance(_Instance):
 class _Traced:
     """What a named-dim Program binds from: its traced targets and capture (sizes are probe
     polynomials of the names), its view nodes (for the bound checks) and the ProgramBinders
-    derived so far (one per size class met)."""
+    derived so far (one per size class met), with the direct paths of those that run natively
+    (runtime/native_direct.py: a new size of the class costs one generated function and one
+    native call)."""
 
     def __init__(self, user_nodes, names):
         targets = _targets(user_nodes)
@@ -89,6 +92,7 @@ class _Traced:
         self.cap = capture(self.targets)
         self.views = _view_nodes(user_nodes)
         self.binders = []
+        self.direct = []
 
     def bind(self, sizes):
         for pb in list(self.binders):
@@ -96,6 +100,16 @@ class _Traced:
             if got is not None:
                 return _BoundInstance(self, pb, got)
         return None
+
+    def learn_direct(self, pb) -> None:
+        """Derive the direct path of ProgramBinder `pb`'s class, once its plan runs natively."""
+        if pb.plan.native_program is None:
+            return                  # not run natively yet: the plan builds its program at its 2nd run
+        from .symbolic_plan import derive_direct
+        runner = derive_direct(pb, self.names, self.cap.inputs)
+        pb.direct = runner or False
+        if runner is not None:
+            self.direct.append(runner)
 
     def learn(self, inst: _Instance, sizes) -> None:
         """Derive the ProgramBinder of the size class `inst` (compiled at `sizes`) is in."""
@@ -164,6 +178,7 @@ class Program:
             self._traced = _Traced(self._user_nodes, sorted(dims))
         self._bound = caches.LRU(self.BINDINGS_KEPT)
         self._last, self._recent = self._fixed, None
+        self._last_sizes = None         # the named-dim sizes run last (what dump shows)
         if self._symbolic:
             _programs.add(self)
         # name -> (numpy dtype, shape, rank 1) of each input, for the exact-feed fast path
@@ -193,17 +208,17 @@ class Program:
         return feeds
 
     def _named_feeds(self, feeds):
-        """(flat feeds, named dim sizes) when every feed is a C-contiguous ndarray of its
-        input's dtype and rank whose sizes agree with the input's spec and each other (the
-        common case of a named-dim program, checked without conversions); else None, and
-        _check_feeds converts or raises."""
+        """The named dim sizes when every feed is a C-contiguous ndarray of its input's dtype
+        and rank whose sizes agree with the input's spec and each other (the common case of a
+        named-dim program, checked without conversions: the direct path reads `feeds` as they
+        are); else None, and _check_feeds converts or raises."""
         named = self._named
         if named is None or len(feeds) != len(named):
             return None
-        arrays, sizes = {}, {}
+        sizes = {}
         for name, npdt, rank, fixed, dims in named:
             v = feeds.get(name)
-            if type(v) is not np.ndarray or v.dtype != npdt or v.ndim != rank or not v.flags.c_contiguous:
+            if v.__class__ is not np.ndarray or v.dtype != npdt or v.ndim != rank or not v.flags.c_contiguous:
                 return None
             shape = v.shape
             for i, size in fixed:
@@ -212,8 +227,7 @@ class Program:
             for i, d in dims:
                 if sizes.setdefault(d, shape[i]) != shape[i]:
                     return None
-            arrays[name] = v if rank == 1 else v.reshape(-1)
-        return arrays, sizes
+        return sizes
 
     def _check_feeds(self, feeds):
         """Flat arrays by input name, and the sizes of the named dims (FeedError on any mismatch)."""
@@ -257,8 +271,22 @@ class Program:
             arrays = self._exact_feeds(feeds)
             if arrays is not None:
                 return self._fixed.run(arrays)
-        got = self._named_feeds(feeds) or self._check_feeds(feeds)
-        return self._instance(got[1]).run(got[0])
+        sizes = self._named_feeds(feeds)
+        if sizes is not None:
+            self._last_sizes = sizes
+            for runner in self._traced.direct:          # a size class's direct path
+                out = runner.run(feeds, sizes, self._traced.cap.scalars)
+                if out is not None:
+                    return out
+            arrays = {name: v.reshape(-1) for name, v in feeds.items()}
+        else:
+            arrays, sizes = self._check_feeds(feeds)
+            self._last_sizes = sizes
+        inst = self._instance(sizes)
+        out = inst.run(arrays)
+        if inst.__class__ is _BoundInstance and inst.binder.direct is None:
+            self._traced.learn_direct(inst.binder)
+        return out
 
     __call__ = run
 
@@ -275,7 +303,7 @@ class Program:
 
     def dump(self, stage="schedule", fmt="text") -> str:
         """A dump stage of the compiled program (with named dims: of the last binding run)."""
-        inst = self._last
+        inst = self._last if self._last_sizes is None else self._instance(self._last_sizes)
         if inst is None:
             raise ValueError("dump: this program has named dims and is compiled per binding; run it once first")
         return render(stage, fmt, inst.plan, views_graph(inst.user_nodes), inst.targets)
@@ -294,7 +322,8 @@ class Program:
 class _ProgramBindings:
     """The bindings every live named-dim Program keeps (each a bounded LRU of BINDINGS_KEPT), as
     one registered cache: lc.clear_caches() drops them (a program binds again from its size
-    class's formulas, nothing recompiled), lc.cache_info() counts them."""
+    class's formulas, nothing recompiled) and what their direct paths keep of the sizes run
+    last, lc.cache_info() counts them."""
 
     def __init__(self):
         self.programs = weakref.WeakSet()
@@ -306,9 +335,11 @@ class _ProgramBindings:
         for p in list(self.programs):
             p._bound.clear()
             p._recent = None
+            for runner in p._traced.direct:
+                runner.clear()
 
     def __len__(self):
-        return sum(len(p._bound) for p in list(self.programs))
+        return sum(len(p._bound) + sum(r.last is not None for r in p._traced.direct) for p in list(self.programs))
 
 
 _programs = caches.register("program bindings", _ProgramBindings())

@@ -38,8 +38,11 @@ class SymbolicBinder:
     symbol values `dims`, or None when the capture's read strides / offsets (`layout`) are
     not the ones the binder's formulas give."""
 
-    def __init__(self, fn, source):
+    def __init__(self, fn, source, layout_parts, quantity_parts):
         self.fn, self.source = fn, source
+        # the sources of the layout's and the quantities' elements in the symbols d0, d1, ...:
+        # what a direct path composes (derive_direct)
+        self.layout_parts, self.quantity_parts = layout_parts, quantity_parts
 
     def __call__(self, plan, dims, layout):
         lay, q = self.fn(*dims)
@@ -68,13 +71,17 @@ def derive_binder(cap: Capture, plan, dims):
         src = [named_dims.polynomial_source(v, names) for v in values]
         if any(s is None for s in src):
             return None
-        parts.append("(" + "".join(s + ", " for s in src) + ")")
+        parts.append(src)
     args = ", ".join(f"d{k}" for k in range(len(dims)))
-    source = f"def bind({args}):\n    return {parts[0]}, {parts[1]}\n"
+    source = f"def bind({args}):\n    return {_tuple_source(parts[0])}, {_tuple_source(parts[1])}\n"
     scope: dict = {}
     exec(compile(source, "<symbolic plan binding>", "exec"), scope)
-    binder = SymbolicBinder(scope["bind"], source)
+    binder = SymbolicBinder(scope["bind"], source, parts[0], parts[1])
     return binder if binder(plan, dims, size_signature(cap)[2]) is not None else None
+
+
+def _tuple_source(parts) -> str:
+    return "(" + "".join(s + ", " for s in parts) + ")"
 
 
 def _probe_capture(cap: Capture, probe_of: dict) -> Capture:
@@ -152,8 +159,13 @@ class ProgramBinder:
     checks what named_dims.bind checks (every size of the class > 1 and distinct -- so no size
     is negative and the class cannot change -- and every view inside its base buffer)."""
 
-    def __init__(self, fn, plan, binder, source):
+    def __init__(self, fn, plan, binder, source, reads, dims, checks, results):
         self.fn, self.plan, self.binder, self.source = fn, plan, binder, source
+        # the generated function's parts, for derive_direct: the lines reading the sizes, the
+        # sources of the symbols and of the view checks, and of what it returns (dims,
+        # layout, slot offsets, output shapes, output offsets)
+        self.reads, self.dims, self.checks, self.results = reads, dims, checks, results
+        self.direct = None          # its DirectRunner (native_direct.py) once derived; False: none
 
     def __call__(self, sizes: dict):
         got = self.fn(sizes)
@@ -178,19 +190,33 @@ def _span_check(shape, strides, offset, numel, var):
     if 0 in lit[:r]:
         return "True"               # an empty view reads nothing
     lo, hi = [off], [off]
-    for d, st, st_lit in zip(sizes, steps, lit[r:2 * r]):
+    lo_at, hi_at = offset, offset          # the bounds at the probes, while every stride is a literal
+    for d, st, st_lit, size, stride in zip(sizes, steps, lit[r:2 * r], shape, strides):
         if st_lit == 0:
             continue
         term = f"({d} - 1) * {st}"
         if st_lit is None:
             lo.append(f"min(0, {term})")
             hi.append(f"max(0, {term})")
+            lo_at = hi_at = None
         else:
             (hi if st_lit > 0 else lo).append(term)
+            if lo_at is not None:
+                if st_lit > 0:
+                    hi_at += (size - 1) * stride
+                else:
+                    lo_at += (size - 1) * stride
+    if lo_at is not None and _nonnegative(lo_at) and _nonnegative(numel - 1 - hi_at):
+        return "True"               # inside at every size: the bounds' margins are constants
     inside = f"({' + '.join(lo)} >= 0 and {' + '.join(hi)} < {total})"
     if _always(inside):
         return "True"
     return "".join(f"{d} == 0 or " for d, d_lit in zip(sizes, lit) if d_lit is None) + inside
+
+
+def _nonnegative(v) -> bool:
+    """v (a polynomial of the probes) is a constant >= 0: no name in it."""
+    return not named_dims.is_symbolic(v) and 0 <= int(v) < named_dims.SYMBOLIC
 
 
 def _always(check: str) -> bool:
@@ -232,25 +258,70 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
         if check != "True":
             views.append(check)
     views = list(dict.fromkeys(views))      # views of one layout over one base: checked once
+    dims_parts = [named_dims.polynomial_source(v, var) for v in pdims]
     pieces = [src(pdims), src(playout), src(traced_cap.offsets), src(out_offsets)]
     shapes = [src(n.shape) for n in user_nodes]
     if None in pieces or None in shapes:
         return None
-    lines = ["def bind(sizes):"] + [f"    {var[n]} = sizes[{n!r}]" for n in names] + [f"    dims = {pieces[0]}"]
+    reads = [f"    {var[n]} = sizes[{n!r}]" for n in names]
+    lines = ["def bind(sizes):"] + reads + [f"    dims = {pieces[0]}"]
     if pdims:
         lines.append("    if min(dims) < 2 or len(set(dims)) != len(dims):\n        return None")
     for check in views:
         lines.append(f"    if not ({check}):\n        return None")
-    lines.append(f"    return dims, {pieces[1]}, list({pieces[2]}), ({''.join(s + ', ' for s in shapes)}), {pieces[3]}")
-    source = "\n".join(lines) + "\n"
+    results = ("dims", pieces[1], f"list({pieces[2]})", f"({''.join(s + ', ' for s in shapes)})", pieces[3])
+    source = "\n".join(lines + [f"    return {', '.join(results)}"]) + "\n"
     scope: dict = {}
     exec(compile(source, "<program binding>", "exec"), scope)
-    pb = ProgramBinder(scope["bind"], plan, binder, source)
+    pb = ProgramBinder(scope["bind"], plan, binder, source, reads, dims_parts, views, results)
     got = pb.fn(sizes)
     want = size_signature(cap)
     if got is None or got[0] != want[1] or got[1] != want[2] or got[2] != list(cap.offsets):
         return None
     return pb
+
+
+def derive_direct(pb: ProgramBinder, names, inputs):
+    """The direct path of `pb`'s size class (runtime/native_direct.py): its program binding
+    and its plan's symbolic binding written as the first lines of one generated function of
+    the named-dim values `names`, each quantity a local (or a literal); the native words
+    follow from there.  The symbolic binding's layout check is written out unless its formula
+    equals the program binding's (_same_layouts).  None when the plan has no direct path."""
+    from .runtime import native_direct
+    sb = pb.binder
+    prefix = list(pb.reads) + [f"    d{k} = {d}" for k, d in enumerate(pb.dims)]
+    for k in range(len(pb.dims)):       # the class: every symbol > 1 and distinct (as pb.fn checks)
+        prefix.append(f"    if d{k} < 2:\n        return None")
+        prefix += [f"    if d{k} == d{j}:\n        return None" for j in range(k)]
+    prefix += [f"    if not ({check}):\n        return None" for check in pb.checks]
+    if not _same_layouts(pb, names):
+        prefix += [f"    if {_tuple_source(sb.layout_parts)} != {pb.results[1]}:", "        return None"]
+    tokens, local = [], {}
+    for part in sb.quantity_parts:
+        if _literal(part) is not None:
+            tokens.append(part)
+            continue
+        if part not in local:
+            local[part] = f"q{len(local)}"
+            prefix.append(f"    {local[part]} = {part}")
+        tokens.append(local[part])
+    return native_direct.derive(pb.plan, prefix, tokens, pb.results[2:], inputs)
+
+
+def _same_layouts(pb: ProgramBinder, names) -> bool:
+    """Whether the symbolic binding's layout formula, composed with the program binding's
+    symbols, is the program binding's layout formula: equal at the names' probes (distinct
+    powers of 2**40, so polynomials with small coefficients are equal where they agree) and
+    at three sets of ordinary sizes."""
+    import random
+    rng = random.Random(0)
+    points = [{n: named_dims.NamedDim(n) for n in names}]
+    points += [{n: rng.randrange(1000, 1 << 20) for n in names} for _ in range(3)]
+    for sizes in points:
+        got = pb.fn(sizes)
+        if got is None or pb.binder.fn(*got[0])[0] != got[1]:
+            return False
+    return True
 
 
 def _numel(shape) -> int:

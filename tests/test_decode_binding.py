@@ -121,27 +121,35 @@ def test_named_dims_that_disagree_raise_feed_error_naming_both_inputs_and_sizes(
 
 
 def test_program_bindings_are_bounded_and_cleared_by_clear_caches(monkeypatch):
-    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "python")     # the layered path: one binding per size
     prog = _decode_program(rows=1)
     for L in range(2, prog.BINDINGS_KEPT + 12):
         prog.run(**_feeds(1, L))
     assert len(prog._bound) == prog.BINDINGS_KEPT
-    assert lc.cache_info()["caches"]["program bindings"] >= prog.BINDINGS_KEPT
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")     # the direct path keeps the sizes run last
+    for L in (3, 4, 5, 300):
+        prog.run(**_feeds(1, L))
+    runners = prog._traced.direct
+    assert runners and runners[0].last is not None and runners[0].last[0] == {"L": 300}
+    assert lc.cache_info()["caches"]["program bindings"] >= prog.BINDINGS_KEPT + 1
     lc.clear_caches()
-    assert len(prog._bound) == 0 and lc.cache_info()["caches"]["program bindings"] == 0
+    assert len(prog._bound) == 0 and all(r.last is None for r in runners)
+    assert lc.cache_info()["caches"]["program bindings"] == 0
     f = _feeds(1, 7)
     np.testing.assert_allclose(prog.run(**f)[0], _numpy_attention(f), rtol=2e-4, atol=2e-5)
 
 
-def test_the_same_length_again_reuses_its_binding():
+def test_the_same_length_again_reuses_its_binding(monkeypatch):
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
     prog = _decode_program(rows=1)
-    f = _feeds(1, 9)
-    prog.run(**f)
-    inst = prog._last
-    prog.run(**f)
-    assert prog._last is inst
+    for L in (3, 4, 9):
+        prog.run(**_feeds(1, L))
+    runner = prog._traced.direct[0]
+    bound = runner.last
+    prog.run(**_feeds(1, 9))
+    assert runner.last is bound
     prog.run(**_feeds(1, 10))
-    assert prog._last is not inst
+    assert runner.last is not bound and runner.last[0] == {"L": 10}
 
 
 @pytest.mark.parametrize("broadcast_b", [True, False])

@@ -170,28 +170,46 @@ class Plan:
             self._bind_fn = fn = self._generated_binder()
         return fn(q)
 
+    def q_positions(self):
+        """Where bind_values finds each part of a Binding in the flat quantities: per step,
+        ("kernel", spec, first position, count) of a fused kernel's sizes or ("layouts",
+        [(shape position, strides position, offset position, rank)]) of a node step's
+        operands, and (first position, count) of its node reads; then {buffer node: position
+        of its element count}."""
+        steps, reads, at = [], [], 0
+        for spec, counts, n_reads in self._recipe:
+            if spec is not None:
+                steps.append(("kernel", spec, at, counts))
+                at += counts
+            else:
+                lays = []
+                for r in counts:
+                    lays.append((at, at + r, at + 2 * r, r))
+                    at += 2 * r + 1
+                steps.append(("layouts", lays))
+            reads.append((at, n_reads))
+            at += n_reads
+        return steps, reads, {j: at + k for k, j in enumerate(self._buffer_nodes)}
+
     def _generated_binder(self):
         """bind_values as straight-line code: q's positions, the Layouts, the extent and cost
         calls written out (no loop over the recipe, no slicing)."""
         def tup(at, n):
             return "(" + "".join(f"q[{at + c}], " for c in range(n)) + ")"
         scope = {"Layout": Layout, "Binding": Binding}
-        body, steps, reads, at = [], [], [], 0
-        for i, (spec, counts, n_reads) in enumerate(self._recipe):
-            if spec is not None:
+        body, steps = [], []
+        positions, read_at, numel_at = self.q_positions()
+        for i, got in enumerate(positions):
+            if got[0] == "kernel":
+                _, spec, at, count = got
                 scope[f"extent{i}"], scope[f"cost{i}"] = spec.extent, spec.cost
-                body.append(f"    s{i} = {tup(at, counts)}\n    e{i} = extent{i}(s{i})")
+                body.append(f"    s{i} = {tup(at, count)}\n    e{i} = extent{i}(s{i})")
                 steps.append(f"(s{i}, e{i}, cost{i}(s{i}) / (e{i} or 1))")
-                at += counts
             else:
-                lays = []
-                for r in counts:
-                    lays.append(f"Layout({tup(at, r)}, {tup(at + r, r)}, q[{at + 2 * r}])")
-                    at += 2 * r + 1
-                steps.append("[" + ", ".join(lays) + "]")
-            reads.append(tup(at, n_reads))
-            at += n_reads
-        numels = "{" + "".join(f"{j}: q[{at + k}], " for k, j in enumerate(self._buffer_nodes)) + "}"
+                steps.append("[" + ", ".join(f"Layout({tup(sh, r)}, {tup(st, r)}, q[{off}])"
+                                             for sh, st, off, r in got[1]) + "]")
+        reads = [tup(at, n) for at, n in read_at]
+        numels = "{" + "".join(f"{j}: q[{at}], " for j, at in numel_at.items()) + "}"
         source = ("def bind(q):\n" + "".join(line + "\n" for line in body) +
                   f"    return Binding([{', '.join(steps)}], [{', '.join(reads)}], {numels})\n")
         exec(compile(source, "<plan binding>", "exec"), scope)

@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import caches
 from ..dtype import DType
+from ..layout import Layout
 from ..codegen import gemm_epilogue, gemm_skinny as K
 from ..codegen.gemm_ir import acc_type, storage_type
 from . import matmul_auto, pool
@@ -196,13 +197,19 @@ class Rebinder:
 
     def __call__(self, la, lb):
         """(sizes, extent, cost per unit) at layouts la @ lb, or None (decide again)."""
-        if self.two_d and len(la.shape) == 2:
-            (m, k), n = la.shape, lb.shape[1]
-            rsa, csa = self._canon(m, k, *la.strides)
-            rsb, csb = self._canon(k, n, *lb.strides)
+        return self.sized(la.shape, la.strides, lb.shape, lb.strides)
+
+    def sized(self, a_shape, a_strides, b_shape, b_strides):
+        """__call__ on the operands' shapes and strides (what a generated binding has at hand,
+        without Layout objects)."""
+        if self.two_d and len(a_shape) == 2:
+            (m, k), n = a_shape, b_shape[1]
+            rsa, csa = self._canon(m, k, *a_strides)
+            rsb, csb = self._canon(k, n, *b_strides)
             ldo, nb, bsa, bsb, bso = n, 1, 0, 0, 0
             f = None
         else:
+            la, lb = Layout(a_shape, a_strides), Layout(b_shape, b_strides)
             f = _fold_batch(self._geometry(la, lb, self.dtype))
             if len(f.bshape) != 1:
                 return None
@@ -213,7 +220,7 @@ class Rebinder:
             return None
         if self.bucket is not None:
             if f is None:
-                f = self._geometry(la, lb, self.dtype)
+                f = self._geometry(Layout(a_shape, a_strides), Layout(b_shape, b_strides), self.dtype)
             if matmul_auto.bucket(f, self.threads) != self.bucket:
                 return None
         kc = max(k, 1) if self.k_whole or k <= self.k_max else self.k_chunk
@@ -221,3 +228,35 @@ class Rebinder:
         sizes += self.tail
         extent = nb * sizes[12] if m and n else 0
         return sizes, extent, 2.0 * nb * m * n * max(k, 1) / max(extent, 1)
+
+    def source(self, i, a_shape, a_strides, b_shape, b_strides):
+        """`sized` as lines of a generated function (the direct path, native_direct.py): from
+        source tokens of the operands' shapes and strides they set s<i>, e<i>, c<i> (sizes,
+        extent, cost per unit) or return None where `sized` does; None (no lines) for a
+        batched problem or a measured bucket, which only `sized` decides."""
+        if not self.two_d or len(a_shape) != 2 or len(b_shape) != 2 or self.bucket is not None:
+            return None
+        (m, k), n = a_shape, b_shape[1]
+        (rs_a, cs_a), (rs_b, cs_b) = a_strides, b_strides
+        m, k, n = f"m{i}", f"k{i}", f"n{i}"
+        lines = [f"    {m}, {k}, {n} = {a_shape[0]}, {a_shape[1]}, {b_shape[1]}",
+                 f"    csa{i} = 1 if {k} == 1 else {cs_a}",           # _canon of a (rows m, cols k)
+                 f"    rsa{i} = (max({k}, 1) if csa{i} == 1 else 1) if {m} == 1 else {rs_a}",
+                 f"    csb{i} = 1 if {n} == 1 else {cs_b}",           # ... and of b (rows k, cols n)
+                 f"    rsb{i} = (max({n}, 1) if csb{i} == 1 else 1) if {k} == 1 else {rs_b}"]
+        t_form = f"rsb{i} == 1 and csa{i} == 1"
+        form = t_form if self.form == "t" else f"not ({t_form}) and csb{i} == 1"
+        lines.append(f"    if not ({form} and {self.m_lo} <= {m} <= {self.m_hi}):\n        return None")
+        whole = f"max({k}, 1)"
+        lines.append(f"    kc{i} = {whole}" if self.k_whole else
+                     f"    kc{i} = {whole} if {k} <= {self.k_max} else {self.k_chunk}")
+        ldb = f"csb{i}" if self.form == "t" else f"rsb{i}"
+        gc = self.gc
+        lines += [f"    u{i} = max({gc}, -(-(-(-{n} // {UNITS})) // {gc}) * {gc})",      # unit_sizes, one batch
+                  f"    w{i} = -(-{n} // u{i})",
+                  f"    e{i} = w{i} if {m} and {n} else 0",
+                  f"    s{i} = ({m}, {n}, {k}, rsa{i}, csa{i}, {ldb}, {n}, 1, 0, 0, 0, u{i}, w{i}, kc{i}, "
+                  f"max(1, -(-{k} // kc{i})), {''.join(f'{x}, ' for x in self.tail)})",
+                  f"    c{i} = 2.0 * {m} * {n} * max({k}, 1) / max(e{i}, 1)"]
+        return lines
+

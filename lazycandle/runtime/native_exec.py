@@ -159,6 +159,36 @@ def program_of(plan) -> "NativeProgram":
     return prog
 
 
+class BindingSource:
+    """How NativeProgram.binding_source writes the parts of a Binding: here from a NativePlan's
+    arguments (`st`: Binding.steps, `rd`: read offsets, `nm`: buffer element counts); the
+    direct path (native_direct.py) writes them as the symbolic binder's quantities."""
+
+    def numel(self, j):
+        return f"nm[{j}]"
+
+    def read(self, i, r):
+        return f"rd[{i}][{r}]"
+
+    def layout_offset(self, i, n):
+        return f"st[{i}][{n}].offset"
+
+    def layouts(self, i, scope):
+        return f"st[{i}]"
+
+    def kernel(self, i, scope):
+        return [f"    s{i}, e{i}, c{i} = st[{i}]"]
+
+    def spread(self, i, n):
+        """Call i's `n` sizes words in the words list."""
+        return f"*s{i}"
+
+    def matmul(self, i, rebind):
+        """A small-m matmul's sizes: re-bound while the backend setting holds, else decided again."""
+        return [f"    l{i} = st[{i}]\n    g{i} = rb{i}(l{i}[0], l{i}[1]) if (backend(), threads()) == set{i} "
+                f"else None\n    s{i}, e{i}, c{i} = g{i} or dc{i}(l{i})"]
+
+
 class NativeProgram:
     """The size-independent part of a plan's whole-program form, built once per plan (one size
     class): which steps run natively and in which segment, each call's pointer and size
@@ -250,19 +280,35 @@ class NativeProgram:
               pointer at `base` (0: offsets, for an arena taken per run), every call's extent,
               SERIAL | PARALLEL and sizes -- and (position, target, byte offset) per output pointer.
         Feed and output pointers are left 0: each run writes them."""
+        scope: dict = {}
+        src = BindingSource()
+        slot_lines, fill_lines, words, outs = self.binding_source(src, scope)
+        exec(compile("\n".join(["def slots(nm):"] + slot_lines + ["    return at, top"]) + "\n",
+                     "<native slots>", "exec"), scope)
+        exec(compile("\n".join(["def fill(st, rd, at, base):"] + fill_lines + [f"    return {words}, {outs}"])
+                     + "\n", "<native binding>", "exec"), scope)
+        return scope["slots"], scope["fill"]
+
+    def binding_source(self, src, scope):
+        """The source of a binding's native words, with each part of the binding as `src`
+        (a BindingSource) writes it: (slot lines -- `at`: byte offset per arena slot, `top`:
+        arena bytes --, fill lines -- each call's s<i>, e<i>, c<i>: sizes, extent, cost per
+        unit --, the words list expression (arena pointers at `base`), the output refs list
+        expression: (position, target, byte offset) per output pointer).  `scope` gets the
+        names the lines use."""
         def element(e):
             if e.__class__ is int:
                 return str(e)
-            return f"rd[{e[0]}][{e[1]}]" if len(e) == 2 else f"st[{e[1]}][{e[2]}].offset"
+            return src.read(e[0], e[1]) if len(e) == 2 else src.layout_offset(e[1], e[2])
         per_slot = [[] for _ in range(self.slots[1])]
         for j, slot, itemsize in self.slot_items:
-            per_slot[slot].append(f"(nm[{j}] * {itemsize} + {ALIGN - 1}) & -{ALIGN}")
-        lines = ["def slots(nm):"]
+            per_slot[slot].append(f"({src.numel(j)} * {itemsize} + {ALIGN - 1}) & -{ALIGN}")
+        lines = []
         for slot, sizes in enumerate(per_slot):
             lines.append(f"    z{slot} = max({ALIGN}, {', '.join(sizes)})" if sizes else f"    z{slot} = {ALIGN}")
         starts = ["0"] + [" + ".join(f"z{k}" for k in range(slot + 1)) for slot in range(self.slots[1])]
-        lines.append(f"    return [{', '.join(starts[:-1])}], {starts[-1]}")
-        scope = {"backend": config.get_matmul_backend, "threads": config.get_num_threads}
+        lines.append(f"    at, top = [{', '.join(starts[:-1])}], {starts[-1]}")
+        scope.update(backend=config.get_matmul_backend, threads=config.get_num_threads)
         words, outs = [], []
         arena_at = {pos: (slot, e, size) for pos, slot, e, size in self.arena_refs}
         for pos in range(self.n_refs):
@@ -273,34 +319,30 @@ class NativeProgram:
                 words.append(str(self.words[pos]))
         for pos, t, e, size in self.out_refs:
             outs.append(f"({pos}, {t}, {element(e)} * {size})")
-        body = ["def fill(st, rd, at, base):"]
+        body = []
         ends = [w for w, _, _, _ in self.calls_sized[1:]] + [len(self.words)]
         at = self.n_refs
         for (word_at, sizes_at, sized, i), end in zip(self.calls_sized, ends):
             if word_at != at:
                 raise AssertionError("native program: the calls' words are not back to back")
             if sized.__class__ is int:
-                body.append(f"    s{i}, e{i}, c{i} = st[{i}]")
+                body += src.kernel(i, scope)
             elif sized.__class__ is tuple:
                 scope[f"k{i}"] = sized
                 body.append(f"    s{i}, e{i}, c{i} = k{i}")
             elif getattr(sized, "rebind", None) is not None:        # a small-m matmul: _matmul_call's sized
                 scope[f"rb{i}"], scope[f"set{i}"], scope[f"dc{i}"] = sized.rebind, sized.setting, sized.decide
-                body.append(f"    l{i} = st[{i}]\n    g{i} = rb{i}(l{i}[0], l{i}[1]) if (backend(), threads()) == set{i} "
-                            f"else None\n    s{i}, e{i}, c{i} = g{i} or dc{i}(l{i})")
+                body += src.matmul(i, sized.rebind)
             else:
                 scope[f"f{i}"] = sized
-                body.append(f"    s{i}, e{i}, c{i} = f{i}(st[{i}])")
+                body.append(f"    s{i}, e{i}, c{i} = f{i}({src.layouts(i, scope)})")
             words += [f"e{i}", f"({PARALLEL} if e{i} * c{i} >= {MIN_PARALLEL_COST!r} and e{i} > 1 else {SERIAL})"]
             if sizes_at is not None:
-                words.append(f"*s{i}")
+                words.append(src.spread(i, end - sizes_at))
             at = end
         if not self.calls_sized:
             words += ["0"] * (len(self.words) - len(words))
-        body.append(f"    return [{', '.join(words)}], [{', '.join(outs)}]")
-        exec(compile("\n".join(lines) + "\n", "<native slots>", "exec"), scope)
-        exec(compile("\n".join(body) + "\n", "<native binding>", "exec"), scope)
-        return scope["slots"], scope["fill"]
+        return lines, body, f"[{', '.join(words)}]", f"[{', '.join(outs)}]"
 
     def _ref_of_bind(self, bind, read):
         """The pointer ref of a kernel operand: a feed slot, or node bind[1] at element `read`."""
