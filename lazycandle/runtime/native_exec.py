@@ -619,6 +619,90 @@ class NativePlan:
                     run_step(seg, in_bufs, offsets, bufs, sized, packed)
         return [outs[t] for t in self.returned]
 
+    def program_runner(self, inputs, offsets, scalars, slots, outputs):
+        """A Program.run of this binding as one prepared function `run(feeds) -> arrays | None`
+        (graph_api._Instance.fast_runner), for the common case only: one native segment, small
+        outputs, a kept arena; None otherwise.  `inputs`: the capture's input nodes (a
+        placeholder is fed by its name, a realized node reads its buffer); `outputs`: per user
+        output (target number, element offset, shape).  `run` returns None -- nothing done,
+        the caller takes the full path -- unless LAZYCANDLE_EXEC and LAZYCANDLE_PROFILE leave
+        the native path on, the plan still runs this NativePlan at the backend setting it was
+        built under, and `feeds` holds exactly the placeholders as C-contiguous ndarrays of
+        their dtype objects and shapes."""
+        used, feeds, views, small_fill, large_fill, seq = self._tables or self._run_tables(slots)
+        if len(seq) != 1 or seq[0][0] is None or large_fill or self.large_outputs or not self.keep_arena:
+            return None
+        prog, binding, status = self.program, self.binding, self.status if self.has_status else None
+        fn = ctypes.CFUNCTYPE(ctypes.c_int64)(_fn_address(seq[0][0]))    # no argtypes: ctypes args as they are
+        with prog.lock:
+            packed_addr = self._pack(scalars)[1]
+        call_args = (ctypes.c_void_p(self.ptrs_addr), ctypes.c_void_p(self.sizes_addr), ctypes.c_void_p(packed_addr))
+        thread_args = {}
+        ptr_of_input = {k: [] for k in range(len(used))}
+        for pos, k, i, s in feeds:
+            ptr_of_input[k].append((pos, offsets[s] * inputs[i].dtype.numpy.itemsize))
+        fed, kept = [], []          # (name, numpy dtype, shape, pointer positions) | (node, [buffer, address], ...)
+        for k, i in enumerate(used):
+            n = inputs[i]
+            if n.buffer is None:
+                fed.append((n.arg, np.dtype(n.dtype.numpy), n.shape, ptr_of_input[k]))
+            else:
+                kept.append((n, [None, 0], ptr_of_input[k]))
+        n_feeds = sum(1 for n in inputs if n.buffer is None)
+        block_type = self._block
+        small_at = {t: (off, npdt) for t, off, _, npdt in self.small_outputs}
+        carve = [(shape, small_at[t][1], small_at[t][0] + off * np.dtype(small_at[t][1]).itemsize)
+                 for t, off, shape in outputs]
+        get_exec, get_profile = config._exec_env[0], config._profile_env[0]
+        ptrs, ndarray = self.ptrs, np.ndarray
+        pool_state, ensure = native_pool._state, native_pool.ensure
+
+        def run(feeds):
+            if get_exec() is not None or get_profile() is not None:
+                mode, profiling = config.exec_flags()
+                if profiling or mode == "python":
+                    return None
+            if binding.native is not self or self.matmul_epoch != config.matmul_epoch or len(feeds) != n_feeds:
+                return None
+            addrs = []
+            for name, npdt, shape, _ in fed:
+                v = feeds.get(name)
+                if v.__class__ is not ndarray or v.dtype is not npdt or v.shape != shape or not v.flags.c_contiguous:
+                    return None
+                addrs.append(address(v))
+            for n, memo, _ in kept:
+                if n.buffer is not memo[0]:
+                    memo[0], memo[1] = n.buffer, address(n.buffer)
+            block = block_type()
+            base = _addressof(block)
+            skip = -base % ALIGN
+            base += skip
+            outs = [ndarray(shape, npdt, block, skip + at) for shape, npdt, at in carve]
+            nthreads = config._num_threads
+            if not pool_state or pool_state["started"] + 1 < nthreads:
+                ensure(nthreads)
+            threads_arg = thread_args.get(nthreads)
+            if threads_arg is None:
+                threads_arg = thread_args[nthreads] = ctypes.c_int64(nthreads)
+            with prog.lock:            # read per run: renewed in a forked child
+                for (_, _, _, where), addr in zip(fed, addrs):
+                    for pos, off in where:
+                        ptrs[pos] = addr + off
+                for _, memo, where in kept:
+                    for pos, off in where:
+                        ptrs[pos] = memo[1] + off
+                for pos, off in small_fill:
+                    ptrs[pos] = base + off
+                if status is not None:
+                    status.fill(0)
+                if prog.scalars is not scalars:
+                    self._pack(scalars)
+                rc = fn(*call_args, threads_arg)
+                if rc:
+                    self._raise_status(0, rc - 1)
+            return outs
+        return run
+
     def _node_buffers(self, arena, outs):
         """The plan's buffers as arrays, for the steps that run in Python."""
         if self._fixed_bufs is not None:
