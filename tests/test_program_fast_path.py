@@ -1,9 +1,10 @@
-"""Program.run's prepared one-call path (NativePlan.program_runner): once a fixed-size program
-runs natively, a run whose feeds are exact ndarrays skips every layer.  Whatever that path
+"""The prepared one-call paths: Program.run's (NativePlan.program_runner) -- once a fixed-size
+program runs natively, a run whose feeds are exact ndarrays skips every layer -- and an eager
+realize's (NativePlan.buffers_runner, behind compiler.BoundPlan.run).  Whatever that path
 does not take must still reach the checked path: feeds of another dtype, shape or strides
 after a hit, settings changed between runs, other scalars packed by another user of the same
 plan.  Outputs are fresh per run, bad ids still raise after the call, threads and a fork
-child get right answers."""
+child get right answers; an eager realize packs its own scalars and reads its own offsets."""
 from __future__ import annotations
 
 import numpy as np
@@ -165,3 +166,56 @@ print("ok")
 
 def test_forked_child_runs_the_fast_path():
     assert "ok" in run_probe(FORKED, timeout=90)
+
+
+# ---- eager realize: a BoundPlan's prepared run (NativePlan.buffers_runner) ------------------
+
+def _eager_hot(make):
+    """Realize `make()` until its bound plan runs through the prepared path."""
+    from lazycandle import compiler
+    for _ in range(3):
+        got = make().numpy()
+    assert any(e[0]._fast and e[0]._fast[1] for e in compiler._eager.values())
+    return got
+
+
+def test_eager_prepared_path_packs_each_realizes_scalars_and_gives_fresh_outputs():
+    t = lc.tensor(A)
+    _eager_hot(lambda: ((t * 2.0) + 1.0).exp())
+    outs = []
+    for k in range(4):
+        y = ((t * (2.0 + k)) + (1.0 - k)).exp()
+        outs.append(y.numpy())
+        np.testing.assert_allclose(outs[-1], np.exp(A * (2 + k) + (1 - k)), rtol=1e-6)
+    assert not np.shares_memory(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], np.exp(A * 2 + 1), rtol=1e-6)      # not written by later runs
+
+
+def test_eager_prepared_path_reads_offset_views_of_its_input():
+    big = np.arange(40, dtype=np.float32)
+    t = lc.tensor(big)
+    _eager_hot(lambda: t[4:20] * 3.0)
+    for lo in (0, 7, 24):
+        np.testing.assert_array_equal((t[lo:lo + 16] * 3.0).numpy(), big[lo:lo + 16] * 3)
+
+
+def test_eager_bad_ids_on_the_prepared_path_raise_index_out_of_bounds():
+    t = lc.tensor(np.arange(40, dtype=np.float32).reshape(5, 8))
+    good = lc.tensor(np.array([4, 0, 2], np.int64))
+    _eager_hot(lambda: (t * 2.0).index_select(good, 0).exp())
+    with pytest.raises(lc.IndexOutOfBounds, match="index_select"):
+        (t * 2.0).index_select(lc.tensor(np.array([1, 5, 0], np.int64)), 0).exp().numpy()
+    np.testing.assert_allclose((t * 2.0).index_select(good, 0).exp().numpy(),
+                               np.exp(np.arange(40, dtype=np.float32).reshape(5, 8)[[4, 0, 2]] * 2), rtol=1e-6)
+
+
+def test_eager_prepared_path_from_many_threads():
+    t = lc.tensor(A)
+    _eager_hot(lambda: (t * 2.0) + 1.0)
+
+    def work(i):
+        for _ in range(100):
+            got = ((t * float(i)) + 1.0).numpy()
+            if not np.allclose(got, A * i + 1, rtol=1e-6, atol=1e-7):      # (a fused multiply-add)
+                raise AssertionError(f"thread {i}: wrong answer")
+    assert run_in_threads(work, 6) == []
