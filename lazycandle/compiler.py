@@ -99,7 +99,7 @@ class BoundPlan:
 
     def __init__(self, plan, binding):
         self.plan, self.binding = plan, binding
-        self._fast = None       # (NativePlan, its buffers_runner) once the binding runs natively
+        self._fast = None       # (NativePlan, its buffers_runner or None, whether it was asked for one)
 
     def run(self, in_bufs, offsets, scalars):
         fast = self._fast
@@ -109,8 +109,11 @@ class BoundPlan:
                 return outs
         outs = self.plan.run(in_bufs, offsets, scalars, self.binding)
         native = self.binding.native
-        if native and (fast is None or fast[0] is not native):
-            self._fast = (native, native.buffers_runner(self.plan.slots))
+        if native:
+            if fast is None or fast[0] is not native:
+                self._fast = (native, None, False)      # a binding run natively once (a decode step) pays nothing
+            elif not fast[2]:
+                self._fast = (native, native.buffers_runner(self.plan.slots), True)
         return outs
 
     def run_python(self, in_bufs, offsets, scalars, seconds=None):
