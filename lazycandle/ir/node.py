@@ -96,8 +96,8 @@ _CONST, _VIEW = OPS["const"], OPS["view"]
 def broadcast_scalar(value, dtype, shape: tuple, layout, label):
     """The two nodes of a scalar operand, built without Node()'s generic checks: a const node
     of `value` (already exact in `dtype`) and its view broadcasting it to `shape` (a
-    validated plain-int shape, non-empty) by `layout` (strides 0) -- what
-    `Node("const", ...)` then `Node("view", ...)` build; returns the view."""
+    non-empty shape some node already has: Node() has checked it) by `layout` (strides 0) --
+    what `Node("const", ...)` then `Node("view", ...)` build; returns the view."""
     c = _new(Node)
     c.op, c.srcs, c.arg, c.shape, c.dtype, c._base, c.layout = _CONST, (), value, (), dtype, None, _SCALAR_LAYOUT
     c.buffer = c.label = c.origin = c.trace = None

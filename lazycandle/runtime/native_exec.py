@@ -650,7 +650,7 @@ class NativePlan:
             return binding.native is not self or self.matmul_epoch != config.matmul_epoch
 
         def call(fill, scalars):
-            nthreads = config._num_threads
+            nthreads = config._num_threads      # native_pool.threads(), inlined: ensure only when short
             if not pool_state or pool_state["started"] + 1 < nthreads:
                 ensure(nthreads)
             threads_arg = thread_args.get(nthreads)
@@ -711,13 +711,15 @@ class NativePlan:
         ptr_of_input = {k: [] for k in range(len(used))}
         for pos, k, i, s in feeds:
             ptr_of_input[k].append((pos, offsets[s] * inputs[i].dtype.numpy.itemsize))
-        fed, kept = [], []          # (name, numpy dtype, shape, pointer positions) | (node, [buffer, address], ...)
+        # (name, numpy dtype, shape, pointer positions) per fed input; (node, [(its buffer, address)],
+        # pointer positions) per realized one: the memo is replaced whole (threads read it unlocked)
+        fed, kept = [], []
         for k, i in enumerate(used):
             n = inputs[i]
             if n.buffer is None:
                 fed.append((n.arg, np.dtype(n.dtype.numpy), n.shape, ptr_of_input[k]))
             else:
-                kept.append((n, [None, 0], ptr_of_input[k]))
+                kept.append((n, [(n.buffer, address(n.buffer))], ptr_of_input[k]))
         n_feeds = sum(1 for n in inputs if n.buffer is None)
         block_type = self._block
         small_at = {t: (off, npdt) for t, off, _, npdt in self.small_outputs}
@@ -737,10 +739,13 @@ class NativePlan:
                 for pos, off in where:
                     fill.append((pos, addr + off))
             for n, memo, where in kept:
-                if n.buffer is not memo[0]:
-                    memo[0], memo[1] = n.buffer, address(n.buffer)
+                buf, addr = memo[0]
+                if n.buffer is not buf:         # an in-place op gave the node a new buffer
+                    buf = n.buffer
+                    addr = address(buf)
+                    memo[0] = (buf, addr)
                 for pos, off in where:
-                    fill.append((pos, memo[1] + off))
+                    fill.append((pos, addr + off))
             block = block_type()
             base = _addressof(block)
             skip = -base % ALIGN
