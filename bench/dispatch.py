@@ -6,7 +6,8 @@ it is set untimed before each call):
 
   * Program.run of a one-kernel program on 16 floats (target <= 10 us median);
   * eager realize of a 3-op chain on 16 floats, graph building included (target <= 40 us);
-    `--split` adds where its time goes, part by part (perf_counter_ns around each part);
+    `--split` adds where its time goes, part by part (perf_counter_ns around each part), and
+    both targets in a tight native loop (no mode switch between calls);
   * eager `x.sum(-1).numpy()` on (7, 33) (all Python and dispatch) and on (1024, 1024);
   * the GPT-2-style block program (bench/gpt2_block.py) on (1, 8, 768) (target >= 2x faster)
     and (1, 128, 768) (no slower), at 1 and 2 threads.
@@ -110,6 +111,30 @@ def eager_split(reps):
     print(f"  {'sum of medians':18s} {total:6.1f} us")
 
 
+def tight_loops(reps):
+    """Median us of the two dispatch targets called back to back on the native path with no
+    setting written between calls (LAZYCANDLE_EXEC unset): what a loop of them pays, the
+    alternating figures above include the mode switch's cache churn."""
+    os.environ.pop("LAZYCANDLE_EXEC", None)
+    a = np.linspace(-1, 1, 16, dtype=np.float32)
+    x = lc.placeholder("x", (16,), lc.f32)
+    one = lc.compile([x * 2.0 + 1.0])
+    t = lc.tensor(a)
+    cases = {"Program.run, one kernel on 16 floats": lambda: one.run(x=a),
+             "eager realize of a 3-op chain on 16 floats": lambda: lc.realize(((t * 2.0) + 1.0).exp())}
+    clock = time.perf_counter_ns
+    print(f"tight loops ({reps} calls each, native, nothing set between calls):")
+    for title, fn in cases.items():
+        for _ in range(200):
+            fn()
+        times = []
+        for _ in range(reps):
+            t0 = clock()
+            fn()
+            times.append(clock() - t0)
+        print(f"  {title:44s} median {statistics.median(times) / 1e3:6.1f} us")
+
+
 def gpt2_case(seq, n_blocks, threads, repeats):
     prog, feeds = G.block_program(seq, n_blocks)
     with lc.num_threads(threads):
@@ -132,6 +157,7 @@ def main(argv=None):
     tiny_cases(a.repeats * 10)
     if a.split:
         eager_split(a.repeats * 100)
+        tight_loops(a.repeats * 100)
     for seq in (8, 128):
         for threads in (1, 2):
             gpt2_case(seq, a.blocks, threads, a.repeats)

@@ -23,12 +23,20 @@ class LRU:
         self._lock = threading.Lock()
 
     def get(self, key, default=None):
-        with self._lock:
-            try:
-                self._data.move_to_end(key)     # hashes the key once more than a lookup: twice
-            except KeyError:
-                return default
-            return self._data[key]
+        """The value under `key` (now the most recent), without taking the lock: each
+        OrderedDict call is one atomic step under the GIL (keys are plain tuples, whose hash
+        and == run no Python code), so an eviction by another thread between the two steps
+        only skips the touch."""
+        data = self._data
+        try:
+            value = data[key]
+        except KeyError:
+            return default
+        try:
+            data.move_to_end(key)
+        except KeyError:
+            pass
+        return value
 
     def put(self, key, value, replace: bool = False):
         """Store value under key unless another thread stored one first (or `replace`);

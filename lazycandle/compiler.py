@@ -99,9 +99,22 @@ class BoundPlan:
 
     def __init__(self, plan, binding):
         self.plan, self.binding = plan, binding
+        self._fast = None       # (NativePlan, its buffers_runner or None, whether it was asked for one)
 
     def run(self, in_bufs, offsets, scalars):
-        return self.plan.run(in_bufs, offsets, scalars, self.binding)
+        fast = self._fast
+        if fast is not None and fast[1] is not None:
+            outs = fast[1](in_bufs, offsets, scalars)
+            if outs is not None:
+                return outs
+        outs = self.plan.run(in_bufs, offsets, scalars, self.binding)
+        native = self.binding.native
+        if native:
+            if fast is None or fast[0] is not native:
+                self._fast = (native, None, False)      # a binding run natively once (a decode step) pays nothing
+            elif not fast[2]:
+                self._fast = (native, native.buffers_runner(self.plan.slots), True)
+        return outs
 
     def run_python(self, in_bufs, offsets, scalars, seconds=None):
         return self.plan.run_python(in_bufs, offsets, scalars, seconds, self.binding)

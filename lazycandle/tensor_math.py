@@ -11,7 +11,7 @@ import numpy as np
 from . import dtype as D
 from .dtype import as_dtype
 from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnboundPlaceholder, UnsupportedDTypeForOp
-from .ir.node import Node
+from .ir.node import Node, broadcast_scalar
 from .ir.ops import OPS
 from .layout import scalar_broadcast
 from .named_dims import Size
@@ -58,7 +58,7 @@ def const_node(value, dtype: D.DType) -> Node:
     return Node(_CONST, (), scalar_in_dtype(value, dtype), (), dtype)
 
 
-_CONST, VIEW_OP = OPS["const"], OPS["view"]
+_CONST = OPS["const"]
 
 
 def _scalar_node(value, dt: D.DType, shape: tuple) -> Node:
@@ -67,11 +67,10 @@ def _scalar_node(value, dt: D.DType, shape: tuple) -> Node:
     if dt.storage_only:
         from .tensor import full
         return full(value, shape, dt)._node
-    c = const_node(value, dt)
     if not shape:
-        return c
+        return const_node(value, dt)
     layout, label = scalar_broadcast(shape)
-    return Node(VIEW_OP, (c,), None, shape, dt, layout=layout, label=label)
+    return broadcast_scalar(scalar_in_dtype(value, dt), dt, shape, layout, label)
 
 
 def scalar_in_dtype(value, dtype: D.DType):

@@ -35,10 +35,15 @@ class Node:
                  "__weakref__")
 
     def __init__(self, op, srcs, arg, shape, dtype, layout=None, buffer=None, label=None):
-        self.op = op = OPS[op] if op.__class__ is str else op
-        self.srcs = srcs = srcs if srcs.__class__ is tuple else tuple(srcs)
+        if op.__class__ is str:
+            op = OPS[op]
+        self.op = op
+        if srcs.__class__ is not tuple:
+            srcs = tuple(srcs)
+        self.srcs = srcs
         self.arg = arg
-        shape = shape if shape.__class__ is tuple else tuple(shape)
+        if shape.__class__ is not tuple:
+            shape = tuple(shape)
         if shape and max(shape) >= SYMBOLIC:      # traced with named dims: print them
             shape = sizes_of(shape)
         self.shape = shape
@@ -48,15 +53,16 @@ class Node:
         self.id = next(_ids)
         self.origin = None
         cat = op.category
-        if cat == VIEW:
-            self._base = srcs[0]._base or srcs[0]      # the base, without the property call
+        if cat is VIEW:
+            src = srcs[0]
+            self._base = src._base or src      # the base, without the property call
             self.layout = layout
             self.trace = None
         else:
             self._base = None          # itself (not stored: a self-reference would be a cycle)
             self.layout = CONTIGUOUS_LAYOUTS.get(shape) or contiguous_layout(shape)
             # the eager realize's key of the expression (ir/trace.py), while it is unrealized
-            self.trace = None if cat == SOURCE or buffer is not None else node_trace(self)
+            self.trace = None if cat is SOURCE or buffer is not None else node_trace(self)
 
     @property
     def base(self):
@@ -82,3 +88,27 @@ class Node:
 
     def __repr__(self):
         return f"Node#{self.id}({self.op.name}, {self.shape}, {self.dtype.name})"
+
+
+_CONST, _VIEW = OPS["const"], OPS["view"]
+
+
+def broadcast_scalar(value, dtype, shape: tuple, layout, label):
+    """The two nodes of a scalar operand, built without Node()'s generic checks: a const node
+    of `value` (already exact in `dtype`) and its view broadcasting it to `shape` (a
+    non-empty shape some node already has: Node() has checked it) by `layout` (strides 0) --
+    what `Node("const", ...)` then `Node("view", ...)` build; returns the view."""
+    c = _new(Node)
+    c.op, c.srcs, c.arg, c.shape, c.dtype, c._base, c.layout = _CONST, (), value, (), dtype, None, _SCALAR_LAYOUT
+    c.buffer = c.label = c.origin = c.trace = None
+    c.id = next(_ids)
+    v = _new(Node)
+    v.op, v.srcs, v.arg, v.shape, v.dtype, v._base, v.layout = _VIEW, (c,), None, shape, dtype, c, layout
+    v.buffer = v.origin = v.trace = None
+    v.label = label
+    v.id = next(_ids)
+    return v
+
+
+_new = object.__new__
+_SCALAR_LAYOUT = contiguous_layout(())

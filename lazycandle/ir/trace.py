@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 
 from .. import caches
-from .ops import SOURCE, scalar_class
+from .ops import OPS, SOURCE, scalar_class
 
 MAX_INNER = 32          # computed nodes below a traced node
 MAX_WATCH = 96          # nodes whose realize would change the capture (computed, views, constants)
@@ -72,7 +72,7 @@ def node_trace(n):
             if s is not b:
                 watch += (s,)               # a view realized later is an input of its own
         elif b.op.category is SOURCE:
-            if b.op.name != "const":
+            if b.op is not _CONST:
                 return None                 # a placeholder: realized only through a Program
             v = b.arg
             descs.append(("c", b.dtype.name, lay.shape, scalar_class(kind, v) if kind.keyed_scalars else None))
@@ -83,10 +83,13 @@ def node_trace(n):
             if t is None:
                 return None
             descs.append(("n", t[0], lay.shape, lay.strides, lay.offset))
-            below = t[4] + (b,)
-            if inner and not {id(m) for m in inner}.isdisjoint([id(m) for m in below]):
-                return None                 # a shared computed node: the capture walk dedups it
-            inner += below
+            if inner:
+                below = t[4] + (b,)
+                if not {id(m) for m in inner}.isdisjoint([id(m) for m in below]):
+                    return None             # a shared computed node: the capture walk dedups it
+                inner += below
+            else:
+                inner = t[4] + (b,)
             watch += t[3] + ((b, s) if s is not b else (b,))
             reads += t[1]
             scalars += t[2]
@@ -97,15 +100,22 @@ def node_trace(n):
             descs.append(("c", n.dtype.name, (), None))
             scalars += ((v, n.dtype),)
         arg = kind.arg_class(values, n.dtype) if kind.arg_class else None
-    elif not (arg is None or arg.__class__ in (int, float, str)):
+    elif not (arg is None or arg.__class__ in _PLAIN_ARGS):
         arg = argkey(arg)
     if len(inner) > MAX_INNER or len(watch) > MAX_WATCH or len(reads) > MAX_READS or len(scalars) > MAX_SCALARS:
         return None
+    key = (kind.name, arg, n.shape, n.dtype.name, tuple(descs))
     try:
-        sig = _intern((kind.name, arg, n.shape, n.dtype.name, tuple(descs)))
+        sig = _sigs.get(key)
     except TypeError:                       # an arg that is not hashable: no key to file it under
         return None
+    if sig is None:
+        sig = _intern(key)
     return (sig, reads, scalars, watch, inner)
+
+
+_PLAIN_ARGS = frozenset((int, float, str))
+_CONST = OPS["const"]
 
 
 def patterns(trace) -> tuple:

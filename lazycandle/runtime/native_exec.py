@@ -661,6 +661,144 @@ class NativePlan:
                     run_step(seg, in_bufs, offsets, bufs, sized, packed)
         return [outs[t] for t in self.returned]
 
+    def _one_call(self, slots, scalars=None):
+        """What both prepared runners share, for the common case only (one native segment,
+        small outputs, a kept arena; else None): the run tables, `stale()` (True when a
+        setting read per run -- LAZYCANDLE_EXEC=python, LAZYCANDLE_PROFILE, a new matmul
+        backend -- or a rebuilt native form means the full path must run) and
+        `call(fill, scalars)`, which under the program's lock writes (position, address) of
+        `fill` into the pointers, packs `scalars` unless they are the last packed, and makes
+        the one native call (raising the status word's error after it)."""
+        tables = self._tables or self._run_tables(slots)
+        seq = tables[5]
+        if len(seq) != 1 or seq[0][0] is None or tables[4] or self.large_outputs or not self.keep_arena:
+            return None
+        prog, binding, status = self.program, self.binding, self.status if self.has_status else None
+        fn = ctypes.CFUNCTYPE(ctypes.c_int64)(_fn_address(seq[0][0]))    # no argtypes: ctypes args as they are
+        with prog.lock:
+            packed = self._pack(scalars) if scalars is not None else prog.packed    # (set by every native run)
+        if packed is None:
+            return None
+        call_args = (ctypes.c_void_p(self.ptrs_addr), ctypes.c_void_p(self.sizes_addr), ctypes.c_void_p(packed[1]))
+        thread_args = {}
+        get_exec, get_profile = config._exec_env[0], config._profile_env[0]
+        ptrs, pool_state, ensure = self.ptrs, native_pool._state, native_pool.ensure
+
+        def stale():
+            if get_exec() is not None or get_profile() is not None:
+                mode, profiling = config.exec_flags()
+                if profiling or mode == "python":
+                    return True
+            return binding.native is not self or self.matmul_epoch != config.matmul_epoch
+
+        def call(fill, scalars):
+            nthreads = config._num_threads      # native_pool.threads(), inlined: ensure only when short
+            if not pool_state or pool_state["started"] + 1 < nthreads:
+                ensure(nthreads)
+            threads_arg = thread_args.get(nthreads)
+            if threads_arg is None:
+                threads_arg = thread_args[nthreads] = ctypes.c_int64(nthreads)
+            with prog.lock:             # read per run: renewed in a forked child
+                for pos, addr in fill:
+                    ptrs[pos] = addr
+                if status is not None:
+                    status.fill(0)
+                if prog.scalars is not scalars:
+                    self._pack(scalars)
+                rc = fn(*call_args, threads_arg)
+                if rc:
+                    self._raise_status(0, rc - 1)
+        return tables, stale, call
+
+    def buffers_runner(self, slots):
+        """NativePlan.run as one prepared function `run(in_bufs, offsets, scalars) -> target
+        buffers | None` (compiler.BoundPlan.run), for `_one_call`'s common case (else None);
+        None from `run`: nothing done, the caller takes the full path."""
+        got = self._one_call(slots)
+        if got is None:
+            return None
+        (used, feeds, views, small_fill, _, _), stale, call = got
+        block_type, returned, frombuffer = self._block, self.returned, np.frombuffer
+
+        def run(in_bufs, offsets, scalars):
+            if stale():
+                return None
+            fill = []
+            for pos, k, i, s in feeds:
+                buf = in_bufs[i]
+                fill.append((pos, address(buf) + offsets[s] * buf.itemsize))
+            block = block_type()
+            base = _addressof(block)
+            skip = -base % ALIGN
+            base += skip
+            outs = [frombuffer(block, npdt, n, skip + off) for npdt, n, off in views]
+            for pos, off in small_fill:
+                fill.append((pos, base + off))
+            call(fill, scalars)
+            return [outs[t] for t in returned]
+        return run
+
+    def program_runner(self, inputs, offsets, scalars, slots, outputs):
+        """A Program.run of this binding as one prepared function `run(feeds) -> arrays | None`
+        (graph_api._Instance.fast_runner), for `_one_call`'s common case (else None).
+        `inputs`: the capture's input nodes (a placeholder is fed by its name, a realized node
+        reads its buffer); `outputs`: per user output (target number, element offset, shape).
+        `run` returns None -- nothing done, the caller takes the full path -- when `stale` or
+        unless `feeds` holds exactly the placeholders as C-contiguous ndarrays of their dtype
+        objects and shapes."""
+        got = self._one_call(slots, scalars)
+        if got is None:
+            return None
+        (used, feeds, _, small_fill, _, _), stale, call = got
+        ptr_of_input = {k: [] for k in range(len(used))}
+        for pos, k, i, s in feeds:
+            ptr_of_input[k].append((pos, offsets[s] * inputs[i].dtype.numpy.itemsize))
+        # (name, numpy dtype, shape, pointer positions) per fed input; (node, [(its buffer, address)],
+        # pointer positions) per realized one: the memo is replaced whole (threads read it unlocked)
+        fed, kept = [], []
+        for k, i in enumerate(used):
+            n = inputs[i]
+            if n.buffer is None:
+                fed.append((n.arg, np.dtype(n.dtype.numpy), n.shape, ptr_of_input[k]))
+            else:
+                kept.append((n, [(n.buffer, address(n.buffer))], ptr_of_input[k]))
+        n_feeds = sum(1 for n in inputs if n.buffer is None)
+        block_type = self._block
+        small_at = {t: (off, npdt) for t, off, _, npdt in self.small_outputs}
+        carve = [(shape, small_at[t][1], small_at[t][0] + off * np.dtype(small_at[t][1]).itemsize)
+                 for t, off, shape in outputs]
+        ndarray = np.ndarray
+
+        def run(feeds):
+            if len(feeds) != n_feeds or stale():
+                return None
+            fill = []
+            for name, npdt, shape, where in fed:
+                v = feeds.get(name)
+                if v.__class__ is not ndarray or v.dtype is not npdt or v.shape != shape or not v.flags.c_contiguous:
+                    return None
+                addr = address(v)
+                for pos, off in where:
+                    fill.append((pos, addr + off))
+            for n, memo, where in kept:
+                buf, addr = memo[0]
+                if n.buffer is not buf:         # an in-place op gave the node a new buffer
+                    buf = n.buffer
+                    addr = address(buf)
+                    memo[0] = (buf, addr)
+                for pos, off in where:
+                    fill.append((pos, addr + off))
+            block = block_type()
+            base = _addressof(block)
+            skip = -base % ALIGN
+            base += skip
+            outs = [ndarray(shape, npdt, block, skip + at) for shape, npdt, at in carve]
+            for pos, off in small_fill:
+                fill.append((pos, base + off))
+            call(fill, scalars)
+            return outs
+        return run
+
     def _node_buffers(self, arena, outs):
         """The plan's buffers as arrays, for the steps that run in Python."""
         if self._fixed_bufs is not None:
