@@ -16,13 +16,12 @@ import ctypes
 import mmap
 import sys
 import threading
-import weakref
 
 import numpy as np
 
 from .. import caches
 
-POOL_MIN_BYTES = 1 << 20          # smaller blocks come from malloc directly
+POOL_MIN_BYTES = 1 << 16          # smaller blocks come from malloc directly
 POOL_MAX_BYTES = 1 << 30          # never keep more than this idle
 HUGE = 1 << 21
 
@@ -88,12 +87,31 @@ def alloc(n: int, dtype) -> np.ndarray:
         stats["fresh"] += 1
     else:
         stats["reused"] += 1
-    # The array's owner is a per-lease ctypes view of the block: numpy collapses view chains
-    # down to the first non-ndarray owner, so the lease dies exactly when the last view does.
-    lease = (ctypes.c_char * nbytes).from_address(block.addr)
+    return np.frombuffer(_lease_type(size).from_address(block.addr).hold(block), dtype=npdt, count=n)
+
+
+_lease_types: dict = {}     # block size -> ctypes array type of that length
+
+
+def _lease_type(size: int):
+    """The ctypes array type whose instances lease a block of `size` bytes.  An array's owner
+    is a per-lease instance: numpy collapses view chains down to the first non-ndarray owner,
+    so the lease dies exactly when the last view does, and its __del__ gives the block back
+    (~1 us a lease, against ~2.5 us for a plain ctypes view with a weakref.finalize)."""
+    tp = _lease_types.get(size)
+    if tp is None:
+        tp = _lease_types[size] = type("Lease", (ctypes.Array,), {
+            "_type_": ctypes.c_char, "_length_": size, "hold": _hold, "__del__": _give_back})
+    return tp
+
+
+def _hold(lease, block):
     lease.block = block
-    weakref.finalize(lease, _release, block)
-    return np.frombuffer(lease, dtype=npdt, count=n)
+    return lease
+
+
+def _give_back(lease):
+    _release(lease.block)
 
 
 def trim() -> None:
