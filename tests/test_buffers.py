@@ -94,3 +94,11 @@ def test_a_block_returns_to_the_free_list_only_when_its_last_view_dies():
     del view
     again = buffers.alloc(1 << 18, np.float32)
     assert again.ctypes.data == addr
+
+
+def test_a_block_under_2_mib_is_one_mapping_of_its_own_size():
+    """Small pooled blocks (from POOL_MIN_BYTES up) carry no huge-page alignment slack: a
+    program holding thousands of them must not use three mappings and 2 MiB of address space
+    each."""
+    block = buffers.Block(256 << 10)
+    assert len(block.mm) == 256 << 10 and block.addr % 4096 == 0

@@ -34,17 +34,21 @@ caches.renew_lock_after_fork(sys.modules[__name__], "_lock")
 
 
 class Block:
-    """One mapping: `addr` is its 2 MiB-aligned start, `size` the usable bytes."""
+    """One mapping: `addr` is its start (2 MiB-aligned from 2 MiB up, else page-aligned),
+    `size` the usable bytes."""
     __slots__ = ("mm", "addr", "size")
 
     def __init__(self, size: int):
         # private, not mmap's default MAP_SHARED: shared anonymous memory is shmem, which
-        # ignores MADV_HUGEPAGE (THP for shmem is off by default), so every 4 KiB page faulted
-        self.mm = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # ignores MADV_HUGEPAGE (THP for shmem is off by default), so every 4 KiB page faulted.
+        # A block under 2 MiB holds no huge page: mapped as it is, one mapping (not three)
+        # and no 2 MiB of alignment slack each
+        small = size < HUGE
+        self.mm = mmap.mmap(-1, size if small else size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
-        off = (-base) % HUGE
+        off = 0 if small else (-base) % HUGE
         self.addr, self.size = base + off, size
-        if hasattr(mmap, "MADV_HUGEPAGE"):
+        if not small and hasattr(mmap, "MADV_HUGEPAGE"):
             try:
                 self.mm.madvise(mmap.MADV_HUGEPAGE, off, size)
             except (OSError, ValueError):
