@@ -104,6 +104,8 @@ def _lease_type(size: int):
     (~1 us a lease, against ~2.5 us for a plain ctypes view with a weakref.finalize)."""
     tp = _lease_types.get(size)
     if tp is None:
+        if len(_lease_types) >= 1024:   # the sizes seen are not bounded (a growing cache)
+            _lease_types.clear()        # (a live lease keeps its own type)
         tp = _lease_types[size] = type("Lease", (ctypes.Array,), {
             "_type_": ctypes.c_char, "_length_": size, "hold": _hold, "__del__": _give_back})
     return tp
