@@ -255,8 +255,9 @@ def _shared_b_rows(g: Geometry, spec: gemm.GemmSpec, mc: int, threads: int, w_us
     another process gets fewer tasks (8 rather than 4 a thread, rotating at 2 threads on this
     busy host: 512^2 3.8-4.0 ms against 6.1, 1024^2 36.0 against 39.5 or equal; each task
     still reuses every B panel it streams from L3 over >= 5 row tiles at 1024^2).  Only
-    when B is one matrix for every batch element, its packed copy fits SHARED_B_MAX_BYTES, there are row tiles for >= 8 tasks per thread (fewer: the n split
-    keeps the threads busy and duplicates only a small A) and no partial-sum scratch is used."""
+    when B is one matrix for every batch element, its packed copy fits SHARED_B_MAX_BYTES,
+    there are row tiles for >= 8 tasks per thread (fewer: the n split keeps the threads busy
+    and duplicates only a small A) and no partial-sum scratch is used."""
     nb, mr = g.nbatch, spec.mr
     if threads <= 1 or g.flops * nb < PARALLEL_MIN_FLOPS or w_used or min(g.m, g.n, g.k) <= 0 \
             or (nb > 1 and any(g.bsb)) or len(g.bshape) > gemm.MAX_BATCH_RANK:
