@@ -70,3 +70,35 @@ def test_large_blocks_are_eligible_for_transparent_huge_pages():
     a = buffers.alloc((4 << 20) // 4, np.float32)
     a[:] = 0.0
     assert _smaps_entry(a.ctypes.data).get("THPeligible") == "1"
+
+
+def test_a_matmul_sized_output_of_256_kib_is_a_recycled_block():
+    """A 256^2 f32 product's output (256 KiB) comes back from the free list, already mapped
+    and cache-warm, instead of a fresh malloc that may fault its pages in again."""
+    a = buffers.alloc(256 * 256, np.float32)
+    addr = a.ctypes.data
+    del a
+    before = dict(buffers.stats)
+    b = buffers.alloc(256 * 256, np.float32)
+    assert b.ctypes.data == addr and buffers.stats["reused"] == before["reused"] + 1
+
+
+def test_a_block_returns_to_the_free_list_only_when_its_last_view_dies():
+    a = buffers.alloc(1 << 18, np.float32)
+    addr = a.ctypes.data
+    view = a[7:].reshape(-1, 3)[::2]
+    del a
+    held = buffers.alloc(1 << 18, np.float32)
+    assert held.ctypes.data != addr           # the view still holds the first block
+    view[0, 0] = 1.0
+    del view
+    again = buffers.alloc(1 << 18, np.float32)
+    assert again.ctypes.data == addr
+
+
+def test_a_block_under_2_mib_is_one_mapping_of_its_own_size():
+    """Small pooled blocks (from POOL_MIN_BYTES up) carry no huge-page alignment slack: a
+    program holding thousands of them must not use three mappings and 2 MiB of address space
+    each."""
+    block = buffers.Block(256 << 10)
+    assert len(block.mm) == 256 << 10 and block.addr % 4096 == 0

@@ -56,3 +56,27 @@ def test_two_thread_split_takes_the_dimension_with_the_smaller_largest_task():
     assert MM._chunks(1, 4096, 300, 14, 32, 2.0 * 4096 * 300 * 64, 2)[1] == 300
     assert MM._chunks(2, 512, 512, 14, 32, 2.0 * 512 ** 3, 2) == (512, 512)    # one batch each
     assert np.all(np.array(MM._chunks(1, 20, 20, 14, 32, 1.0, 2)) == (20, 20))    # too small to split
+
+
+def _plan_field(plan, name):
+    return plan.params[MM.gemm.param_index(name)]
+
+
+def test_a_one_mc_block_task_keeps_its_packed_b_block_within_half_of_l2(monkeypatch):
+    """128 x 768 @ 768 x 3072 (a transformer's MLP): the rows are one MC block, so a KC x NC
+    block of B is swept once; NC is cut so that block stays in L2 for that sweep, and the
+    ragged last NC block still gives NumPy's product."""
+    monkeypatch.setattr(MM, "CACHES", {1: 48 << 10, 2: 2 << 20, 3: 300 << 20})
+    rng = np.random.default_rng(3)
+    m, k, n = 30, 768, 700
+    a, b = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+    g = MM.geometry(MM.Layout((m, k), (k, 1), 0), MM.Layout((k, n), (n, 1), 0), D.f32)
+    plan = MM.TiledPlan(g, 1)
+    spec, _, ab, _ = MM._tile_kernel(D.f32)
+    nc, kc = _plan_field(plan, "nc"), _plan_field(plan, "kc")
+    assert nc < n and nc % spec.nr == 0 and kc * nc * ab <= (2 << 20) // 2
+    out = np.empty(m * n, np.float32)
+    plan.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    np.testing.assert_allclose(out.reshape(m, n), a @ b, rtol=1e-4, atol=1e-3)
+    tall = MM.TiledPlan(MM.geometry(MM.Layout((4096, k), (k, 1), 0), MM.Layout((k, n), (n, 1), 0), D.f32), 1)
+    assert _plan_field(tall, "nc") >= n      # many MC blocks share each B block: it stays L3-sized

@@ -434,6 +434,26 @@ def test_auto_calibration_times_a_proxy_for_big_problems():
     assert matmul_auto._proxy(small) is small
 
 
+def test_auto_calibration_goes_by_the_median_not_one_lucky_call():
+    """A kernel that is fast once and slow otherwise loses to a steady one (on a busy host the
+    minimum rewards the widest spread)."""
+    import time
+    from lazycandle.runtime import matmul_auto
+
+    class Sleeper:
+        def __init__(self, delays):
+            self.delays, self.calls = delays, 0
+
+        def run(self, *addrs):
+            time.sleep(self.delays(self.calls))
+            self.calls += 1
+
+    plans = {"blas": Sleeper(lambda i: 0.0 if i == 1 else 0.02), "tiled": Sleeper(lambda i: 0.001)}
+    g = MM.geometry(Layout.contiguous((8, 8)), Layout.contiguous((8, 8)), D.f32)
+    best = matmul_auto.measure(g, 1, lambda p: plans)
+    assert best["tiled"] < best["blas"] and matmul_auto.pick(g, best) == "tiled"
+
+
 def test_blas_at_one_thread_is_one_gemm_call(monkeypatch):
     """At 1 thread a large GEMM is one sgemm call (a cut would pack an operand once per piece);
     with more threads it is cut over the pool, and the bits do not change."""

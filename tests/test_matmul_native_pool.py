@@ -171,6 +171,13 @@ def test_b_is_not_shared_when_it_differs_per_batch_or_the_rows_are_few(monkeypat
     assert not _plan(301, 77, 250, 1).shared_rows
 
 
+def test_a_shared_b_plan_cuts_its_rows_into_about_8_tasks_per_thread():
+    """Small tasks from a counter: a thread the machine preempts holds up at most one small
+    task (512^2 at 2 threads, 14-row tiles: 37 row tiles in 13 tasks of 3, not 8 of 5)."""
+    p = _plan(512, 512, 512, 2)
+    assert p.shared_rows and p.ntask > 4 * 2
+
+
 def test_concurrent_callers_and_a_pool_worker_of_a_shared_b_plan(monkeypatch, two_threads):
     """Concurrent callers get their own job words and counters, and each caller's thread its own
     shared-B scratch; on a Python pool worker the plan packs and runs inline."""
