@@ -57,7 +57,7 @@ BEFORE = {
     ("sigmoid", "f64"): "936756b5404a5fd4",
     ("silu", "f32"): "b12dcded1fb91266",
     ("silu", "f64"): "20c84b4342db47c7",
-    ("gelu", "f32"): "b6220ddaaef78a14",
+    ("gelu", "f32"): "befe6266d7fe46c0",    # re-recorded: the single-word f32 gelu (not a clamp)
     ("gelu", "f64"): "b2ac7658131dbf64",
     ("gelu_erf", "f32"): "6fbb1714fc02d133",
     ("gelu_erf", "f64"): "a4bd7e0a3d2ef601",

@@ -184,6 +184,14 @@ class V:
         k1 = self.b.ashr(ki, self.ci(1))
         return self.mul(self.mul(y, self.pow2i(k1)), self.pow2i(self.b.sub(ki, k1)))
 
+    def ldexp_where(self, keep, y, k, other):
+        """keep ? y * 2^k : other, with no arithmetic on the lanes not kept (an underflowing
+        scale there would take a microcode assist): one masked vscalef on AVX-512 hosts."""
+        fn = _scalef(self, masked=True)
+        if fn is not None:
+            return fn(y, k, other, keep)
+        return self.sel(keep, self.ldexp(y, self.sel(keep, k, self.c(0.0))), other)
+
     # -- error-free transforms ---------------------------------------------------------------
     def two_prod(self, a, b):
         p = self.mul(a, b)
@@ -223,9 +231,10 @@ def _fpclass(v: V):
     return lambda a, imm: v.b.call(fn, [a, I32(imm)])
 
 
-def _scalef(v: V):
+def _scalef(v: V, masked: bool = False):
     """A builder of AVX-512's vscalefps / vscalefpd (y * 2^floor(k)) for v's vector type, or
-    None: no AVX-512 (F, plus VL below 512 bits) on the host, or a scalar or odd width."""
+    None: no AVX-512 (F, plus VL below 512 bits) on the host, or a scalar or odd width.
+    masked: the builder takes (y, k, passthru, mask) and computes only the mask's lanes."""
     n, bits = v.n, v.fmt.bits
     total = _avx512_width(v)
     if total is None:
@@ -238,7 +247,12 @@ def _scalef(v: V):
 
     def scalef(y, k):
         return v.b.call(fn, [y, k, ir.Constant(v.t, ir.Undefined)] + tail)
-    return scalef
+
+    def scalef_masked(y, k, passthru, mask):
+        bits = v.b.bitcast(mask, ir.IntType(n))
+        m = bits if n == mask_t.width else v.b.zext(bits, mask_t)
+        return v.b.call(fn, [y, k, passthru, m] + tail[1:])
+    return scalef_masked if masked else scalef
 
 
 # ---- exp ---------------------------------------------------------------------------------------
