@@ -164,17 +164,17 @@ _G32_GONE = -155.0         # k below (|y| < 16): y 2^k rounds to 0; y is made +-
 
 
 def _gelu_f32(v: V, x):
-    """f32 GELU in 36 vector ops (AVX-512; 57 with the double-word 2u): on n = -|x| (w is odd in x, so e^-|w| comes straight out
+    """f32 GELU in 33 vector ops (AVX-512; 57 with the double-word 2u): on n = -|x| (w is odd in x, so e^-|w| comes straight out
     of n), r = w - k ln2 is formed without a double-word w:  w = n t, t = k1 + k2 n^2 rounded;
     fma(n, t, -k ln2_hi) is exact up to one rounding of the small r, and t's error (its fma's
     rounding, computed exactly as fma(k2, n^2, k1_hi - t) since k1_hi - t is exact, plus the
     constants' and n^2's low parts) enters as one fma n * dt.  Then t = e^-|w| = p 2^k and
     gelu = x * (x < 0 ? p 2^k : 1) / (1 + t), the 2^k of the x < 0 side applied last (one
-    rounding into the subnormals; a signed 0, NaN at -inf, where it would round to 0)."""
+    rounding into the subnormals; a signed 0, NaN at -inf, where it would round to 0).
+    No flush: a subnormal x meets -|x|'s clamp (no assist) and then only the division, whose
+    x / 2 is the (subnormal) result."""
     (k1h, k1l), (k2h, k2l), (l2h, l2l) = _G32_K1, _G32_K2, _G32_LN2
-    xf = v.flush_subnormal(x)
-    n = v.neg(v.abs(xf))
-    n = v.clamp_keep_nan(n, _G32_LO, _G32_HI)
+    n = v.clamp_keep_nan(v.neg(v.abs(x)), _G32_LO, _G32_HI)
     n2 = v.mul(n, n)
     n2l = v.fma(n, n, v.neg(n2))
     t = v.fma(v.c(k2h), n2, v.c(k1h))
@@ -189,12 +189,10 @@ def _gelu_f32(v: V, x):
     p = v.poly(r, core._EXP["f32"].coeffs)
     p = v.fma(v.fma(p, r, v.c(1.0)), r, v.c(1.0))                  # e^r
     d = v.add(v.c(1.0), v.ldexp(p, _floor(v, k, _ONE_PLUS_T_IS_ONE["f32"])))
-    neg = v.cmp("<", xf, v.c(0.0))
+    neg = v.cmp("<", x, v.c(-v.fmt.min_normal))       # a subnormal x: y = x / 2, one assist
     gone = v.cmp("<", k, v.c(_G32_GONE))
-    num = v.sel(neg, v.mul(xf, v.sel(gone, v.c(0.0), p)), xf)
-    y = v.div(num, d)
-    res = v.ldexp_where(neg, y, k, y)
-    return v.subnormal_times(x, 0.5, res)
+    y = v.div(v.sel(neg, v.mul(x, v.sel(gone, v.c(0.0), p)), x), d)
+    return v.ldexp_where(neg, y, k, y)
 
 
 def gelu(v: V, x):
