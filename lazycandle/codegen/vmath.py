@@ -164,7 +164,7 @@ _G32_GONE = -155.0         # k below (|y| < 16): y 2^k rounds to 0; y is made +-
 
 
 def _gelu_f32(v: V, x):
-    """f32 GELU in 33 vector ops (AVX-512; 57 with the double-word 2u): on n = -|x| (w is odd in x, so e^-|w| comes straight out
+    """f32 GELU in 31 vector ops (AVX-512; 57 with the double-word 2u): on n = -|x| (w is odd in x, so e^-|w| comes straight out
     of n), r = w - k ln2 is formed without a double-word w:  w = n t, t = k1 + k2 n^2 rounded;
     fma(n, t, -k ln2_hi) is exact up to one rounding of the small r, and t's error (its fma's
     rounding, computed exactly as fma(k2, n^2, k1_hi - t) since k1_hi - t is exact, plus the
@@ -174,7 +174,8 @@ def _gelu_f32(v: V, x):
     No flush: a subnormal x meets -|x|'s clamp (no assist) and then only the division, whose
     x / 2 is the (subnormal) result."""
     (k1h, k1l), (k2h, k2l), (l2h, l2l) = _G32_K1, _G32_K2, _G32_LN2
-    n = v.clamp_keep_nan(v.neg(v.abs(x)), _G32_LO, _G32_HI)
+    n = v.neg_abs_floor(x, -_G32_HI)
+    n = v.sel(v.cmp(">", v.c(_G32_LO), n), v.c(_G32_LO), n)       # keeps NaN
     n2 = v.mul(n, n)
     n2l = v.fma(n, n, v.neg(n2))
     t = v.fma(v.c(k2h), n2, v.c(k1h))
@@ -187,11 +188,11 @@ def _gelu_f32(v: V, x):
     r = v.fma(n, dt, r)
     r = v.fma(k, v.c(-l2l), r)
     p = v.poly(r, core._EXP["f32"].coeffs)
-    p = v.fma(v.fma(p, r, v.c(1.0)), r, v.c(1.0))                  # e^r
+    gone = v.cmp("<", k, v.c(_G32_GONE))                  # e^r, 0 where y 2^k rounds to 0
+    p = v.sel(gone, v.c(0.0), v.fma(v.fma(p, r, v.c(1.0)), r, v.c(1.0)))
     d = v.add(v.c(1.0), v.ldexp(p, _floor(v, k, _ONE_PLUS_T_IS_ONE["f32"])))
     neg = v.cmp("<", x, v.c(-v.fmt.min_normal))       # a subnormal x: y = x / 2, one assist
-    gone = v.cmp("<", k, v.c(_G32_GONE))
-    y = v.div(v.sel(neg, v.mul(x, v.sel(gone, v.c(0.0), p)), x), d)
+    y = v.div(v.sel(neg, v.mul(x, p), x), d)
     return v.ldexp_where(neg, y, k, y)
 
 

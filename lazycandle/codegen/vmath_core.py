@@ -145,6 +145,20 @@ class V:
         x = self.sel(self.cmp(">", x, self.c(lo)), x, self.c(lo))
         return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))
 
+    def neg_abs_floor(self, x, m: float):
+        """-max(|x|, m) for m > 0, NaN passing through: one AVX-512 DQ vrangeps / pd (the
+        larger magnitude, sign set) where the host has it, else -|x| and a select."""
+        total = _avx512_width(self)
+        if total is None or not jit.has_feature("avx512dq"):
+            a = self.neg(self.abs(x))
+            return self.sel(self.cmp(">", a, self.c(-m)), self.c(-m), a)
+        mask_t = I16 if self.n == 16 else I8
+        name = f"llvm.x86.avx512.mask.range.{'ps' if self.fmt.bits == 32 else 'pd'}.{total}"
+        tail = [I32(4)] if total == 512 else []
+        fn = intrinsic(self.b.module, name, self.t, [self.t, self.t, I32, self.t, mask_t] + [I32] * len(tail))
+        return self.b.call(fn, [x, self.c(m), I32(0b1111), ir.Constant(self.t, ir.Undefined),
+                                const(mask_t, -1)] + tail)
+
     def cap(self, x, hi: float):
         """min(x, hi); NaN maps to hi (callers restore NaN at the end)."""
         return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))
