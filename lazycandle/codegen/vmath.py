@@ -46,18 +46,35 @@ _TANH = {   # odd minimax x + x^3 P(x^2) on [0, 0.625]; above: 1 - 2t/(1+t), t =
 }
 
 
+_TANH_SAT = {"f32": 10.0, "f64": 20.0}      # |x| cap for e^-2|x|: tanh rounds to 1 above
+
+
+def _exp_minus_2a(v: V, a):
+    """e^(-2a) for 0 <= a <= _TANH_SAT (NaN passes): -2a = k ln2 + r with r = -2 (a + k ln2/2),
+    the polynomial taking a + k ln2/2 directly (its coefficients scaled by (-2)^i), and 2^k
+    (k >= -58) one vscalef or two power-of-two factors: no clamp below, no underflow."""
+    K = core._EXP[v.key]
+    ac = v.sel(v.cmp(">", a, v.c(_TANH_SAT[v.key])), v.c(_TANH_SAT[v.key]), a)
+    k = v.round_fma(ac, -2.0 * 1.4426950408889634)
+    h = v.fma(k, v.c(K.ln2_hi / 2), ac)
+    h = v.fma(k, v.c(K.ln2_lo / 2), h)
+    q = v.poly(h, [c * (-2.0) ** (i + 2) for i, c in enumerate(K.coeffs)])
+    return v.ldexp(v.fma(v.fma(q, h, v.c(-2.0)), h, v.c(1.0)), k)
+
+
 def tanh(v: V, x):
-    """tanh(x) = sign(x) (|x| + |x|^3 P(x^2)) below 0.625, else sign(x) (1 - 2t/(1+t)).
-    |x| below the smallest normal (tanh(x) = x there) is computed at that normal and x is
-    selected back, so no op reads a subnormal (a microcode assist each); NaN passes."""
+    """tanh(x) = sign(x) (|x| + |x|^3 P(x^2)) below 0.625, else sign(x) (1 - t)/(1 + t),
+    t = e^-2|x|.  |x| below the smallest normal (tanh(x) = x there) is computed at that
+    normal and x is selected back, so no op reads a subnormal (a microcode assist each); NaN
+    passes."""
     cut, P = _TANH[v.key]
     ax = v.abs(x)
     tiny = v.cmp("<", ax, v.c(v.fmt.min_normal))
     a = v.sel(tiny, v.c(v.fmt.min_normal), ax)
     z = v.mul(a, a)
     small = v.fma(v.mul(a, z), v.poly(z, P), a)
-    t = core.exp(v, v.mul(a, v.c(-2.0)), flush=False)
-    big = v.sub(v.c(1.0), v.div(v.add(t, t), v.add(t, v.c(1.0))))
+    t = _exp_minus_2a(v, a)
+    big = v.div(v.sub(v.c(1.0), t), v.add(v.c(1.0), t))
     return v.sel(tiny, x, v.copysign(v.sel(v.cmp("<", a, v.c(cut)), small, big), x))
 
 
@@ -175,7 +192,7 @@ def _gelu_f32(v: V, x):
     x / 2 is the (subnormal) result."""
     (k1h, k1l), (k2h, k2l), (l2h, l2l) = _G32_K1, _G32_K2, _G32_LN2
     n = v.neg_abs_floor(x, -_G32_HI)
-    n = v.sel(v.cmp(">", v.c(_G32_LO), n), v.c(_G32_LO), n)       # keeps NaN
+    n = v.sel(v.cmp(">", v.c(_G32_LO), n), v.c(_G32_LO), n)       # (NaN x: n = -2^-36, y NaN)
     n2 = v.mul(n, n)
     n2l = v.fma(n, n, v.neg(n2))
     t = v.fma(v.c(k2h), n2, v.c(k1h))

@@ -146,18 +146,13 @@ class V:
         return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))
 
     def neg_abs_floor(self, x, m: float):
-        """-max(|x|, m) for m > 0, NaN passing through: one AVX-512 DQ vrangeps / pd (the
-        larger magnitude, sign set) where the host has it, else -|x| and a select."""
-        total = _avx512_width(self)
-        if total is None or not jit.has_feature("avx512dq"):
+        """-max(|x|, m) for m > 0 (-m for NaN x): one AVX-512 DQ vrangeps / pd (the larger
+        magnitude, sign set) where the host has it, else -|x| and a select."""
+        fn = _range(self)
+        if fn is None:
             a = self.neg(self.abs(x))
-            return self.sel(self.cmp(">", a, self.c(-m)), self.c(-m), a)
-        mask_t = I16 if self.n == 16 else I8
-        name = f"llvm.x86.avx512.mask.range.{'ps' if self.fmt.bits == 32 else 'pd'}.{total}"
-        tail = [I32(4)] if total == 512 else []
-        fn = intrinsic(self.b.module, name, self.t, [self.t, self.t, I32, self.t, mask_t] + [I32] * len(tail))
-        return self.b.call(fn, [x, self.c(m), I32(0b1111), ir.Constant(self.t, ir.Undefined),
-                                const(mask_t, -1)] + tail)
+            return self.sel(self.b.fcmp_unordered(">=", a, self.c(-m)), self.c(-m), a)
+        return fn(x, self.c(m), 0b1111)
 
     def cap(self, x, hi: float):
         """min(x, hi); NaN maps to hi (callers restore NaN at the end)."""
@@ -245,6 +240,20 @@ def _fpclass(v: V):
     return lambda a, imm: v.b.call(fn, [a, I32(imm)])
 
 
+def _range(v: V):
+    """A builder of AVX-512 DQ's vrangeps / pd (a, b, imm8: bits 1:0 pick min / max / min
+    |.| / max |.|, bits 3:2 the sign: a's, the pick's, +, -) for v's vector type, or None."""
+    total = _avx512_width(v)
+    if total is None or not jit.has_feature("avx512dq"):
+        return None
+    mask_t = I16 if v.n == 16 else I8
+    name = f"llvm.x86.avx512.mask.range.{'ps' if v.fmt.bits == 32 else 'pd'}.{total}"
+    tail = [I32(4)] if total == 512 else []
+    fn = intrinsic(v.b.module, name, v.t, [v.t, v.t, I32, v.t, mask_t] + [I32] * len(tail))
+    return lambda a, b, imm: v.b.call(fn, [a, b, I32(imm), ir.Constant(v.t, ir.Undefined),
+                                          const(mask_t, -1)] + tail)
+
+
 def _scalef(v: V, masked: bool = False):
     """A builder of AVX-512's vscalefps / vscalefpd (y * 2^floor(k)) for v's vector type, or
     None: no AVX-512 (F, plus VL below 512 bits) on the host, or a scalar or odd width.
@@ -324,10 +333,15 @@ def exp_parts(v: V, x, x_lo=None, with_lo=False):
     return (*parts, v.pow2i(k1), v.pow2i(v.b.sub(ki, k1)))
 
 
+_EXP_ZERO_K = {"f32": -151.0, "f64": -1076.0}   # k at or below: p 2^k (p < sqrt 2) rounds to 0
+
+
 def exp(v: V, x, flush: bool = True):
-    """e^x, scaled by two power-of-two factors, not vscalef: softmax rows are full of -inf and
-    very negative inputs, and a vscalef whose result underflows takes a microcode assist
-    (exp of 4M values of -inf: 33 ms against 2.6 ms, Emerald Rapids), the two multiplies not.
+    """e^x.  On AVX-512 hosts p 2^k is one vscalef masked to the lanes whose result does not
+    round to 0 (the rest are 0 without computing: softmax rows are full of -inf and very
+    negative inputs, and a vscalef whose result underflows takes a microcode assist, exp of
+    4M values of -inf: 33 ms against 2.6 ms, Emerald Rapids).  Elsewhere two power-of-two
+    factors (below).
 
     k is rounded by adding 1.5 * 2^mant + 2 bias, so the low bits of that sum are
     t = k + 2 bias; (t >> 1) << mant and (t - (t >> 1)) << mant are then the bits of
@@ -336,6 +350,15 @@ def exp(v: V, x, flush: bool = True):
     factors stays NaN.  Subnormal x gives exactly 1, so it is flushed to 0 first (no assist);
     flush=False for callers whose x is never subnormal."""
     K, F = _EXP[v.key], v.fmt
+    scalef = _scalef(v, masked=True)
+    if scalef is not None:
+        xc = v.clamp_keep_nan(v.flush_subnormal(x) if flush else x, K.lo, K.hi)
+        k = v.round_fma(xc, 1.4426950408889634)
+        r = v.fma(k, v.c(-K.ln2_hi), xc)
+        r = v.fma(k, v.c(-K.ln2_lo), r)
+        p = v.poly(r, K.coeffs)
+        p = v.fma(v.fma(p, r, v.c(1.0)), r, v.c(1.0))
+        return scalef(p, k, v.c(0.0), v.b.fcmp_unordered(">", k, v.c(_EXP_ZERO_K[v.key])))
     xc = v.clamp_keep_nan(v.flush_subnormal(x) if flush else x, K.lo, K.hi)
     magic = v.c(1.5 * 2.0 ** F.mant + 2 * F.bias)
     t = v.fma(xc, v.c(1.4426950408889634), magic)
@@ -402,8 +425,21 @@ def log_reduce(v: V, x):
     return ef, v.sub(m, v.c(1.0))
 
 
+_LOG_FIXUP = 0x03530421   # vfixupimm responses by input class: QNaN -> x, SNaN -> quiet x,
+#                           +-0 -> -inf, 1 / positive -> keep, -inf / negative -> NaN, +inf -> +inf
+
+
 def log_specials(v: V, x, res):
-    """log's results for 0 (-inf), negative (NaN), +inf and NaN inputs."""
+    """log's results for 0 (-inf), negative (NaN), +inf and NaN inputs: one AVX-512 vfixupimm
+    where the host has it for this width, else four compare-and-selects."""
+    total = _avx512_width(v)
+    if total is not None:
+        mask_t = I16 if v.n == 16 else I8
+        name = f"llvm.x86.avx512.mask.fixupimm.{'ps' if v.fmt.bits == 32 else 'pd'}.{total}"
+        tail = [I32(4)] if total == 512 else []
+        fn = intrinsic(v.b.module, name, v.t, [v.t, v.t, v.it, I32, mask_t] + [I32] * len(tail))
+        table = v.ci(_LOG_FIXUP)
+        return v.b.call(fn, [res, x, table, I32(0), const(mask_t, -1)] + tail)
     res = v.sel(v.cmp("==", x, v.c(0.0)), v.c(-math.inf), res)
     res = v.sel(v.cmp("<", x, v.c(0.0)), v.c(math.nan), res)
     res = v.sel(v.cmp("==", x, v.c(math.inf)), x, res)
