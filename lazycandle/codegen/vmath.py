@@ -151,6 +151,11 @@ def _x_times_fixups(v: V, x, res, compensated: bool):
 
 def silu(v: V, x):
     """x / (1 + e^-x); silu(-inf) = NaN like NumPy's formula."""
+    if v.key == "f32":
+        n = v.neg_abs_floor(x, _X32_TINY)
+        n = v.sel(v.cmp(">", v.c(_SILU32_LO), n), v.c(_SILU32_LO), n)
+        p, k = core.exp_reduce(v, n, poly_only=True)
+        return _x_logistic_f32(v, x, p, k, _SILU32_GONE)
     xf = v.flush_subnormal(x)
     comp = v.key == "f64"                                          # f32: 4-ulp budget
     res = _x_times_fixups(v, x, _logistic(v, xf, None, xf, compensated=comp), comp)
@@ -175,9 +180,11 @@ _G32_K2 = _split(_GELU_K2, 24)
 _G32_LN2 = _split(Fraction(math.log(2)), 16)  # k ln2_hi exact for |k| < 2^8 (the double's ln2:
 #                                               its error is far below what f32 needs)
 _G32_LO = -11.0            # -|x| clamp: below it k < -155, where the x < 0 result rounds to -0
-_G32_HI = -2.0 ** -36      # -|x| cap: n^2's rounding error, times k2, stays normal (or 0);
-#                            sigmoid(w(x)) is 1/2 to 2^-37 above it, the result x / 2 either way
+#                            _X32_TINY: the -|x| cap; n^2's rounding error, times k2, stays
+#                            normal (or 0), and sigmoid(w) is 1/2 to 2^-37 above it (x / 2 either way)
 _G32_GONE = -155.0         # k below (|y| < 16): y 2^k rounds to 0; y is made +-0 (NaN at -inf)
+_X32_TINY = 2.0 ** -36
+_SILU32_LO, _SILU32_GONE = -112.0, -157.0    # (|y| < 160)
 
 
 def _gelu_f32(v: V, x):
@@ -191,7 +198,7 @@ def _gelu_f32(v: V, x):
     No flush: a subnormal x meets -|x|'s clamp (no assist) and then only the division, whose
     x / 2 is the (subnormal) result."""
     (k1h, k1l), (k2h, k2l), (l2h, l2l) = _G32_K1, _G32_K2, _G32_LN2
-    n = v.neg_abs_floor(x, -_G32_HI)
+    n = v.neg_abs_floor(x, _X32_TINY)
     n = v.sel(v.cmp(">", v.c(_G32_LO), n), v.c(_G32_LO), n)       # (NaN x: n = -2^-36, y NaN)
     n2 = v.mul(n, n)
     n2l = v.fma(n, n, v.neg(n2))
@@ -204,11 +211,19 @@ def _gelu_f32(v: V, x):
     dt = v.add(dt, v.fma(v.c(k2h), n2l, v.fma(v.c(k2l), n2, v.c(k1l))))
     r = v.fma(n, dt, r)
     r = v.fma(k, v.c(-l2l), r)
-    p = v.poly(r, core._EXP["f32"].coeffs)
-    gone = v.cmp("<", k, v.c(_G32_GONE))                  # e^r, 0 where y 2^k rounds to 0
-    p = v.sel(gone, v.c(0.0), v.fma(v.fma(p, r, v.c(1.0)), r, v.c(1.0)))
+    return _x_logistic_f32(v, x, (v.poly(r, core._EXP["f32"].coeffs), r), k, _G32_GONE)
+
+
+def _x_logistic_f32(v: V, x, p, k, gone_k: float):
+    """x / (1 + e^-w) from e^-|w| = e^r 2^k, e^r given as (q, r) with e^r = (q r + 1) r + 1:
+    x (x < 0 ? e^r 2^k : 1) / (1 + e^r 2^k), the x < 0 side's 2^k applied last (one rounding
+    into the subnormals) and e^r = 0 where k < gone_k (the result then rounds to a signed 0;
+    NaN at -inf).  A subnormal x is computed as x / 2 by the division, the one op reading it."""
+    q, r = p
+    gone = v.cmp("<", k, v.c(gone_k))
+    p = v.sel(gone, v.c(0.0), v.fma(v.fma(q, r, v.c(1.0)), r, v.c(1.0)))
     d = v.add(v.c(1.0), v.ldexp(p, _floor(v, k, _ONE_PLUS_T_IS_ONE["f32"])))
-    neg = v.cmp("<", x, v.c(-v.fmt.min_normal))       # a subnormal x: y = x / 2, one assist
+    neg = v.cmp("<", x, v.c(-v.fmt.min_normal))
     y = v.div(v.sel(neg, v.mul(x, p), x), d)
     return v.ldexp_where(neg, y, k, y)
 

@@ -300,18 +300,25 @@ _EXP = {
 }
 
 
-def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False):
+def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False, poly_only=False):
     """e^(x + x_lo) = p 2^k (or (p + p_lo) 2^k with with_lo): (p, [p_lo,] k), k an
     integer-valued float; see exp_parts.  Scale with v.ldexp.  keep_nan: a NaN x stays NaN
-    in p and k (only for vscalef, which takes a NaN k; the integer split would not)."""
+    in p and k (only for vscalef, which takes a NaN k; the integer split would not).
+    poly_only: x already inside the clamp; returns ((q, r), k), e^r = (q r + 1) r + 1 left
+    to the caller (which may mask that last fma)."""
     K = _EXP[v.key]
-    xc = v.clamp_keep_nan(x, K.lo, K.hi) if keep_nan else v.clamp(x, K.lo, K.hi)
+    if poly_only:
+        xc = x
+    else:
+        xc = v.clamp_keep_nan(x, K.lo, K.hi) if keep_nan else v.clamp(x, K.lo, K.hi)
     k = v.round_fma(xc, 1.4426950408889634)
     r = v.fma(k, v.c(-K.ln2_hi), xc)
     r = v.fma(k, v.c(-K.ln2_lo), r)
     if x_lo is not None:                                  # (meaningless once x is clamped)
         r = v.add(r, v.sel(v.cmp("==", x, xc), x_lo, v.c(0.0)))
     p = v.poly(r, K.coeffs)
+    if poly_only:
+        return (p, r), k
     q = v.fma(p, r, v.c(1.0))
     p = v.fma(q, r, v.c(1.0))
     if with_lo:
