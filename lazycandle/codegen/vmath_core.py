@@ -326,6 +326,19 @@ def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False, poly_only=Fals
     return p, k
 
 
+def scale_pow2(v: V, m, k, zero_k: float):
+    """m 2^k for exp_reduce's k, rounded once (gradual underflow), m * 0 (finite m: a zero
+    of its sign) where k <= zero_k, which the caller picks so that m 2^k rounds to 0 there: one vscalef masked
+    to the other lanes on AVX-512 hosts (an underflowing vscalef takes a microcode assist),
+    else exp_parts' two power-of-two factors (a product underflowing to 0 takes none)."""
+    fn = _scalef(v, masked=True)
+    if fn is not None:
+        return fn(m, k, v.mul(m, v.c(0.0)), v.b.fcmp_unordered(">", k, v.c(zero_k)))
+    ki = v.to_int(k)
+    k1 = v.b.ashr(ki, v.ci(1))
+    return v.mul(v.mul(m, v.pow2i(k1)), v.pow2i(v.b.sub(ki, k1)))
+
+
 def exp_parts(v: V, x, x_lo=None, with_lo=False):
     """e^(x + x_lo) as three factors (p, s1, s2), p in [0.7, 1.42], s1 = 2^(k>>1), s2 = 2^(k-(k>>1)).
     With with_lo, returns (p, p_lo, s1, s2), p + p_lo being e^r to ~0.2 ulp.
