@@ -105,3 +105,18 @@ def test_saturated_and_vanishing_results_are_exact(key):
     for name in ("silu", "gelu", "gelu_erf"):
         assert (vmath_run.run(name, sub) == sub * dt(0.5)).all(), name
     assert (vmath_run.run("tanh", sub) == sub).all() and (vmath_run.run("exp", sub) == 1).all()
+
+
+@pytest.mark.parametrize("key", ("f32", "f64"))
+@pytest.mark.parametrize("name", NAMES)
+def test_avx512_instruction_paths_match_the_portable_ones(name, key):
+    """The masked vscalef, vrange and vfixupimm forms (taken on AVX-512 hosts at 128 / 256 /
+    512 bits) give the bits of the portable selects and power-of-two factors (the scalar
+    path, also what AVX2 hosts run), on the assist-prone inputs and their negatives."""
+    x = assist_inputs(key)
+    x = np.concatenate([x, -x])
+    scalar = vmath_run.run(name, x, lanes=1)
+    for lanes in sorted({vmath_run.width(acc.DT[key]), 8 if key == "f32" else 4, 4 if key == "f32" else 2}):
+        got = vmath_run.run(name, x, lanes=lanes)
+        same = (got.view(f"u{got.itemsize}") == scalar.view(f"u{got.itemsize}")) | (np.isnan(got) & np.isnan(scalar))
+        assert same.all(), (lanes, x[~same][:5], got[~same][:5], scalar[~same][:5])
