@@ -46,18 +46,35 @@ _TANH = {   # odd minimax x + x^3 P(x^2) on [0, 0.625]; above: 1 - 2t/(1+t), t =
 }
 
 
+_TANH_SAT = {"f32": 10.0, "f64": 20.0}      # |x| cap for e^-2|x|: tanh rounds to 1 above
+
+
+def _exp_minus_2a(v: V, a):
+    """e^(-2a) for 0 <= a <= _TANH_SAT (NaN passes): -2a = k ln2 + r with r = -2 (a + k ln2/2),
+    the polynomial taking a + k ln2/2 directly (its coefficients scaled by (-2)^i), and 2^k
+    (k >= -58) one vscalef or two power-of-two factors: no clamp below, no underflow."""
+    K = core._EXP[v.key]
+    ac = v.sel(v.cmp(">", a, v.c(_TANH_SAT[v.key])), v.c(_TANH_SAT[v.key]), a)
+    k = v.round_fma(ac, -2.0 * 1.4426950408889634)
+    h = v.fma(k, v.c(K.ln2_hi / 2), ac)
+    h = v.fma(k, v.c(K.ln2_lo / 2), h)
+    q = v.poly(h, [c * (-2.0) ** (i + 2) for i, c in enumerate(K.coeffs)])
+    return v.ldexp(v.fma(v.fma(q, h, v.c(-2.0)), h, v.c(1.0)), k)
+
+
 def tanh(v: V, x):
-    """tanh(x) = sign(x) (|x| + |x|^3 P(x^2)) below 0.625, else sign(x) (1 - 2t/(1+t)).
-    |x| below the smallest normal (tanh(x) = x there) is computed at that normal and x is
-    selected back, so no op reads a subnormal (a microcode assist each); NaN passes."""
+    """tanh(x) = sign(x) (|x| + |x|^3 P(x^2)) below 0.625, else sign(x) (1 - t)/(1 + t),
+    t = e^-2|x|.  |x| below the smallest normal (tanh(x) = x there) is computed at that
+    normal and x is selected back, so no op reads a subnormal (a microcode assist each); NaN
+    passes."""
     cut, P = _TANH[v.key]
     ax = v.abs(x)
     tiny = v.cmp("<", ax, v.c(v.fmt.min_normal))
     a = v.sel(tiny, v.c(v.fmt.min_normal), ax)
     z = v.mul(a, a)
     small = v.fma(v.mul(a, z), v.poly(z, P), a)
-    t = core.exp(v, v.mul(a, v.c(-2.0)), flush=False)
-    big = v.sub(v.c(1.0), v.div(v.add(t, t), v.add(t, v.c(1.0))))
+    t = _exp_minus_2a(v, a)
+    big = v.div(v.sub(v.c(1.0), t), v.add(v.c(1.0), t))
     return v.sel(tiny, x, v.copysign(v.sel(v.cmp("<", a, v.c(cut)), small, big), x))
 
 
@@ -134,6 +151,11 @@ def _x_times_fixups(v: V, x, res, compensated: bool):
 
 def silu(v: V, x):
     """x / (1 + e^-x); silu(-inf) = NaN like NumPy's formula."""
+    if v.key == "f32":
+        n = v.neg_abs_floor(x, _X32_TINY)
+        n = v.sel(v.cmp(">", v.c(_SILU32_LO), n), v.c(_SILU32_LO), n)
+        p, k = core.exp_reduce(v, n, poly_only=True)
+        return _x_logistic_f32(v, x, p, k, _SILU32_GONE)
     xf = v.flush_subnormal(x)
     comp = v.key == "f64"                                          # f32: 4-ulp budget
     res = _x_times_fixups(v, x, _logistic(v, xf, None, xf, compensated=comp), comp)
@@ -145,9 +167,72 @@ _GELU_K1 = Fraction("0.7978845608028654") * 2               # the decimal consta
 _GELU_K2 = _GELU_K1 * Fraction("0.044715")
 
 
+def _split(exact: Fraction, bits: int):
+    """exact as hi + lo: hi rounded to `bits` significant bits (exact products with short
+    integers), lo the rest rounded to f32."""
+    e = math.floor(math.log2(exact)) - bits + 1
+    hi = float(round(exact / Fraction(2) ** e) * Fraction(2) ** e)
+    return hi, float(np.float32(float(exact - Fraction(hi))))
+
+
+_G32_K1 = _split(_GELU_K1, 21)              # k1_hi - t is exact for t < 16 (|x| < 11.5)
+_G32_K2 = _split(_GELU_K2, 24)
+_G32_LN2 = _split(Fraction(math.log(2)), 16)  # k ln2_hi exact for |k| < 2^8 (the double's ln2:
+#                                               its error is far below what f32 needs)
+_G32_LO = -11.0            # -|x| clamp: below it k < -155, where the x < 0 result rounds to -0
+#                            _X32_TINY: the -|x| cap; n^2's rounding error, times k2, stays
+#                            normal (or 0), and sigmoid(w) is 1/2 to 2^-37 above it (x / 2 either way)
+_G32_GONE = -155.0         # k below (|y| < 16): y 2^k rounds to 0; y is made +-0 (NaN at -inf)
+_X32_TINY = 2.0 ** -36
+_SILU32_LO, _SILU32_GONE = -112.0, -157.0    # (|y| < 160)
+
+
+def _gelu_f32(v: V, x):
+    """f32 GELU in 31 vector ops (AVX-512; 57 with the double-word 2u): on n = -|x| (w is odd in x, so e^-|w| comes straight out
+    of n), r = w - k ln2 is formed without a double-word w:  w = n t, t = k1 + k2 n^2 rounded;
+    fma(n, t, -k ln2_hi) is exact up to one rounding of the small r, and t's error (its fma's
+    rounding, computed exactly as fma(k2, n^2, k1_hi - t) since k1_hi - t is exact, plus the
+    constants' and n^2's low parts) enters as one fma n * dt.  Then t = e^-|w| = p 2^k and
+    gelu = x * (x < 0 ? p 2^k : 1) / (1 + t), the 2^k of the x < 0 side applied last (one
+    rounding into the subnormals; a signed 0, NaN at -inf, where it would round to 0).
+    No flush: a subnormal x meets -|x|'s clamp (no assist) and then only the division, whose
+    x / 2 is the (subnormal) result."""
+    (k1h, k1l), (k2h, k2l), (l2h, l2l) = _G32_K1, _G32_K2, _G32_LN2
+    n = v.neg_abs_floor(x, _X32_TINY)
+    n = v.sel(v.cmp(">", v.c(_G32_LO), n), v.c(_G32_LO), n)       # (NaN x: n = -2^-36, y NaN)
+    n2 = v.mul(n, n)
+    n2l = v.fma(n, n, v.neg(n2))
+    t = v.fma(v.c(k2h), n2, v.c(k1h))
+    w = v.mul(n, t)
+    magic = v.c(1.5 * 2.0 ** 23)
+    k = v.sub(v.fma(w, v.c(1.4426950408889634), magic), magic)
+    r = v.fma(n, t, v.neg(v.mul(k, v.c(l2h))))
+    dt = v.fma(v.c(k2h), n2, v.sub(v.c(k1h), t))                  # t's rounding error
+    dt = v.add(dt, v.fma(v.c(k2h), n2l, v.fma(v.c(k2l), n2, v.c(k1l))))
+    r = v.fma(n, dt, r)
+    r = v.fma(k, v.c(-l2l), r)
+    return _x_logistic_f32(v, x, (v.poly(r, core._EXP["f32"].coeffs), r), k, _G32_GONE)
+
+
+def _x_logistic_f32(v: V, x, p, k, gone_k: float):
+    """x / (1 + e^-w) from e^-|w| = e^r 2^k, e^r given as (q, r) with e^r = (q r + 1) r + 1:
+    x (x < 0 ? e^r 2^k : 1) / (1 + e^r 2^k), the x < 0 side's 2^k applied last (one rounding
+    into the subnormals) and e^r = 0 where k < gone_k (the result then rounds to a signed 0;
+    NaN at -inf).  A subnormal x is computed as x / 2 by the division, the one op reading it."""
+    q, r = p
+    gone = v.cmp("<", k, v.c(gone_k))
+    p = v.sel(gone, v.c(0.0), v.fma(v.fma(q, r, v.c(1.0)), r, v.c(1.0)))
+    d = v.add(v.c(1.0), v.ldexp(p, _floor(v, k, _ONE_PLUS_T_IS_ONE["f32"])))
+    neg = v.cmp("<", x, v.c(-v.fmt.min_normal))
+    y = v.div(v.sel(neg, v.mul(x, p), x), d)
+    return v.ldexp_where(neg, y, k, y)
+
+
 def gelu(v: V, x):
     """tanh-approximation GELU = x * sigmoid(2u), 2u = x (k1 + k2 x^2); 2u is formed in
     double-word arithmetic because e^(2u) for x << 0 amplifies its rounding error |2u| times."""
+    if v.key == "f32":
+        return _gelu_f32(v, x)
     k1, k1l = _dd(v, _GELU_K1)
     k2, k2l = _dd(v, _GELU_K2)
     big = _GELU_CLAMP[v.key]

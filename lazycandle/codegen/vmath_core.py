@@ -145,6 +145,15 @@ class V:
         x = self.sel(self.cmp(">", x, self.c(lo)), x, self.c(lo))
         return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))
 
+    def neg_abs_floor(self, x, m: float):
+        """-max(|x|, m) for m > 0 (-m for NaN x): one AVX-512 DQ vrangeps / pd (the larger
+        magnitude, sign set) where the host has it, else -|x| and a select."""
+        fn = _range(self)
+        if fn is None:
+            a = self.neg(self.abs(x))
+            return self.sel(self.b.fcmp_unordered(">=", a, self.c(-m)), self.c(-m), a)
+        return fn(x, self.c(m), 0b1111)
+
     def cap(self, x, hi: float):
         """min(x, hi); NaN maps to hi (callers restore NaN at the end)."""
         return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))
@@ -183,6 +192,14 @@ class V:
         ki = self.to_int(k)
         k1 = self.b.ashr(ki, self.ci(1))
         return self.mul(self.mul(y, self.pow2i(k1)), self.pow2i(self.b.sub(ki, k1)))
+
+    def ldexp_where(self, keep, y, k, other):
+        """keep ? y * 2^k : other, with no arithmetic on the lanes not kept (an underflowing
+        scale there would take a microcode assist): one masked vscalef on AVX-512 hosts."""
+        fn = _scalef(self, masked=True)
+        if fn is not None:
+            return fn(y, k, other, keep)
+        return self.sel(keep, self.ldexp(y, self.sel(keep, k, self.c(0.0))), other)
 
     # -- error-free transforms ---------------------------------------------------------------
     def two_prod(self, a, b):
@@ -223,9 +240,24 @@ def _fpclass(v: V):
     return lambda a, imm: v.b.call(fn, [a, I32(imm)])
 
 
-def _scalef(v: V):
+def _range(v: V):
+    """A builder of AVX-512 DQ's vrangeps / pd (a, b, imm8: bits 1:0 pick min / max / min
+    |.| / max |.|, bits 3:2 the sign: a's, the pick's, +, -) for v's vector type, or None."""
+    total = _avx512_width(v)
+    if total is None or not jit.has_feature("avx512dq"):
+        return None
+    mask_t = I16 if v.n == 16 else I8
+    name = f"llvm.x86.avx512.mask.range.{'ps' if v.fmt.bits == 32 else 'pd'}.{total}"
+    tail = [I32(4)] if total == 512 else []
+    fn = intrinsic(v.b.module, name, v.t, [v.t, v.t, I32, v.t, mask_t] + [I32] * len(tail))
+    return lambda a, b, imm: v.b.call(fn, [a, b, I32(imm), ir.Constant(v.t, ir.Undefined),
+                                          const(mask_t, -1)] + tail)
+
+
+def _scalef(v: V, masked: bool = False):
     """A builder of AVX-512's vscalefps / vscalefpd (y * 2^floor(k)) for v's vector type, or
-    None: no AVX-512 (F, plus VL below 512 bits) on the host, or a scalar or odd width."""
+    None: no AVX-512 (F, plus VL below 512 bits) on the host, or a scalar or odd width.
+    masked: the builder takes (y, k, passthru, mask) and computes only the mask's lanes."""
     n, bits = v.n, v.fmt.bits
     total = _avx512_width(v)
     if total is None:
@@ -238,7 +270,12 @@ def _scalef(v: V):
 
     def scalef(y, k):
         return v.b.call(fn, [y, k, ir.Constant(v.t, ir.Undefined)] + tail)
-    return scalef
+
+    def scalef_masked(y, k, passthru, mask):
+        bits = v.b.bitcast(mask, ir.IntType(n))
+        m = bits if n == mask_t.width else v.b.zext(bits, mask_t)
+        return v.b.call(fn, [y, k, passthru, m] + tail[1:])
+    return scalef_masked if masked else scalef
 
 
 # ---- exp ---------------------------------------------------------------------------------------
@@ -263,23 +300,43 @@ _EXP = {
 }
 
 
-def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False):
+def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False, poly_only=False):
     """e^(x + x_lo) = p 2^k (or (p + p_lo) 2^k with with_lo): (p, [p_lo,] k), k an
     integer-valued float; see exp_parts.  Scale with v.ldexp.  keep_nan: a NaN x stays NaN
-    in p and k (only for vscalef, which takes a NaN k; the integer split would not)."""
+    in p and k (only for vscalef, which takes a NaN k; the integer split would not).
+    poly_only: x already inside the clamp; returns ((q, r), k), e^r = (q r + 1) r + 1 left
+    to the caller (which may mask that last fma)."""
     K = _EXP[v.key]
-    xc = v.clamp_keep_nan(x, K.lo, K.hi) if keep_nan else v.clamp(x, K.lo, K.hi)
+    if poly_only:
+        xc = x
+    else:
+        xc = v.clamp_keep_nan(x, K.lo, K.hi) if keep_nan else v.clamp(x, K.lo, K.hi)
     k = v.round_fma(xc, 1.4426950408889634)
     r = v.fma(k, v.c(-K.ln2_hi), xc)
     r = v.fma(k, v.c(-K.ln2_lo), r)
     if x_lo is not None:                                  # (meaningless once x is clamped)
         r = v.add(r, v.sel(v.cmp("==", x, xc), x_lo, v.c(0.0)))
     p = v.poly(r, K.coeffs)
+    if poly_only:
+        return (p, r), k
     q = v.fma(p, r, v.c(1.0))
     p = v.fma(q, r, v.c(1.0))
     if with_lo:
         return p, v.fma(q, r, v.sub(v.c(1.0), p)), k          # 1 - p is exact (Sterbenz)
     return p, k
+
+
+def scale_pow2(v: V, m, k, zero_k: float):
+    """m 2^k for exp_reduce's k, rounded once (gradual underflow), m * 0 (finite m: a zero
+    of its sign) where k <= zero_k, which the caller picks so that m 2^k rounds to 0 there: one vscalef masked
+    to the other lanes on AVX-512 hosts (an underflowing vscalef takes a microcode assist),
+    else exp_parts' two power-of-two factors (a product underflowing to 0 takes none)."""
+    fn = _scalef(v, masked=True)
+    if fn is not None:
+        return fn(m, k, v.mul(m, v.c(0.0)), v.b.fcmp_unordered(">", k, v.c(zero_k)))
+    ki = v.to_int(k)
+    k1 = v.b.ashr(ki, v.ci(1))
+    return v.mul(v.mul(m, v.pow2i(k1)), v.pow2i(v.b.sub(ki, k1)))
 
 
 def exp_parts(v: V, x, x_lo=None, with_lo=False):
@@ -296,10 +353,15 @@ def exp_parts(v: V, x, x_lo=None, with_lo=False):
     return (*parts, v.pow2i(k1), v.pow2i(v.b.sub(ki, k1)))
 
 
+_EXP_ZERO_K = {"f32": -151.0, "f64": -1076.0}   # k at or below: p 2^k (p < sqrt 2) rounds to 0
+
+
 def exp(v: V, x, flush: bool = True):
-    """e^x, scaled by two power-of-two factors, not vscalef: softmax rows are full of -inf and
-    very negative inputs, and a vscalef whose result underflows takes a microcode assist
-    (exp of 4M values of -inf: 33 ms against 2.6 ms, Emerald Rapids), the two multiplies not.
+    """e^x.  On AVX-512 hosts p 2^k is one vscalef masked to the lanes whose result does not
+    round to 0 (the rest are 0 without computing: softmax rows are full of -inf and very
+    negative inputs, and a vscalef whose result underflows takes a microcode assist, exp of
+    4M values of -inf: 33 ms against 2.6 ms, Emerald Rapids).  Elsewhere two power-of-two
+    factors (below).
 
     k is rounded by adding 1.5 * 2^mant + 2 bias, so the low bits of that sum are
     t = k + 2 bias; (t >> 1) << mant and (t - (t >> 1)) << mant are then the bits of
@@ -308,6 +370,15 @@ def exp(v: V, x, flush: bool = True):
     factors stays NaN.  Subnormal x gives exactly 1, so it is flushed to 0 first (no assist);
     flush=False for callers whose x is never subnormal."""
     K, F = _EXP[v.key], v.fmt
+    scalef = _scalef(v, masked=True)
+    if scalef is not None:
+        xc = v.clamp_keep_nan(v.flush_subnormal(x) if flush else x, K.lo, K.hi)
+        k = v.round_fma(xc, 1.4426950408889634)
+        r = v.fma(k, v.c(-K.ln2_hi), xc)
+        r = v.fma(k, v.c(-K.ln2_lo), r)
+        p = v.poly(r, K.coeffs)
+        p = v.fma(v.fma(p, r, v.c(1.0)), r, v.c(1.0))
+        return scalef(p, k, v.c(0.0), v.b.fcmp_unordered(">", k, v.c(_EXP_ZERO_K[v.key])))
     xc = v.clamp_keep_nan(v.flush_subnormal(x) if flush else x, K.lo, K.hi)
     magic = v.c(1.5 * 2.0 ** F.mant + 2 * F.bias)
     t = v.fma(xc, v.c(1.4426950408889634), magic)
@@ -374,8 +445,21 @@ def log_reduce(v: V, x):
     return ef, v.sub(m, v.c(1.0))
 
 
+_LOG_FIXUP = 0x03530421   # vfixupimm responses by input class: QNaN -> x, SNaN -> quiet x,
+#                           +-0 -> -inf, 1 / positive -> keep, -inf / negative -> NaN, +inf -> +inf
+
+
 def log_specials(v: V, x, res):
-    """log's results for 0 (-inf), negative (NaN), +inf and NaN inputs."""
+    """log's results for 0 (-inf), negative (NaN), +inf and NaN inputs: one AVX-512 vfixupimm
+    where the host has it for this width, else four compare-and-selects."""
+    total = _avx512_width(v)
+    if total is not None:
+        mask_t = I16 if v.n == 16 else I8
+        name = f"llvm.x86.avx512.mask.fixupimm.{'ps' if v.fmt.bits == 32 else 'pd'}.{total}"
+        tail = [I32(4)] if total == 512 else []
+        fn = intrinsic(v.b.module, name, v.t, [v.t, v.t, v.it, I32, mask_t] + [I32] * len(tail))
+        table = v.ci(_LOG_FIXUP)
+        return v.b.call(fn, [res, x, table, I32(0), const(mask_t, -1)] + tail)
     res = v.sel(v.cmp("==", x, v.c(0.0)), v.c(-math.inf), res)
     res = v.sel(v.cmp("<", x, v.c(0.0)), v.c(math.nan), res)
     res = v.sel(v.cmp("==", x, v.c(math.inf)), x, res)

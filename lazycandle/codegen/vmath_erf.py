@@ -84,6 +84,7 @@ _Q32 = (0.4994932522982278, 0.6686538978429036, 0.5513724519856945, 0.1569343666
 _DQ32 = tuple(i * c for i, c in enumerate(_Q32))[1:]
 _Q32_T0 = 0.48333333333333334         # centre of t's range: Horner's terms shrink, no cancellation
 _A32_MAX = 10.0                                                 # erfc(10) underflows f32
+_ERFC32_ZERO_K = -165.0      # m 2^k rounds to 0 at or below (|m| < 2^13: |x| <= 1e4, h e^r < 1)
 _E32_C0 = (struct.unpack("f", struct.pack("f", _E32[0]))[0],)
 _E32_C0 += (_E32[0] - _E32_C0[0],)                              # E's constant term as f32 hi + lo
 
@@ -103,10 +104,10 @@ def _erfc32(v: V, a, a2, a2_lo, mul=None, scale=1.0):
     q = v.poly(u, _Q32)
     dq = v.poly(u, _DQ32)                                  # Q'(u)
     h = v.fma(t, v.fma(dq, t_lo, q), v.mul(t_lo, q))       # (t + t_lo) Q(t + t_lo)
-    p, p_lo, s1, s2 = core.exp_parts(v, v.neg(a2), v.neg(a2_lo), with_lo=True)
+    p, p_lo, k = core.exp_reduce(v, v.neg(a2), v.neg(a2_lo), with_lo=True)
     m = v.fma(h, p, v.mul(h, p_lo))                        # h e^r, rounded once
     m = m if mul is None else v.mul(m, mul)
-    return v.mul(v.mul(m, s1), s2)
+    return core.scale_pow2(v, m, k, _ERFC32_ZERO_K)
 
 
 ERF_ONE = {"f32": 4.0, "f64": 6.0}   # erfc(a) < 2^-25 / 2^-54 above: erf(a) rounds to 1
