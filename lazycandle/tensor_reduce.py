@@ -12,7 +12,7 @@ from math import prod
 from . import dtype as D
 from .errors import DimOutOfRange, EmptyReduction, ShapeMismatch, UnsupportedDTypeForOp
 from .ir.node import Node
-from .layout import as_index
+from .layout import as_index, contiguous_layout
 from .tensor_views import norm_dim
 
 # argmax / argmin return u32 indices, so the dim they reduce can hold at most this many elements
@@ -25,6 +25,9 @@ def _dims(dims, shape, op):
     """The reduced dims as a sorted tuple of non-negative ints (a rank-0 tensor takes 0 or -1,
     like torch); NumPy's rules for the type of each dim."""
     if dims.__class__ is int:   # the common case, without the TypeError below
+        n = len(shape)
+        if -n <= dims < n:
+            return (dims + n if dims < 0 else dims,)
         dims = [dims]
     else:
         try:
@@ -66,9 +69,9 @@ class ReduceMixin:
         t = type(self)(Node(kind, (x._node,), dims, shape, out_dt))
         if self.rank == 0:
             return t.reshape(())
-        if not keepdim:         # a view dropping the reduced dims (the node is contiguous)
-            out = tuple(d for i, d in enumerate(shape) if i not in dims)
-            t = t._view(t._node.layout.reshape(out), f"reshape{out}")
+        if not keepdim:         # a view dropping the reduced dims: the node is contiguous at offset 0,
+            out = tuple(d for i, d in enumerate(shape) if i not in dims)     # so is the view
+            t = t._view(contiguous_layout(out), f"reshape{out}")
         return t
 
     def _many(self, kind, dims, keepdim, dim, axis):

@@ -141,6 +141,25 @@ def test_reduce_errors():
         lc.tensor(np.ones(3, np.float32)).to_dtype(lc.f4).sum(0)
 
 
+def test_one_int_dim_negative_and_out_of_range():
+    """The single-int-dim path: negative dims count from the end, dims one past either end
+    raise DimOutOfRange, a rank-0 tensor takes 0 and -1, and the result is a contiguous view."""
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    t = lc.tensor(x)
+    for d in range(-3, 3):
+        y = t.sum(d)
+        assert y.shape == x.sum(d).shape and y._node.layout.is_contiguous()
+        _check(y.numpy(), x.astype(np.float64).sum(d), np.float32)
+    for d in (3, -4):
+        with pytest.raises(lc.DimOutOfRange):
+            t.sum(d)
+    s = lc.tensor(np.float32(2.5))
+    assert s.sum(0).numpy() == 2.5 and s.sum(-1).numpy() == 2.5
+    for d in (1, -2):
+        with pytest.raises(lc.DimOutOfRange):
+            s.sum(d)
+
+
 def test_producers_fuse_into_reduction():
     x = rng.standard_normal((64, 128)).astype(np.float32)
     t = lc.tensor(x)

@@ -1,6 +1,5 @@
-"""The blocking of reduce kernels: inner-reduce f32 sums add f32 partials per block of
-F32_BLOCK elements at full vector width (f64 across blocks); inner-output reductions walk the
-strips of one row a call runs as one strip.  Lengths around the block, unroll and vector widths,
+"""The blocking of reduce kernels: f32 sums load full registers and add every value in f64
+(no f32 partials); inner-output reductions walk the strips of one row a call runs as one strip.  Lengths around the block, unroll and vector widths,
 empty and strided inputs, low-precision dtypes and 1 vs 2 threads, against NumPy in f64."""
 import ml_dtypes
 import numpy as np
@@ -31,8 +30,8 @@ def test_last_dim_f32_sum_and_mean_at_block_and_vector_edges(n):
 
 
 def test_last_dim_sum_of_large_offset_values_keeps_f64_accuracy_across_blocks():
-    """Each block's f32 partial is widened to f64, so a long row of values with a large common
-    offset (where one f32 accumulator would lose digits) stays within SPEC's rtol."""
+    """Every value is added in f64, so a long row of values with a large common offset (where
+    one f32 accumulator would lose digits) stays within SPEC's rtol."""
     x = (1000.0 + rng.standard_normal((2, 64 * F32_BLOCK + 5))).astype(np.float32)
     got = lc.tensor(x).sum(-1).numpy()
     np.testing.assert_allclose(got, x.astype(np.float64).sum(-1), rtol=2e-7)
@@ -203,3 +202,17 @@ def test_last_dim_results_do_not_depend_on_the_thread_split(kind):
     np.testing.assert_array_equal(res[0], res[1])
     np.testing.assert_array_equal(res[0], res[2])
     _close(res[0], getattr(x.astype(np.float64), kind)(-1))
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_f32_valued_sum_that_cancels_is_the_f64_sum_rounded_once(dt):
+    """Rows (and columns) of values and their negatives in another order sum to exactly 0 in
+    f64; f32 partials per block of 256 elements (or per block of 8 rows) left ~1e-3 there,
+    far outside SPEC's atol / rtol 1e-5."""
+    lo, hi = (50, 150) if dt == np.float32 else (0.5, 1.5)
+    v = rng.uniform(lo, hi, (4, 2048)).astype(dt)
+    x = np.concatenate([v, -rng.permuted(v, axis=1)], axis=1)
+    want = x.astype(np.float64).sum(-1)
+    assert not want.any()
+    for got in (lc.tensor(x).sum(-1), lc.tensor(np.ascontiguousarray(x.T)).sum(0), lc.tensor(x).mean(-1) * x.shape[1]):
+        np.testing.assert_array_equal(got.numpy().astype(np.float64), want)

@@ -18,9 +18,9 @@ Like elementwise kernels, reduce kernels are compiled per shape class (sizes and
 than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors at a time while
 4 W elements remain, then one vector at a time, then a scalar tail, so one kernel serves every
 length.
-Float sums and products accumulate in f64 (f32/f16/bf16 inputs; an inner-output sum first adds
-each block of ROW_BLOCK rows in the input's own precision at full vector width, an inner-reduce
-one each block of F32_BLOCK elements in f32 partials), integer ones wrap in their dtype;
+Float sums and products accumulate in f64 (f32/f16/bf16 inputs: an f32-valued sum loads full
+registers of f32 and widens each half into f64 accumulators, never adding in f32, so the result
+is the f64 sum rounded once), integer ones wrap in their dtype;
 max/min propagate NaN like np.max (over the last dim the float accumulators take only ordered
 values and a NaN seen is kept in a mask beside them, so each vector costs one compare and
 select); argmax/argmin keep the first index on ties (a NaN counts as
@@ -55,7 +55,8 @@ ROW_BLOCK = 8   # inner-output: reduced rows combined per trip of an accumulator
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
 PREFETCH = 16384  # inner-reduce: bytes read ahead by software prefetch
 ROWS = 4        # inner-reduce: rows read side by side (UNROLL / ROWS accumulators each)
-F32_BLOCK = 256     # f32 sums over a row (here and in row.py): elements per f32 partial (a multiple of U * 2W)
+SUM_VECTORS = 2     # inner-reduce f32 sums: full-register f32 loads per row and step (each widened to f64)
+F32_BLOCK = 256     # row.py's blocked f32 sums over a row: elements per f32 partial (a multiple of U * 2W)
 
 
 def _acc_type(spec, dt):
@@ -319,7 +320,7 @@ class _RedKernel(_Kernel):
         so that several streams are in flight); the last reduced dim runs W-wide with
         row_unroll vector accumulators per row, then a horizontal combine per row."""
         if self.narrow_sum:
-            return self.sum_inner_blocked(rows, outs, red_dims)
+            return self.sum_inner_widened(rows, outs, red_dims)
         if self.is_arg:
             return self.arg_inner(rows[0], outs[0], red_dims)
         b, W, R = self.b, self.W, len(rows)
@@ -411,24 +412,22 @@ class _RedKernel(_Kernel):
         s, si = self.arg_pick(s, si, b.load(accs[U]), b.load(idxs[U]))
         self._store(out_off, si, 1)
 
-    def sum_inner_blocked(self, rows, outs, red_dims):
-        """reduce_inner for an f32-valued sum: the last reduced dim runs E = 2W f32 lanes (a
-        full register) into row_unroll f32 partials per row; after each block of F32_BLOCK
-        elements the partials are added pairwise and widened into two W-lane f64 accumulators
-        per row, so no f32 lane adds more than F32_BLOCK / E terms in f32 (SPEC's rtol holds)
-        and there is no f32 -> f64 conversion per element.  Then an E-wide step and a scalar
-        tail (f64)."""
-        b, W, R = self.b, self.W, len(rows)
-        U = self.row_unroll(R)
-        E = 2 * W
-        pt = vec(self.val_t, E)
+    def sum_inner_widened(self, rows, outs, red_dims):
+        """reduce_inner for an f32-valued sum: the last reduced dim runs E = 2W f32 lanes (one
+        full-register load), each vector widened to f64 in two W-lane halves and added into
+        f64 accumulators (SUM_VECTORS vectors per step, so 2 SUM_VECTORS independent chains per
+        row, the same for a row run alone), then an E-wide step and a scalar tail.  There is no
+        f32 addition, so the result is the f64 sum rounded once: f32 partials over blocks of
+        256 elements missed SPEC's rtol / atol 1e-5 on rows of normal values that cancel, and
+        the conversions cost nothing measurable in a loop bound by memory."""
+        b, W = self.b, self.W
+        U, E = SUM_VECTORS, 2 * W
         last = red_dims[-1]
         n = self.dims[last]
         nvec = b.mul(b.udiv(n, I64(U * E)), I64(U * E))
         n1 = b.mul(b.udiv(n, I64(E)), I64(E))
-        accs = [[self.slot(vec(F64, W)) for _ in range(2)] for _ in rows]
+        accs = [[self.slot(vec(F64, W)) for _ in range(2 * U)] for _ in rows]
         tails = [self.slot(F64) for _ in rows]
-        parts = [[self.slot(pt) for _ in range(U)] for _ in rows]
         for a in (a for row in accs for a in row):
             b.store(self.init(W), a)
         for t in tails:
@@ -438,32 +437,23 @@ class _RedKernel(_Kernel):
         def at(offs, j):
             return [self.sadd(x, j, s) for x, s in zip(offs, sl)]
 
-        def widen_into(r, v):
-            for h, a in enumerate(accs[r]):
+        def widen_into(r, k, v):
+            """Vector k of a step (E f32 lanes) into accumulators 2k and 2k + 1 of row r."""
+            for h in range(2):
+                a = accs[r][2 * k + h]
                 half = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)]))
                 b.store(b.fadd(b.load(a), b.fpext(half, vec(F64, W)), flags=FM_REDUCE), a)
 
         with self.row_loops(rows, red_dims) as row_offs:
-            with counted_loop(b, I64(0), nvec, F32_BLOCK, "rb") as blk:
-                end = b.add(blk, I64(F32_BLOCK))
-                end = b.select(b.icmp_signed("<", end, nvec), end, nvec)
-                for p in (p for row in parts for p in row):
-                    b.store(ir.Constant(pt, 0.0), p)
-                with counted_loop(b, blk, end, U * E, "rv") as i:
-                    for offs in row_offs:
-                        self.prefetch(at(offs, i), sl)
-                    for k in range(U):
-                        for r, offs in enumerate(row_offs):
-                            v = self.value(at(offs, b.add(i, I64(k * E))), sl, E, widen=False)
-                            b.store(b.fadd(b.load(parts[r][k]), v, flags=FM_REDUCE), parts[r][k])
-                for r in range(R):
-                    vals = [b.load(p) for p in parts[r]]
-                    while len(vals) > 1:
-                        vals = [b.fadd(vals[k], vals[k + 1], flags=FM_REDUCE) for k in range(0, len(vals), 2)]
-                    widen_into(r, vals[0])
+            with counted_loop(b, I64(0), nvec, U * E, "rv") as i:
+                for offs in row_offs:
+                    self.prefetch(at(offs, i), sl)
+                for k in range(U):
+                    for r, offs in enumerate(row_offs):
+                        widen_into(r, k, self.value(at(offs, b.add(i, I64(k * E))), sl, E, widen=False))
             with counted_loop(b, nvec, n1, E, "r1") as j:
                 for r, offs in enumerate(row_offs):
-                    widen_into(r, self.value(at(offs, j), sl, E, widen=False))
+                    widen_into(r, 0, self.value(at(offs, j), sl, E, widen=False))
             with counted_loop(b, n1, n, 1, "rt") as j:
                 for r, offs in enumerate(row_offs):
                     b.store(b.fadd(b.load(tails[r]), self.value(at(offs, j), sl, 1), flags=FM_REDUCE), tails[r])
@@ -500,37 +490,37 @@ class _RedKernel(_Kernel):
         base = [self.sadd(x, j_lo, s) for x, s in zip(in_base, sj)]
 
         def step(rows, jj, w):
-            """acc[jj:jj+w] combined with the values of `rows` (one trip through L1 per block).
-            An f32 value summed into f64 is first summed over the block's rows in f32 (at most
-            ROW_BLOCK terms, so no accuracy is lost that matters), then widened once."""
+            """acc[jj:jj+w] combined with the values of `rows` (one trip through L1 per block),
+            each widened to the accumulator's type first."""
             p = at(jj, w)
             acc = b.load(p, align=al)
-            vals = [self.value([self.sadd(x, jj, s) for x, s in zip(offs, sj)], sj, w, widen=False) for offs in rows]
-            if self.red.combine == "add" and self.acc_t == F64 and vals[0].type != acc.type:
-                part = vals[0]
-                for v in vals[1:]:
-                    part = b.fadd(part, v, flags=FM_REDUCE)
-                vals = [b.fpext(part, acc.type)]
-            for v in vals:
-                acc = self.combine(acc, v if v.type == acc.type else b.fpext(v, acc.type) if self.is_float else v)
+            for offs in rows:
+                v = self.value([self.sadd(x, jj, s) for x, s in zip(offs, sj)], sj, w)
+                acc = self.combine(acc, v)
             b.store(acc, p, align=al)
 
         narrow = self.red.combine == "add" and self.acc_t == F64 and self.val_dt.is_float
 
+        def pairwise(vals):
+            while len(vals) > 1:
+                vals = [b.fadd(vals[k], vals[k + 1], flags=FM_REDUCE) if k + 1 < len(vals) else vals[k]
+                        for k in range(0, len(vals), 2)]
+            return vals[0]
+
         def step2(rows, jj):
-            """Two accumulator vectors from one 2W-lane partial sum of the rows in the value's
-            own (narrower) type: full-width loads and adds for f32 data."""
+            """Two accumulator vectors from one full-register (2W-lane) load per row of a value
+            narrower than its f64 accumulator: each row's halves are widened, the block's rows
+            added pairwise in f64 and then into the accumulators.  No f32 addition (an f32 sum
+            of the ROW_BLOCK rows missed SPEC's rtol / atol 1e-5 on columns that cancel)."""
             o = [[self.sadd(x, jj, s) for x, s in zip(offs, sj)] for offs in rows]
             vals = [self.value(oo, sj, 2 * W, widen=False) for oo in o]
-            part = vals[0]
-            for v in vals[1:]:
-                part = b.fadd(part, v, flags=FM_REDUCE)
             for h in range(2):
-                half = b.shuffle_vector(part, part, ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)]))
+                sel = ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)])
                 p = at(b.add(jj, I64(h * W)), W)
                 acc = b.load(p, align=al)
-                wide = half if half.type == acc.type else b.fpext(half, acc.type)
-                b.store(b.fadd(acc, wide, flags=FM_REDUCE), p, align=al)
+                halves = [b.shuffle_vector(v, v, sel) for v in vals]
+                wide = [x if x.type == acc.type else b.fpext(x, acc.type) for x in halves]
+                b.store(b.fadd(acc, pairwise(wide), flags=FM_REDUCE), p, align=al)
 
         def strip(rows):
             with counted_loop(b, I64(0), nu, U * W, "su") as jj:
