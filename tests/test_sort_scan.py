@@ -319,3 +319,14 @@ def test_sort_and_cumsum_hypothesis(dt, kind, shape, asc, seed):
     else:
         ref = np.cumsum(a.astype(np.float64), axis=dim)
         np.testing.assert_allclose(t.cumsum(dim).numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dt", [lc.f32, lc.f64, lc.f16, lc.bf16, lc.f8e4m3])
+def test_cumsum_keeps_negative_zero_like_numpy(dt):
+    """A running sum that has only seen -0 is -0 (the float scan starts from -0, the additive
+    identity; a +0 start turned a leading -0 into +0)."""
+    a = np.array([[-0.0, -0.0, 1.0], [-0.0, 2.0, -0.0]], np.float32).astype(dt.numpy)
+    for d in (0, 1):
+        got = lc.tensor(a, dtype=dt).cumsum(d).numpy()
+        want = np.cumsum(a.astype(np.float32), axis=d).astype(dt.numpy)
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

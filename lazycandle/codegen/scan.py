@@ -80,7 +80,7 @@ def build_scan(spec: ScanSpec, name: str = "cumsum") -> str:
         i = b.phi(I64, "i")
         acc = b.phi(acc_t, "acc")
         i.add_incoming(I64(0), pre)
-        acc.add_incoming(ir.Constant(acc_t, 0), pre)
+        acc.add_incoming(ir.Constant(acc_t, 0 if dt.is_int else -0.0), pre)   # -0: x + -0 is x, -0 included
         b.cbranch(b.icmp_signed("<", i, n), body, done)
         b.position_at_end(body)
         x = b.load(b.gep(src, [b.add(in_base, SA.scaled(b, i, in_step))], inbounds=True), align=al)
