@@ -9,22 +9,7 @@ import lazycandle as lc
 from lazycandle.layout import Layout
 from lazycandle.runtime import matmul as MM, matmul_skinny as SK
 
-D = 64
-
-
-def _attention(q, k, v):
-    return lc.nn.softmax_last_dim((q @ k.transpose(0, 1)) * 0.125) @ v
-
-
-def _decode_program(rows="m"):
-    return lc.compile(_attention(lc.placeholder("q", (rows, D)), lc.placeholder("k", ("L", D)),
-                                 lc.placeholder("v", ("L", D))))
-
-
-def _feeds(m, L, seed=0):
-    r = np.random.default_rng(seed + 1000 * m + L)
-    return {"q": r.standard_normal((m, D)).astype(np.float32), "k": r.standard_normal((L, D)).astype(np.float32),
-            "v": r.standard_normal((L, D)).astype(np.float32)}
+from decode_cases import D, attention as _attention, decode_program as _decode_program, decode_feeds as _feeds
 
 
 def _numpy_attention(f):

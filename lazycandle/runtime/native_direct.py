@@ -26,7 +26,7 @@ from .. import config
 from ..layout import Layout
 from . import fold, native_pool
 from .buffers import alloc
-from .native_exec import ALIGN, ARENA_KEEP_BYTES, SMALL_OUTPUT_BYTES, BindingSource, NotNative, address
+from .native_exec import ALIGN, ARENA_KEEP_BYTES, BindingSource, NotNative, address, split_outputs
 
 _addressof = ctypes.addressof
 
@@ -170,14 +170,8 @@ class DirectRunner:
 
     def _output_tables(self, out_pos, numels, out_shapes, out_offsets):
         """(small-output block type, small outputs, large outputs, pointer fills, output slices)."""
-        small, large, top = [], [], 0
-        for t, ((itemsize, dt), n) in enumerate(zip(self.target_types, numels)):
-            nbytes = n * itemsize
-            if nbytes < SMALL_OUTPUT_BYTES:
-                small.append((t, top, n, dt.numpy))
-                top += -(-max(nbytes, 1) // ALIGN) * ALIGN
-            else:
-                large.append((t, n, dt))
+        small, top, large = split_outputs((t, n, itemsize, dt)
+                                          for t, ((itemsize, dt), n) in enumerate(zip(self.target_types, numels)))
         small_at = {t: off for t, off, _, _ in small}
         small_fill = [(pos, small_at[t] + off) for pos, t, off in out_pos if t in small_at]
         large_fill = [(pos, t, off) for pos, t, off in out_pos if t not in small_at]

@@ -140,6 +140,21 @@ def _slot_starts(slot_items, n_slots, numels):
     return at, top
 
 
+def split_outputs(targets):
+    """(small, bytes of their block, large) for `targets` (target number, element count, item
+    size, DType): small outputs are carved from one ALIGN-ed block per run, (t, byte offset,
+    count, numpy dtype) each; large ones, (t, count, DType), come from buffers.alloc."""
+    small, large, top = [], [], 0
+    for t, n, itemsize, dt in targets:
+        nbytes = n * itemsize
+        if nbytes < SMALL_OUTPUT_BYTES:
+            small.append((t, top, n, dt.numpy))
+            top += -(-max(nbytes, 1) // ALIGN) * ALIGN
+        else:
+            large.append((t, n, dt))
+    return small, top, large
+
+
 def supports(plan) -> bool:
     from .sort_steps import SortTakeStep
     return not any(isinstance(s, SortTakeStep) for s in plan.steps)
@@ -538,16 +553,9 @@ class NativePlan:
     def _plan_outputs(self):
         """Small outputs are carved from one block per run (one allocation, one address
         lookup); large ones come from buffers.alloc (recycled huge-page blocks)."""
-        small, large, top, numels = [], [], 0, self.numels
-        for t, j, itemsize, dt in self.program.target_items:
-            n = numels[j]
-            nbytes = n * itemsize
-            if nbytes < SMALL_OUTPUT_BYTES:
-                small.append((t, top, n, dt.numpy))
-                top += -(-max(nbytes, 1) // ALIGN) * ALIGN
-            else:
-                large.append((t, n, dt))
-        self.small_outputs, self.small_bytes, self.large_outputs = small, top, large
+        numels = self.numels
+        self.small_outputs, self.small_bytes, self.large_outputs = split_outputs(
+            (t, numels[j], itemsize, dt) for t, j, itemsize, dt in self.program.target_items)
 
     def _run_tables(self, slots):
         """What every run fills, worked out at the first: (pointer position, feed number,
