@@ -16,7 +16,7 @@ from lazycandle.runtime import matmul as MM, matmul_skinny as SK
 
 from conftest import run_in_threads
 
-from decode_cases import D, attention as _attention, decode_program as _decode_program, decode_feeds as _feeds
+from decode_cases import D, decode_program as _decode_program, decode_feeds as _feeds
 
 
 def _warm(prog, feeds_of, sizes):

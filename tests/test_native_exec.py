@@ -15,7 +15,7 @@ from hypothesis import given, settings
 
 import lazycandle as lc
 from conftest import ROOT, run_in_threads, run_probe
-from lazycandle.runtime import native_exec
+from lazycandle.runtime import native_program
 
 from test_fuzz_mixed_graphs import FUZZ_SETTINGS, example_data, graphs, placeholder_program
 
@@ -230,7 +230,7 @@ def test_idle_native_workers_use_no_cpu():
 def test_arena_never_shares_bytes_between_live_buffers():
     prog, _ = _chain_program()
     plan = prog._fixed.plan
-    where, top = native_exec.plan_arena(plan, plan.binding.numels)
+    where, top = native_program.plan_arena(plan, plan.binding.numels)
     spans = {}
     for i, k in enumerate(plan.kernels):
         for j in k.outputs:

@@ -303,7 +303,7 @@ class Plan:
         b = binding or self.binding
         bufs = {}
         packed = pack_scalars(scalars)
-        slots, dtypes, numels = self.slots, self.dtypes, b.numels
+        dtypes, numels = self.dtypes, b.numels
         for i, (step, k, sized, read_offsets) in enumerate(zip(self.steps, self.kernels, b.steps, b.read_offsets)):
             if i > 0:
                 for j in self.free_after[i - 1]:

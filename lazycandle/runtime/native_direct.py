@@ -26,7 +26,8 @@ from .. import config
 from ..layout import Layout
 from . import fold, native_pool
 from .buffers import alloc
-from .native_exec import ALIGN, ARENA_KEEP_BYTES, BindingSource, NotNative, address, split_outputs
+from .native_exec import split_outputs
+from .native_program import ALIGN, ARENA_KEEP_BYTES, BindingSource, NotNative, address
 
 _addressof = ctypes.addressof
 

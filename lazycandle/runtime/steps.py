@@ -5,7 +5,6 @@ Kernel: what the dump tool shows of it (reads, module, detail, backend) lives on
 from __future__ import annotations
 
 from dataclasses import replace
-from math import prod
 
 import numpy as np
 
