@@ -107,7 +107,8 @@ class _Traced:
         self.cap = capture(self.targets)
         self.views = _view_nodes(user_nodes)
         self.binders = []
-        self.direct = []
+        self.direct = []            # DirectRunners, one per size class that has one
+        self.direct_runs = []       # (DirectRunner, its prepared Program.run: feeds_runner)
 
     def bind(self, sizes):
         for pb in list(self.binders):
@@ -116,8 +117,9 @@ class _Traced:
                 return _BoundInstance(self, pb, got)
         return None
 
-    def learn_direct(self, pb) -> None:
-        """Derive the direct path of ProgramBinder `pb`'s class, once its plan runs natively."""
+    def learn_direct(self, pb, named) -> None:
+        """Derive the direct path of ProgramBinder `pb`'s class, once its plan runs natively
+        (`named`: the Program's feed specs, Program._named)."""
         if pb.plan.native_program is None:
             return                  # not run natively yet: the plan builds its program at its 2nd run
         from .symbolic_plan import derive_direct
@@ -125,6 +127,7 @@ class _Traced:
         pb.direct = runner or False
         if runner is not None:
             self.direct.append(runner)
+            self.direct_runs.append((runner, runner.feeds_runner(named, self.names, self.cap.scalars)))
 
     def learn(self, inst: _Instance, sizes) -> None:
         """Derive the ProgramBinder of the size class `inst` (compiled at `sizes`) is in."""
@@ -194,6 +197,7 @@ class Program:
         self._bound = caches.LRU(self.BINDINGS_KEPT)
         self._last, self._recent = self._fixed, None
         self._last_sizes = None         # the named-dim sizes run last (what dump shows)
+        self._last_direct = None        # the DirectRunner that ran last, when the direct path did
         self._fast = None       # the fixed instance's one-call run (_Instance.fast_runner), once native
         if self._symbolic:
             _programs.add(self)
@@ -294,21 +298,24 @@ class Program:
                 outs = self._fixed.run(arrays)
                 self._fast = self._fixed.fast_runner()
                 return outs
+        traced = self._traced
+        if traced is not None:
+            for runner, direct in traced.direct_runs:       # a size class's direct path
+                out = direct(feeds)
+                if out is not None:
+                    self._last_direct = runner
+                    return out
+        self._last_direct = None
         sizes = self._named_feeds(feeds)
         if sizes is not None:
-            self._last_sizes = sizes
-            for runner in self._traced.direct:          # a size class's direct path
-                out = runner.run(feeds, sizes, self._traced.cap.scalars)
-                if out is not None:
-                    return out
             arrays = {name: v.reshape(-1) for name, v in feeds.items()}
         else:
             arrays, sizes = self._check_feeds(feeds)
-            self._last_sizes = sizes
+        self._last_sizes = sizes
         inst = self._instance(sizes)
         out = inst.run(arrays)
         if inst.__class__ is _BoundInstance and inst.binder.direct is None:
-            self._traced.learn_direct(inst.binder)
+            self._traced.learn_direct(inst.binder, self._named)
         return out
 
     __call__ = run
@@ -326,7 +333,10 @@ class Program:
 
     def dump(self, stage="schedule", fmt="text") -> str:
         """A dump stage of the compiled program (with named dims: of the last binding run)."""
-        inst = self._last if self._last_sizes is None else self._instance(self._last_sizes)
+        runner = self._last_direct
+        sizes = runner.bound_sizes() if runner is not None else None
+        sizes = self._last_sizes if sizes is None else sizes
+        inst = self._last if sizes is None else self._instance(sizes)
         if inst is None:
             raise ValueError("dump: this program has named dims and is compiled per binding; run it once first")
         return render(stage, fmt, inst.plan, views_graph(inst.user_nodes), inst.targets)

@@ -289,7 +289,8 @@ def derive_direct(pb: ProgramBinder, names, inputs):
     equals the program binding's (_same_layouts).  None when the plan has no direct path."""
     from .runtime import native_direct
     sb = pb.binder
-    prefix = list(pb.reads) + [f"    d{k} = {d}" for k, d in enumerate(pb.dims)]
+    at = {f"sizes[{n!r}]": f"sizes[{i}]" for i, n in enumerate(names)}     # the direct path passes a tuple
+    prefix = [_indexed(line, at) for line in pb.reads] + [f"    d{k} = {d}" for k, d in enumerate(pb.dims)]
     for k in range(len(pb.dims)):       # the class: every symbol > 1 and distinct (as pb.fn checks)
         prefix.append(f"    if d{k} < 2:\n        return None")
         prefix += [f"    if d{k} == d{j}:\n        return None" for j in range(k)]
@@ -305,7 +306,14 @@ def derive_direct(pb: ProgramBinder, names, inputs):
             local[part] = f"q{len(local)}"
             prefix.append(f"    {local[part]} = {part}")
         tokens.append(local[part])
-    return native_direct.derive(pb.plan, prefix, tokens, pb.results[2:], inputs)
+    return native_direct.derive(pb.plan, prefix, tokens, pb.results[2:], inputs, len(names))
+
+
+def _indexed(line: str, at: dict) -> str:
+    """A read line of a ProgramBinder (`v = sizes['n']`) reading a tuple of the sizes instead."""
+    for key, pos in at.items():
+        line = line.replace(key, pos)
+    return line
 
 
 def _same_layouts(pb: ProgramBinder, names) -> bool:

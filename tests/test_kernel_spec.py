@@ -70,3 +70,26 @@ def test_ir_never_imports_codegen_and_the_runtime_never_rewrites_kernels():
     for path in (PKG / "runtime").glob("*.py"):
         src = path.read_text()
         assert not re.search(r"\b(kernel|k)\.(inputs|outputs|backend|spec|sizes|nodes|loop_shape)\s*=[^=]", src), path
+
+
+def test_extent_and_cost_sources_equal_extent_and_cost():
+    """A spec's extent_source / cost_source (what generated binders inline) evaluate to its
+    extent / cost at every size, empty dims included."""
+    import itertools
+    a, b = lc.placeholder("a", (5, 33)), lc.placeholder("b", (33, 5))
+    x = lc.placeholder("x", (4, 6, 7))
+    _, specs = _plan_specs([(a * 2 + 1).exp(), a.T + b, lc.nn.softmax_last_dim(x), (x - x.mean(-1, keepdim=True))])
+    checked = 0
+    for spec in specs:
+        n = 6
+        tokens = [f"t{i}" for i in range(n)]
+        extent, cost = spec.extent_source(tokens), spec.cost_source(tokens)
+        for sizes in itertools.product((0, 1, 3, 17), repeat=3):
+            sizes = sizes + (1, 2, 5)
+            env = dict(zip(tokens, sizes))
+            if extent is not None:
+                assert eval(extent, {}, env) == spec.extent(sizes), (spec.describe(), sizes)
+            if cost is not None:
+                assert eval(cost, {}, env) == spec.cost(sizes), (spec.describe(), sizes)
+        checked += extent is not None
+    assert checked >= 2

@@ -72,8 +72,22 @@ class KernelSpec:
     def cost(self, sizes) -> float:
         return 1.0
 
+    def extent_source(self, sizes) -> str | None:
+        """`extent` as a Python expression of the size tokens `sizes` (source strings), for
+        generated binders (runtime/native_direct.py); None: they call `extent`."""
+        return None
+
+    def cost_source(self, sizes) -> str | None:
+        """`cost` as a Python expression of the size tokens `sizes`, or None (as extent_source)."""
+        return None
+
     def describe(self) -> str:
         return type(self).__name__
+
+
+def _product(tokens) -> str:
+    """The product of size tokens as a Python expression ("1" for none)."""
+    return "(" + " * ".join(f"({t})" for t in tokens) + ")" if tokens else "1"
 
 
 def tile_dim(stride_classes):
@@ -116,6 +130,15 @@ class EwSpec(KernelSpec):
 
     def cost(self, sizes) -> float:
         return float(len(self.instrs) * prod(sizes[:self.rank]))
+
+    def extent_source(self, sizes):
+        if self.tile is not None:
+            return None
+        shape = _product(sizes[:self.rank])
+        return shape if self.rank == 1 else f"({_product(sizes[:self.rank - 1])} if {shape} else 0)"
+
+    def cost_source(self, sizes):
+        return f"{float(len(self.instrs))!r} * {_product(sizes[:self.rank])}"
 
     def describe(self) -> str:
         tiled = f", tiled dims ({self.tile}, {self.rank - 1})" if self.tile is not None else ""
@@ -220,6 +243,12 @@ class RowSpec(KernelSpec):
 
     def cost(self, sizes) -> float:
         return float(len(self.instrs) * prod(sizes[:self.rank]))
+
+    def extent_source(self, sizes):
+        return f"({_product(sizes[:self.rank - 1])} if {_product(sizes[:self.rank])} else 0)"
+
+    def cost_source(self, sizes):
+        return f"{float(len(self.instrs))!r} * {_product(sizes[:self.rank])}"
 
     def describe(self) -> str:
         return (f"row kernel rank {self.rank}, {len(self.stages())} reducing passes, "

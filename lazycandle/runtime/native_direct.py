@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import struct
 from math import prod
 
 import numpy as np
@@ -27,7 +28,7 @@ from ..layout import Layout
 from . import fold, native_pool
 from .buffers import alloc
 from .native_exec import split_outputs
-from .native_program import ALIGN, ARENA_KEEP_BYTES, BindingSource, NotNative, address
+from .native_program import ALIGN, ARENA_KEEP_BYTES, BindingSource, NotNative, _fn_address, address
 
 _addressof = ctypes.addressof
 
@@ -59,9 +60,13 @@ class DirectSource(BindingSource):
 
     def kernel(self, i, scope):
         _, spec, at, count = self.steps[i]
-        scope[f"extent{i}"], scope[f"cost{i}"] = spec.extent, spec.cost
-        return [f"    s{i} = {self._tuple(at, count)}", f"    e{i} = extent{i}(s{i})",
-                f"    c{i} = cost{i}(s{i}) / (e{i} or 1)"]
+        tokens = self._tokens(at, count)
+        extent, cost = spec.extent_source(tokens), spec.cost_source(tokens)
+        if extent is None:
+            scope[f"extent{i}"], extent = spec.extent, f"extent{i}(s{i})"
+        if cost is None:
+            scope[f"cost{i}"], cost = spec.cost, f"cost{i}(s{i})"
+        return [f"    s{i} = {self._tuple(at, count)}", f"    e{i} = {extent}", f"    c{i} = {cost} / (e{i} or 1)"]
 
     def matmul(self, i, rebind):
         """The small-m kernel's sizes by its Rebinder, written out (Rebinder.source) or called."""
@@ -84,7 +89,7 @@ class DirectSource(BindingSource):
         return [self.q[at + c] for c in range(n)]
 
 
-def derive(plan, prefix, q, results, inputs):
+def derive(plan, prefix, q, results, inputs, n_sizes):
     """The DirectRunner of `plan` (running natively, no step in Python) for the size class
     whose upper-layer lines `prefix` (of `sizes`, the named-dim values) define the flat
     quantities (`q`: a source token per position) or return None; `results`: sources of the
@@ -109,7 +114,7 @@ def derive(plan, prefix, q, results, inputs):
     constants = {k: v for k, v in scope.items() if k[0] in "ks" and k[1:].isdigit() or k.startswith("set")}
     fn_ast = fold.fold("\n".join(lines) + "\n", pure, constants)
     ret = fn_ast.body[-1]
-    fixed, writes = [], []          # the block's words at every size of the class; the others' writes
+    fixed, written = [], {}         # the block's words at every size of the class; the others' expressions
     for pos, e in enumerate(ret.value.elts[0].elts):
         if isinstance(e, ast.Constant):
             fixed.append(e.value)
@@ -117,14 +122,122 @@ def derive(plan, prefix, q, results, inputs):
             return None             # sizes of unknown count: not written by the generators here
         else:
             fixed.append(0)
-            writes.append(ast.Assign([ast.Subscript(ast.Name("w", ast.Load()), ast.Constant(pos), ast.Store())], e))
-    ret.value.elts = ret.value.elts[1:]
-    fn_ast.body[-1:] = writes + [ret]
+            written[pos] = e
+    rest = ret.value.elts[1:]       # out_pos, numels, arena, slot offsets, out shapes, out offsets
+    outputs = _constant([e for k, e in enumerate(rest) if k != 2])
+    if outputs is not None:         # the same at every size: returned by the runner, not the function
+        ret.value = rest[2]
+    else:
+        ret.value.elts = rest
+    statements = fn_ast.body[:-1]
+    fn_ast.body[-1:] = []
     source = ast.unparse(ast.fix_missing_locations(fn_ast)) + "\n"
+    if written:                     # one pack of the span the sizes write (constants kept in it)
+        lo, hi = min(written), max(written)
+        scope["pack_words"] = struct.Struct(f"={hi - lo + 1}q").pack_into
+        source += (f"    pack_words(w, {8 * lo}, " + ", ".join(ast.unparse(written[p]) if p in written else repr(fixed[p])
+                                                        for p in range(lo, hi + 1)) + ")\n")
+    source += f"    return {ast.unparse(ret.value)}\n"
     block = np.array(fixed, np.int64)
-    scope["w"] = (ctypes.c_int64 * len(fixed)).from_buffer(block)
+    scope["w"] = block
     exec(compile(source, "<direct binding>", "exec"), scope)
-    return DirectRunner(plan, prog, scope["direct"], source, inputs, block)
+    python_fn = scope["direct"]
+    results = None if outputs is not None else _results_fn([e for k, e in enumerate(rest) if k != 2], statements)
+    fn = python_fn
+    if outputs is not None or results is not None:
+        fn = _native_binder(statements, written, prog, block, n_sizes, scope, results) or python_fn
+    runner = DirectRunner(plan, prog, fn, source, inputs, block, outputs)
+    runner.python_fn = python_fn    # the same words in Python (what the tests compare `fn` with)
+    return runner
+
+
+def _is_setting(stmt) -> bool:
+    """The matmul setting read (`x = backend()` / `threads()`) or its check."""
+    if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
+        return isinstance(stmt.value.func, ast.Name) and stmt.value.func.id in ("backend", "threads")
+    return isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and isinstance(stmt.test.left, ast.Tuple)
+
+
+def _results_fn(nodes, statements):
+    """A Python function of the sizes tuple giving the output tables `nodes` (out_pos, numels,
+    slot offsets, out shapes, out offsets) with only the assignments they read: what the
+    compiled binder leaves to Python when the outputs vary with the sizes."""
+    ret = ast.Tuple(list(nodes), ast.Load())
+    needed = {n.id for n in ast.walk(ret) if isinstance(n, ast.Name)}
+    kept = []
+    for st in reversed(statements):
+        if isinstance(st, ast.Assign) and isinstance(st.targets[0], ast.Name) and st.targets[0].id in needed:
+            kept.append(st)
+            needed |= {n.id for n in ast.walk(st.value) if isinstance(n, ast.Name)}
+    fn = ast.FunctionDef("results", ast.arguments([], [ast.arg("sizes")], None, [], [], None, []),
+                         kept[::-1] + [ast.Return(ret)], [], None)
+    module = ast.fix_missing_locations(ast.Module([fn], []))
+    scope = {"__builtins__": {}, "max": max, "min": min, "list": list}
+    try:
+        exec(compile(module, "<direct results>", "exec"), scope)
+    except SyntaxError:
+        return None
+    return scope["results"]
+
+
+def _native_binder(statements, written, prog, block, n_sizes, scope, results=None):
+    """The direct function compiled (codegen/binder_ir.py): `bind(key)` returns what the Python
+    function returns (the arena when the outputs are the same at every size, else with the
+    output tables of `results(key)`) after one native call for the words (two when the arena
+    grows); the setting check stays in Python.  None when the function has a form binder_ir
+    does not compile."""
+    from ..codegen import binder_ir, jit
+    settings = [ast.unparse(st) for st in statements if _is_setting(st)]
+    text = binder_ir.build([st for st in statements if not _is_setting(st)], written)
+    if text is None:
+        return None
+    module = jit.link_ir(text, ["bind"])
+    native = ctypes.CFUNCTYPE(ctypes.c_int64)(module.address("bind"))     # args premade: no conversions
+    settings_ok = None
+    if settings:
+        src = "def settings_ok():\n" + "".join("    " + line.replace("\n", "\n    ") + "\n" for line in settings) \
+            + "    return True\n"
+        src = src.replace("return None", "return False")
+        exec(compile(src, "<direct settings>", "exec"), scope)
+        settings_ok = scope["settings_ok"]
+    args = np.zeros(3 + n_sizes, np.int64)     # arena base, arena bytes, the bytes needed, sizes
+    call_args = (ctypes.c_void_p(args.ctypes.data), ctypes.c_void_p(block.ctypes.data))
+    pack = struct.Struct(f"={3 + n_sizes}q").pack_into
+
+    def bind(key):
+        if settings_ok is not None and not settings_ok():
+            return None
+        arena = prog.arena
+        try:
+            if arena is None:
+                pack(args, 0, 0, 0, 0, *key)
+            else:
+                pack(args, 0, arena[1], arena[0].size, 0, *key)
+        except struct.error:        # a size beyond i64
+            return None
+        rc = native(*call_args)
+        if rc == binder_ir.GROW:
+            arena = prog.arena_at_least(int(args[2]))
+            args[0], args[1] = arena[1], arena[0].size
+            rc = native(*call_args)
+        if rc != binder_ir.OK:
+            return None
+        if results is None:
+            return arena
+        out_pos, numels, offsets, out_shapes, out_offsets = results(key)
+        return out_pos, numels, arena, offsets, out_shapes, out_offsets
+    bind.module = module            # kept alive with the function
+    return bind
+
+
+def _constant(nodes):
+    """The values of expression nodes that are displays of literals (list/tuple displays, and
+    list() of one), or None when any depends on a name."""
+    try:
+        return [eval(compile(ast.Expression(n), "<literal>", "eval"), {"__builtins__": {}, "list": list})
+                for n in nodes]
+    except NameError:
+        return None
 
 
 class DirectRunner:
@@ -135,7 +248,7 @@ class DirectRunner:
     of the binding; the sizes run last are kept, so the same sizes again write only the feed
     and output pointers."""
 
-    def __init__(self, plan, prog, fn, source, inputs, block):
+    def __init__(self, plan, prog, fn, source, inputs, block, outputs=None):
         self.plan, self.program, self.fn, self.source = plan, prog, fn, source
         self.packer = prog.last_bound            # a NativePlan of the program: packs the scalars
         self.block = block
@@ -147,84 +260,185 @@ class DirectRunner:
         self.target_types = [(dt.numpy.itemsize, dt) for _, _, _, dt in prog.target_items]
         self.fns, self.returned = prog.fns, prog.returned
         self.epoch = config.matmul_epoch
-        self.last = None            # (sizes, arena, slot offsets, output tables): what the block holds
+        self.last = None            # (sizes key, arena, slot offsets, output tables, slices): what the block holds
+        self.names = ()             # the named dims, in the order of a sizes key (feeds_runner)
         self._tables = None         # (key, output tables) of the last bound sizes
+        self.outputs = outputs      # (out_pos, numels, slot offsets, out shapes, out offsets) when
+                                    # they are the same at every size: `fn` returns only the arena
 
     def clear(self) -> None:
         with self.program.lock:
             self.last = self._tables = None
 
-    def _bind(self, sizes):
-        """Write the words of `sizes` and return what else they bind to, or None (not this class)."""
+    def bound_sizes(self):
+        """The named-dim sizes the block holds (a dict), or None."""
+        last = self.last
+        return None if last is None else dict(zip(self.names, last[0]))
+
+    def _bind(self, key):
+        """Write the words of the named-dim values `key` (in `names` order) and return (key,
+        arena, slot offsets, output tables, output slices), or None (not this class)."""
         try:
-            got = self.fn(sizes)
+            got = self.fn(key)
         except NotNative:           # an index kernel of another form at these sizes
             return None
         if got is None:
             return None
-        out_pos, numels, arena, offsets, out_shapes, out_offsets = got
-        key = (out_pos, numels, out_shapes, out_offsets)
+        if self.outputs is not None:
+            arena = got
+            out_pos, numels, offsets, out_shapes, out_offsets = self.outputs
+        else:
+            out_pos, numels, arena, offsets, out_shapes, out_offsets = got
+        outputs = (out_pos, numels, out_shapes, out_offsets)
         tables = self._tables
-        if tables is None or tables[0] != key:
-            tables = self._tables = (key, self._output_tables(out_pos, numels, out_shapes, out_offsets))
-        return (sizes, arena, offsets) + tables[1]
+        if tables is None or tables[0] != outputs:
+            tables = self._tables = (outputs, self._output_tables(out_pos, numels, out_shapes, out_offsets),
+                                     [(u, off, shape) for u, (shape, off) in enumerate(zip(out_shapes, out_offsets))])
+        return (key, arena, offsets) + tables[1:]
 
     def _output_tables(self, out_pos, numels, out_shapes, out_offsets):
-        """(small-output block type, small outputs, large outputs, pointer fills, output slices)."""
+        """(small-output block type, small outputs, large outputs, pointer fills of the small
+        ones, pointer fills per large target, and per user output (shape, numpy dtype, byte
+        offset in the block) when every output is small)."""
         small, top, large = split_outputs((t, n, itemsize, dt)
                                           for t, ((itemsize, dt), n) in enumerate(zip(self.target_types, numels)))
-        small_at = {t: off for t, off, _, _ in small}
-        small_fill = [(pos, small_at[t] + off) for pos, t, off in out_pos if t in small_at]
-        large_fill = [(pos, t, off) for pos, t, off in out_pos if t not in small_at]
-        slices = [(off, prod(shape), shape) for shape, off in zip(out_shapes, out_offsets)]
-        return ctypes.c_char * (top + ALIGN), small, large, small_fill, large_fill, slices
+        small_at = {t: (off, npdt) for t, off, _, npdt in small}
+        small_fill = [(pos, small_at[t][0] + off) for pos, t, off in out_pos if t in small_at]
+        large_fill = {}
+        for pos, t, off in out_pos:
+            if t not in small_at:
+                large_fill.setdefault(t, []).append((pos, off))
+        carve = []
+        if not large:
+            for u, (shape, off) in enumerate(zip(out_shapes, out_offsets)):
+                at, npdt = small_at[self.returned[u]]
+                carve.append((shape, npdt, at + off * np.dtype(npdt).itemsize))
+        return ctypes.c_char * (top + ALIGN), small, large, small_fill, large_fill, carve
 
-    def run(self, arrays, sizes, scalars):
-        mode, profiling = config.exec_flags()
-        if mode == "python" or profiling:
-            return None
-        in_bufs = [arrays[name] if name is not None else buf for name, buf in self.inputs]
-        in_addr = [address(in_bufs[i]) for i in self.used]
-        prog, block = self.program, self.block
-        nthreads = native_pool.threads()
-        with prog.lock:
-            if config.matmul_epoch != self.epoch:
-                self.epoch, self.last = config.matmul_epoch, None
-            b = self.last
-            if b is None or b[0] != sizes:
-                self.last = None            # the block is rewritten from here
-                b = self._bind(sizes)
-                if b is None:
+    def feeds_runner(self, named, names, scalars):
+        """Program.run's direct path as one prepared function `run(feeds) -> outputs | None`.
+        `named`: per input (name, numpy dtype, rank, (dim, size) of its fixed sizes, (dim, name)
+        of its named dims); `names`: the named dims in the order `fn` reads them.  `run` takes feeds that are all C-contiguous ndarrays of their
+        input's dtype object and rank with sizes that agree with the specs and each other,
+        binds the named-dim sizes when they are not the ones bound last, and makes the
+        program's native calls.  None from `run`: nothing done (a feed the check does not take,
+        sizes of another class, LAZYCANDLE_EXEC=python or profiling, a bad id): the caller
+        takes the layered path, which converts, binds or raises."""
+        prog, block, lock, packer = self.program, self.block, self.program.lock, self.packer
+        check = feed_checker(named, names)
+        self.names = tuple(names)
+        # per used input: its feed name (None: a realized node, read from its buffer), pointer
+        # positions with their slots, and the node (for its buffer) -- the element offset of a
+        # view's slot is the binding's, read per size
+        where = {k: [] for k in range(len(self.used))}
+        for pos, k, _, s in self.feeds:
+            where[k].append((pos, s))
+        used = [(self.inputs[i][0], self.inputs[i][1], where[k]) for k, i in enumerate(self.used)]
+        fns = [ctypes.CFUNCTYPE(ctypes.c_int64)(_fn_address(f)) for f in self.fns]   # args as they are
+        call_args = (ctypes.c_void_p(self.block_addr), ctypes.c_void_p(self.sizes_addr))
+        thread_args = {}
+        get_exec, get_profile = config._exec_env[0], config._profile_env[0]
+        pool_state, ensure, ndarray = native_pool._state, native_pool.ensure, np.ndarray
+        status = prog.status if prog.has_status else None
+        returned = self.returned
+
+        def run(feeds):
+            if get_exec() is not None or get_profile() is not None:
+                mode, profiling = config.exec_flags()
+                if profiling or mode == "python":
                     return None
-                self.last = b
-            _, _, offsets, block_type, small, large, small_fill, large_fill, slices = b
-            outs = [None] * len(self.target_types)
-            if small:
-                blk = block_type()
-                addr = _addressof(blk)
-                skip = -addr % ALIGN
-                for t, off, n, npdt in small:
-                    outs[t] = np.frombuffer(blk, npdt, n, skip + off)
-                addr += skip
-                for pos, off in small_fill:
-                    block[pos] = addr + off
-            if large:
-                at = {}
-                for t, n, dt in large:
-                    outs[t] = o = alloc(n, dt)
-                    at[t] = address(o)
-                for pos, t, off in large_fill:
-                    block[pos] = at[t] + off
-            for pos, k, i, s in self.feeds:
-                off = offsets[s]
-                block[pos] = in_addr[k] + off * in_bufs[i].itemsize if off else in_addr[k]
-            if prog.has_status:
-                prog.status.fill(0)
-            _, sc = self.packer._pack(scalars)
-            p, sz = self.block_addr, self.sizes_addr
-            for fn in self.fns:
-                if fn(p, sz, sc, nthreads):
-                    return None         # a bad id: the layered path runs again and raises its error
-        outs = [outs[t] for t in self.returned]
-        return [o if o.shape == shape else (o if off == 0 and o.size == n else o[off:off + n]).reshape(shape)
-                for o, (off, n, shape) in zip(outs, slices)]
+            key = check(feeds)
+            if key is None:
+                return None
+            nthreads = config._num_threads      # native_pool.threads(), inlined: ensure only when short
+            if not pool_state or pool_state["started"] + 1 < nthreads:
+                ensure(nthreads)
+            threads_arg = thread_args.get(nthreads)
+            if threads_arg is None:
+                threads_arg = thread_args[nthreads] = ctypes.c_int64(nthreads)
+            with lock:
+                if config.matmul_epoch != self.epoch:
+                    self.epoch, self.last = config.matmul_epoch, None
+                b = self.last
+                if b is None or b[0] != key:
+                    self.last = None            # the block is rewritten from here
+                    b = self._bind(key)
+                    if b is None:
+                        return None
+                    self.last = b
+                offsets, (block_type, small, large, small_fill, large_fill, carve) = b[2], b[3]
+                for name, buf, at in used:
+                    v = feeds[name] if name is not None else buf
+                    addr = address(v)
+                    for pos, s in at:
+                        off = offsets[s]
+                        block[pos] = addr + off * v.itemsize if off else addr
+                outs = None
+                if small:
+                    blk = block_type()
+                    addr = _addressof(blk)
+                    skip = -addr % ALIGN
+                    addr += skip
+                    for pos, off in small_fill:
+                        block[pos] = addr + off
+                    if not large:
+                        outs = [ndarray(shape, npdt, blk, skip + at) for shape, npdt, at in carve]
+                    else:
+                        small_outs = {t: np.frombuffer(blk, npdt, n, skip + off) for t, off, n, npdt in small}
+                if large:
+                    got = {}
+                    for t, n, dt in large:
+                        got[t] = o = alloc(n, dt)
+                        addr = address(o)
+                        for pos, off in large_fill.get(t, ()):
+                            block[pos] = addr + off
+                    if small:
+                        got.update(small_outs)
+                    outs = [_user_view(got[returned[u]], off, shape) for u, off, shape in b[4]]
+                if status is not None:
+                    status.fill(0)
+                if prog.scalars is not scalars:
+                    packer._pack(scalars)
+                sc = ctypes.c_void_p(prog.packed[1])
+                for fn in fns:
+                    if fn(*call_args, sc, threads_arg):
+                        return None     # a bad id: the layered path runs again and raises its error
+            return outs
+        return run
+
+
+
+def feed_checker(named, names):
+    """`check(feeds)`: the named-dim values as a tuple in `names` order
+    when every feed is a C-contiguous ndarray of its input's dtype object (`is`) and rank whose
+    sizes agree with its spec and each other, else None -- written out as one generated
+    function of the specs `named` (Program._named), a few comparisons per feed."""
+    scope = {"ndarray": np.ndarray}
+    first, lines = {}, ["def check(feeds):"]
+    for k, (name, npdt, rank, fixed, dims) in enumerate(named):
+        scope[f"t{k}"] = npdt
+        lines += [f"    f{k} = feeds.get({name!r})",
+                  f"    if f{k}.__class__ is not ndarray or f{k}.dtype is not t{k} or not f{k}.flags.c_contiguous:",
+                  "        return None", f"    s{k} = f{k}.shape"]
+        if not dims:
+            lines += [f"    if s{k} != {tuple(size for _, size in fixed)!r}:", "        return None"]
+            continue
+        conds = [f"len(s{k}) != {rank}"] + [f"s{k}[{i}] != {size}" for i, size in fixed]
+        for i, d in dims:
+            if d in first:
+                conds.append(f"s{k}[{i}] != {first[d]}")
+            else:
+                first[d] = f"s{k}[{i}]"
+        lines += [f"    if {' or '.join(conds)}:", "        return None"]
+    if any(d not in first for d in names):
+        return lambda feeds: None
+    lines.insert(1, f"    if len(feeds) != {len(named)}:\n        return None")
+    lines.append("    return (" + "".join(f"{first[d]}, " for d in names) + ")")
+    exec(compile("\n".join(lines) + "\n", "<feed check>", "exec"), scope)
+    return scope["check"]
+
+
+def _user_view(buf, off, shape):
+    """A user output of a target buffer: at its element offset, in its shape."""
+    n = prod(shape)
+    return buf if off == 0 and buf.size == n and buf.shape == shape else buf[off:off + n].reshape(shape)
