@@ -227,6 +227,7 @@ def _native_binder(statements, written, prog, block, n_sizes, scope, results=Non
         out_pos, numels, offsets, out_shapes, out_offsets = results(key)
         return out_pos, numels, arena, offsets, out_shapes, out_offsets
     bind.module = module            # kept alive with the function
+    bind.parts = (native, call_args, args, pack, settings_ok)     # for feeds_runner's inline form
     return bind
 
 
@@ -263,6 +264,7 @@ class DirectRunner:
         self.last = None            # (sizes key, arena, slot offsets, output tables, slices): what the block holds
         self.names = ()             # the named dims, in the order of a sizes key (feeds_runner)
         self._tables = None         # (key, output tables) of the last bound sizes
+        self._constant_tail = None  # (slot offsets, output tables, slices) of size-independent outputs
         self.outputs = outputs      # (out_pos, numels, slot offsets, out shapes, out offsets) when
                                     # they are the same at every size: `fn` returns only the arena
 
@@ -287,13 +289,17 @@ class DirectRunner:
         if self.outputs is not None:
             arena = got
             out_pos, numels, offsets, out_shapes, out_offsets = self.outputs
+            if self._constant_tail is None:
+                self._constant_tail = (offsets, self._output_tables(out_pos, numels, out_shapes, out_offsets),
+                                       _slices(out_shapes, out_offsets))
+            return (key, arena) + self._constant_tail
         else:
             out_pos, numels, arena, offsets, out_shapes, out_offsets = got
         outputs = (out_pos, numels, out_shapes, out_offsets)
         tables = self._tables
         if tables is None or tables[0] != outputs:
             tables = self._tables = (outputs, self._output_tables(out_pos, numels, out_shapes, out_offsets),
-                                     [(u, off, shape) for u, (shape, off) in enumerate(zip(out_shapes, out_offsets))])
+                                     _slices(out_shapes, out_offsets))
         return (key, arena, offsets) + tables[1:]
 
     def _output_tables(self, out_pos, numels, out_shapes, out_offsets):
@@ -342,6 +348,31 @@ class DirectRunner:
         status = prog.status if prog.has_status else None
         returned = self.returned
 
+        quick = getattr(self.fn, "parts", None) if self.outputs is not None else None
+        if quick is not None:
+            native, native_args, args, pack, settings_ok = quick
+            settings_memo = [None, False]
+
+            def quick_bind(key):
+                """_bind of a compiled binder with size-independent outputs, in one native
+                call while the arena suffices; None: let _bind decide (grow, bail, raise)."""
+                if settings_ok is not None:
+                    now = (config.matmul_epoch, config._num_threads)
+                    if settings_memo[0] != now:
+                        settings_memo[:] = now, settings_ok()
+                    if not settings_memo[1]:
+                        return None
+                arena = prog.arena
+                if arena is None:
+                    return None
+                try:
+                    pack(args, 0, arena[1], arena[0].size, 0, *key)
+                except struct.error:
+                    return None
+                if native(*native_args):
+                    return None
+                return (key, arena) + self._constant_tail
+
         def run(feeds):
             if get_exec() is not None or get_profile() is not None:
                 mode, profiling = config.exec_flags()
@@ -361,10 +392,13 @@ class DirectRunner:
                     self.epoch, self.last = config.matmul_epoch, None
                 b = self.last
                 if b is None or b[0] != key:
-                    self.last = None            # the block is rewritten from here
-                    b = self._bind(key)
+                    self.last = b = None        # the block is rewritten from here
+                    if quick is not None and self._constant_tail is not None:
+                        b = quick_bind(key)
                     if b is None:
-                        return None
+                        b = self._bind(key)
+                        if b is None:
+                            return None
                     self.last = b
                 offsets, (block_type, small, large, small_fill, large_fill, carve) = b[2], b[3]
                 for name, buf, at in used:
@@ -436,6 +470,11 @@ def feed_checker(named, names):
     lines.append("    return (" + "".join(f"{first[d]}, " for d in names) + ")")
     exec(compile("\n".join(lines) + "\n", "<feed check>", "exec"), scope)
     return scope["check"]
+
+
+def _slices(out_shapes, out_offsets):
+    """(user output, element offset, shape) per output."""
+    return [(u, off, shape) for u, (shape, off) in enumerate(zip(out_shapes, out_offsets))]
 
 
 def _user_view(buf, off, shape):
