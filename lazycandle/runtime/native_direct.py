@@ -344,7 +344,7 @@ class DirectRunner:
         call_args = (ctypes.c_void_p(self.block_addr), ctypes.c_void_p(self.sizes_addr))
         thread_args = {}
         get_exec, get_profile = config._exec_env[0], config._profile_env[0]
-        pool_state, ensure, ndarray = native_pool._state, native_pool.ensure, np.ndarray
+        thread_arg, ndarray = native_pool.thread_arg, np.ndarray
         status = prog.status if prog.has_status else None
         returned = self.returned
 
@@ -381,12 +381,7 @@ class DirectRunner:
             key = check(feeds)
             if key is None:
                 return None
-            nthreads = config._num_threads      # native_pool.threads(), inlined: ensure only when short
-            if not pool_state or pool_state["started"] + 1 < nthreads:
-                ensure(nthreads)
-            threads_arg = thread_args.get(nthreads)
-            if threads_arg is None:
-                threads_arg = thread_args[nthreads] = ctypes.c_int64(nthreads)
+            threads_arg = thread_arg(thread_args)
             with lock:
                 if config.matmul_epoch != self.epoch:
                     self.epoch, self.last = config.matmul_epoch, None

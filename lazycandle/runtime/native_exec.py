@@ -243,7 +243,7 @@ class NativePlan:
         call_args = (ctypes.c_void_p(self.ptrs_addr), ctypes.c_void_p(self.sizes_addr), ctypes.c_void_p(packed[1]))
         thread_args = {}
         get_exec, get_profile = config._exec_env[0], config._profile_env[0]
-        ptrs, pool_state, ensure = self.ptrs, native_pool._state, native_pool.ensure
+        ptrs, thread_arg = self.ptrs, native_pool.thread_arg
 
         def stale():
             if get_exec() is not None or get_profile() is not None:
@@ -253,12 +253,7 @@ class NativePlan:
             return binding.native is not self or self.matmul_epoch != config.matmul_epoch
 
         def call(fill, scalars):
-            nthreads = config._num_threads      # native_pool.threads(), inlined: ensure only when short
-            if not pool_state or pool_state["started"] + 1 < nthreads:
-                ensure(nthreads)
-            threads_arg = thread_args.get(nthreads)
-            if threads_arg is None:
-                threads_arg = thread_args[nthreads] = ctypes.c_int64(nthreads)
+            threads_arg = thread_arg(thread_args)
             with prog.lock:             # read per run: renewed in a forked child
                 for pos, addr in fill:
                     ptrs[pos] = addr

@@ -61,6 +61,18 @@ def ready() -> int:
     return _load()["ready"]()
 
 
+def thread_arg(memo: dict):
+    """The thread count of the next section as a ctypes argument (one per count, kept in
+    `memo`), with the workers for it: what a prepared runner passes its native call."""
+    n = config._num_threads
+    if not _state or _state["started"] + 1 < n:
+        ensure(n)
+    arg = memo.get(n)
+    if arg is None:
+        arg = memo[n] = ctypes.c_int64(n)
+    return arg
+
+
 def threads() -> int:
     """The thread count of the next section (SPEC's one setting), with the workers for it."""
     n = config.get_num_threads()
