@@ -10,6 +10,11 @@ Also reports `a + b` (two streams in, one out) the way machine.Peaks does, for c
 `--reductions` times sum / mean / max / min over the last and the first dim of the same bytes
 as (rows, 1024) f32, each as a compiled program (`Program.run`, the kernel plus its call) and
 as the eager `x.sum(-1).numpy()`, in the same rotation as the stream, as GB/s and % of it.
+`--python` times what a call costs besides its kernel: a reduction of a (8, 1024) f32 array
+(eager `x.sum(-1).numpy()`, `Program.run`, NumPy, and torch when importable) once with the
+caches warm and once right after a lazycandle kernel that read a 16 MiB array, which leaves the
+caller's L2 holding that array instead of the interpreter's data (the state every call of
+`lazycandle bench` starts in: the previous implementation read the same 16 MiB).
 Each size is a separate ceiling: this host's last-level cache (`lscpu`: 300 MiB here) holds the
 16 MiB (4096, 1024) f32 inputs of the reduction and row-kernel cases between calls, so they are
 read from the LLC, well above the DRAM stream rate of a 256 MiB array; compare a case with the
@@ -153,14 +158,65 @@ def measure_reductions(mb: int = 16, threads=(1, 2), reps: int = 9, cols: int = 
     return res
 
 
+def measure_python(reps: int = 101, mb: int = 16) -> dict:
+    """{state: {name: median microseconds}} of a tiny reduction per implementation, `state`
+    "warm" (calls back to back) or "after 16 MiB" (each call right after a kernel reading
+    `mb` MiB, untimed): the part of a call that is not its kernel, and how much of it is cache
+    misses the big kernel left behind."""
+    import lazycandle as lc
+    big = np.random.default_rng(0).standard_normal((mb * 2 ** 20 // 4 // 1024, 1024), dtype=np.float32)
+    flush_prog = lc.compile([lc.placeholder("x", big.shape, lc.f32).sum(-1)])
+    small = np.random.default_rng(1).standard_normal((8, 1024), dtype=np.float32)
+    prog = lc.compile([lc.placeholder("x", small.shape, lc.f32).sum(-1)])
+    t = lc.tensor(small).realize()
+    fns = {"eager": lambda: t.sum(-1).numpy(), "Program.run": lambda: prog.run(x=small),
+           "numpy": lambda: small.sum(-1)}
+    try:
+        import torch
+        ts = torch.from_numpy(small)
+        fns["torch"] = lambda: ts.sum(-1)
+    except ImportError:
+        pass
+    res = {}
+    for state, flush in (("warm", None), (f"after {mb} MiB", lambda: flush_prog.run(x=big))):
+        times = {k: [] for k in fns}
+        for f in fns.values():
+            f()
+        for _ in range(reps):
+            for k, f in fns.items():
+                if flush is not None:
+                    flush()
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
+        res[state] = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+    return res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bandwidth", description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", default="16,256", help="array sizes in MiB (default 16,256)")
     p.add_argument("--threads", default="1,2")
-    p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--reps", type=int, default=None, help="timed calls per case (default 9; --python: 101)")
     p.add_argument("--reductions", action="store_true", help="time the reductions against the stream")
+    p.add_argument("--python", action="store_true",
+                   help="time a tiny reduction's call (no kernel to speak of), warm and after a 16 MiB kernel")
     a = p.parse_args(argv)
     threads = [int(t) for t in a.threads.split(",")]
+    if a.python:
+        import lazycandle as lc
+        reps = a.reps or 101
+        print(f"sum(-1) of (8, 1024) f32, median microseconds of {reps} "
+              f"(load average {os.getloadavg()[0]:.1f})")
+        for t in threads:
+            with lc.num_threads(t):
+                r = measure_python(reps)
+            names = list(next(iter(r.values())))
+            print(f"| threads {t} | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+            for state, v in r.items():
+                print(f"| {state} | " + " | ".join(f"{v[k]:.1f}" for k in names) + " |")
+        return 0
+    a.reps = a.reps or 9
     if a.reductions:
         print(f"reductions of (rows, 1024) f32 vs the read stream, medians of {a.reps} "
               f"(load average {os.getloadavg()[0]:.1f})")

@@ -211,3 +211,15 @@ def test_stream_peak_kernel_reads_every_block():
     out = np.full(5, -1, np.int32)
     Stream().run(x, out, threads=2)
     assert out.tolist() == [0, 1, 0, 6, 0]
+
+
+def test_bandwidth_python_split_times_each_implementation_warm_and_after_a_big_kernel(capsys):
+    from bench import bandwidth
+    assert bandwidth.main(["--python", "--threads", "1", "--reps", "3"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")]
+    header, warm, cold = rows[0], rows[1], rows[2]
+    assert all(n in header for n in ("eager", "Program.run", "numpy"))
+    assert warm.startswith("| warm |") and cold.startswith("| after 16 MiB |")
+    for row in (warm, cold):
+        cells = [c.strip() for c in row.strip("|").split("|")[1:]]
+        assert len(cells) == header.count("|") - 2 and all(float(c) > 0 for c in cells)

@@ -14,6 +14,10 @@ Two loop shapes, chosen by where the innermost input dim lands:
                 the strip's accumulators sit in a stack array while the reduced dims are
                 walked ROW_BLOCK rows at a time, so every step reads contiguous runs of the
                 input (argmax / argmin keep U vectors of outputs and indices in registers).
+                When input rows are one 4 KiB page (sum(0) of (4096, 1024) f32), two
+                threads each read half of every page and run ~25 % below the rate of whole
+                pages ((2048, 2048), 2 threads); a split over the rows would avoid it but
+                needs per-call scratch for the f64 partials, which kernels do not get.
 Like elementwise kernels, reduce kernels are compiled per shape class (sizes and strides other
 than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors at a time while
 4 W elements remain, then one vector at a time, then a scalar tail, so one kernel serves every
@@ -25,6 +29,10 @@ max/min propagate NaN like np.max (over the last dim the float accumulators take
 values and a NaN seen is kept in a mask beside them, so each vector costs one compare and
 select); argmax/argmin keep the first index on ties (a NaN counts as
 the maximum / minimum, first one wins, like NumPy).
+At one thread every form reads a 16 MiB L3-resident input at the stream rate.  Measured and
+dropped: software prefetch of the next row block and walking the first strip backwards
+(inner-output); non-temporal prefetch and cldemote, meant to leave the caller's L2 to the
+interpreter, evict the input from the L3, so the next call reads DRAM (3x slower).
 """
 from __future__ import annotations
 
