@@ -1,7 +1,8 @@
 """Round trip of the native worker pool (issue 10 item 5: <= 10 us): a section of one empty
 kernel split over N threads, from the Python call to the last worker's barrier, against the
-same empty kernel called directly (the ctypes call floor).  Medians of 9 rounds of 2,000
-calls, the two forms alternating in each round.
+same empty kernel called directly (the ctypes call floor), with the pool's usual spin before
+parking and with parking at once (every wake-up a futex sleep/wake).  Medians of 9 rounds of
+2,000 calls, the forms rotating in each round.
 
     python -m bench.pool_roundtrip [--threads 2]
 """
@@ -48,19 +49,25 @@ def main(argv=None) -> None:
     job = np.array([addr, 0, 0, 0, 0, n, 1, 1 << 40], np.int64)
     assert len(job) == JOB_WORDS
     run, jobs = native_pool._load()["run"], job.ctypes.data
-    forms = {"direct call": lambda: direct(None, None, None, 0, 1),
-             f"pool section, {n} threads": lambda: run(jobs, 1, n)}
-    for f in forms.values():
-        _per_call_us(f, 200)
+    spin, park = f"pool section, {n} threads", f"pool section, {n} threads, park at once"
+    forms = {"direct call": (native_pool.SPIN_US, lambda: direct(None, None, None, 0, 1)),
+             spin: (native_pool.SPIN_US, lambda: run(jobs, 1, n)),
+             park: (0.0, lambda: run(jobs, 1, n))}
     samples = {k: [] for k in forms}
-    for _ in range(9):
-        for k, f in forms.items():
-            samples[k].append(_per_call_us(f, args.calls))
-    print(f"load average {os.getloadavg()[0]:.2f}")
+    for r in range(10):                 # round 0 warms up
+        for k, (spin_us, f) in forms.items():
+            native_pool.set_spin_us(spin_us)
+            t = _per_call_us(f, args.calls)
+            if r:
+                samples[k].append(t)
+    native_pool.set_spin_us(native_pool.SPIN_US)
+    print(f"load average {os.getloadavg()[0]:.2f}, spin {native_pool.SPIN_US:g} us "
+          f"({native_pool._load()['poll_ns']:.1f} ns per poll)")
     for k, xs in samples.items():
-        print(f"  {k:28s} median {statistics.median(xs):7.2f} us  (min {min(xs):.2f})")
-    rt = statistics.median(samples[f"pool section, {n} threads"]) - statistics.median(samples["direct call"])
-    print(f"  pool round trip (section - direct): {rt:.2f} us  (target <= 10)")
+        print(f"  {k:40s} median {statistics.median(xs):7.2f} us  (min {min(xs):.2f})")
+    floor = statistics.median(samples["direct call"])
+    for k in (spin, park):
+        print(f"  round trip ({k[14:] or 'spin'}): {statistics.median(samples[k]) - floor:.2f} us  (target <= 10)")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from .loops import new_module, counted_loop
 
 JOB_WORDS = 8
 SYNC_BYTES = 256                 # room for one pthread mutex / condition variable
+YIELD_POLLS = 32                 # polls between sched_yield calls in a spin (a power of two)
 PARTS_BITS = 32                  # low bits of the section word: the section's nparts
 EXPORTS = ("lc_pool_init", "lc_pool_run", "lc_pool_start", "lc_pool_reset", "lc_pool_ready",
            "lc_pool_set_spin", "lc_pool_spin", "lc_pool_hush")
@@ -73,6 +74,7 @@ class _Pool:
         worker_t = ir.FunctionType(I8P, [I8P])
         self.create = decl("pthread_create", I32, [I64P, I8P, worker_t.as_pointer(), I8P])
         self.detach = decl("pthread_detach", I32, [I64])
+        self.sched_yield = decl("sched_yield", I32, [])
         x86 = triple.startswith(("x86_64", "i386", "i486", "i586", "i686"))
         self.pause = decl("llvm.x86.sse2.pause", VOID, []) if x86 else None   # else: bare polls
 
@@ -97,8 +99,10 @@ class _Pool:
         return b.select(b.icmp_signed("<", x, y), x, y)
 
     def spin(self, b, polls, stop):
-        """Poll `stop(b)` (an i1) at most `polls` times, pausing between polls; falls through
-        either way (the caller re-reads what it waits for)."""
+        """Poll `stop(b)` (an i1) at most `polls` times, pausing between polls and yielding
+        the core every YIELD_POLLS polls (when the machine is oversubscribed the thread we
+        wait for may be queued on this very core); falls through either way (the caller
+        re-reads what it waits for)."""
         fn = b.block.function
         pre = b.block
         head, body, out = (fn.append_basic_block(f"spin.{s}") for s in ("head", "body", "out"))
@@ -110,7 +114,9 @@ class _Pool:
         b.position_at_end(body)
         if self.pause is not None:
             b.call(self.pause, [])
-        i.add_incoming(b.add(i, I64(1)), body)
+        with b.if_then(b.icmp_signed("==", b.and_(i, I64(YIELD_POLLS - 1)), I64(YIELD_POLLS - 1))):
+            b.call(self.sched_yield, [])
+        i.add_incoming(b.add(i, I64(1)), b.block)
         b.branch(head)
         b.position_at_end(out)
 
