@@ -107,3 +107,24 @@ def test_hush_parks_spinning_workers_at_once():
     used = float(out.split("hushed cpu seconds")[1].split()[0])
     assert used < 0.1, f"hushed workers used {used:.3f} s of CPU in 1 s"      # spinning: ~2 s
     assert "ok" in out
+
+
+LEFT_OUT = SETUP + """
+def running_threads():
+    states = []
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != os.getpid():                 # the main thread, reading this, runs
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return states.count("R")
+
+native_pool.set_spin_us(5e6)          # the one worker in the sections spins on for seconds
+assert len(run_sections(addr, 2, 50)) == 2
+time.sleep(0.05)
+print("running", [running_threads() for _ in range(5)])
+"""
+
+
+def test_workers_a_section_leaves_out_park_instead_of_spinning():
+    out = run_probe(LEFT_OUT, timeout=120)
+    assert "running [1, 1, 1, 1, 1]" in out, out

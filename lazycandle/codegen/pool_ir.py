@@ -175,10 +175,12 @@ class _Pool:
         b.cbranch(b.icmp_signed("!=", self.get(b, "section", "acquire"), old), blocks["work"], blocks["park"])
 
         b.position_at_end(blocks["park"])
+        parked_on = b.load(seen)
         b.call(self.lock, [mu])
         b.branch(blocks["park.check"])
         b.position_at_end(blocks["park.check"])
-        b.cbranch(b.icmp_signed("!=", self.get(b, "section", "acquire"), old), blocks["park.out"], blocks["park.wait"])
+        moved = b.icmp_signed("!=", self.get(b, "section", "acquire"), parked_on)
+        b.cbranch(moved, blocks["park.out"], blocks["park.wait"])
         b.position_at_end(blocks["park.wait"])
         b.call(self.wait, [self.ptr(b, "work_cv"), mu])
         b.branch(blocks["park.check"])
@@ -190,7 +192,9 @@ class _Pool:
         word = self.get(b, "section", "acquire")
         b.store(word, seen)
         nparts = b.and_(word, I64((1 << PARTS_BITS) - 1))
-        b.cbranch(b.icmp_signed("<", me, nparts), blocks["run"], blocks["idle"])
+        # a worker the section leaves out is not wanted at the current thread setting: it
+        # parks at once rather than spin against the threads that are
+        b.cbranch(b.icmp_signed("<", me, nparts), blocks["run"], blocks["park"])
         b.position_at_end(blocks["run"])
         b.call(self.run_part, [b.inttoptr(self.get(b, "jobs"), I64P), self.get(b, "njobs"), me, nparts])
         left = b.atomic_rmw("sub", self.words["pending"], I64(1), "seq_cst")
