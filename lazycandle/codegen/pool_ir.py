@@ -13,8 +13,10 @@ several threads queue on an entry mutex).
 Waiting is spin-then-park in both directions (as OpenMP's blocktime, but short): a worker
 that finished its chunk polls the section word for `spin` polls (calibrated by the runtime
 to a few tens of microseconds) before it parks on `work_cv`; the caller polls `pending` the
-same way before it parks on `done_cv`.  Back-to-back sections then never pay a futex
-sleep/wake (an IPI and a VM exit each on a VM), and an idle pool still parks and uses no CPU.
+same way before it parks on `done_cv`; both yield the core every YIELD_POLLS polls.  A
+worker a section leaves out (a lower thread setting) parks at once.  Back-to-back sections
+then never pay a futex sleep/wake (an IPI and a VM exit each on a VM), and an idle pool
+still parks and uses no CPU.
 `lc_pool_hush` makes spinning workers park at once (before a BLAS call that wants the cores).
 
 Shared words:
