@@ -13,7 +13,6 @@ the library's threads (parking at once, or hushing them before the call, are the
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import time
