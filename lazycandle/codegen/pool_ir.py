@@ -1,7 +1,6 @@
 """LLVM IR of the native worker pool (runtime/native_pool.py links it once per process).
 
-Workers are pthreads parked on a condition variable: an idle pool uses no CPU.  A parallel
-section is a list of JOBS, each `JOB_WORDS` i64 words:
+A parallel section is a list of JOBS, each `JOB_WORDS` i64 words:
 
     [kernel fn, bufs, sizes, scalars, lo, hi, align, max parts]
 
@@ -11,31 +10,55 @@ of them), so independent kernels of one phase share a single barrier.  The calle
 0; `lc_pool_run` returns when every chunk is done.  One section runs at a time (callers from
 several threads queue on an entry mutex).
 
-All shared words are read and written under the pool mutex; they have external linkage and
-are loaded atomically so the optimiser can never cache them across a wait.  The pthread
-objects are opaque byte blocks larger than any ABI's (glibc x86-64: 40 and 48 bytes) and are
-initialised by pthread_*_init, so no layout is assumed."""
+Waiting is spin-then-park in both directions (as OpenMP's blocktime, but short): a worker
+that finished its chunk polls the section word for `spin` polls (calibrated by the runtime
+to a few tens of microseconds) before it parks on `work_cv`; the caller polls `pending` the
+same way before it parks on `done_cv`; both yield the core every YIELD_POLLS polls.  A
+worker a section leaves out (a lower thread setting) parks at once.  Back-to-back sections
+then never pay a futex sleep/wake (an IPI and a VM exit each on a VM), and an idle pool
+still parks and uses no CPU.
+`lc_pool_hush` makes spinning workers park at once (before a BLAS call that wants the cores).
+
+Shared words:
+- `section` = sequence << 32 | nparts, written (release) under the mutex after the job words,
+  so a spinning worker's acquire load of it orders its loads of `jobs` and `njobs`, and a
+  worker outside the section (id >= nparts) learns so without reading any job word.
+- `pending` counts the workers still running; each decrements it (seq_cst).  The caller sets
+  `waiting` (seq_cst) under the mutex before it parks; the last worker reads `waiting` after
+  its decrement and signals only then (under the mutex) -- one of the two always sees the
+  other, so no wake-up is lost.
+- a worker parks only after re-reading `section` under the mutex, which the caller holds
+  while it publishes and broadcasts, so no wake-up is lost there either.
+The words have external linkage and are accessed atomically so the optimiser can never
+cache them across a wait.  The pthread objects are opaque byte blocks larger than any ABI's
+(glibc x86-64: 40 and 48 bytes) and are initialised by pthread_*_init, so no layout is assumed."""
 from __future__ import annotations
 
 import llvmlite.ir as ir
 
+from . import jit
 from .llvmutil import I8, I32, I64, VOID
 from .loops import new_module, counted_loop
 
 JOB_WORDS = 8
 SYNC_BYTES = 256                 # room for one pthread mutex / condition variable
-EXPORTS = ("lc_pool_init", "lc_pool_run", "lc_pool_start", "lc_pool_reset", "lc_pool_ready")
+YIELD_POLLS = 32                 # polls between sched_yield calls in a spin (a power of two)
+PARTS_BITS = 32                  # low bits of the section word: the section's nparts
+EXPORTS = ("lc_pool_init", "lc_pool_run", "lc_pool_start", "lc_pool_reset", "lc_pool_ready",
+           "lc_pool_set_spin", "lc_pool_spin", "lc_pool_hush")
 
 I8P = I8.as_pointer()
 I64P = I64.as_pointer()
 KERNEL_T = ir.FunctionType(VOID, [I8P.as_pointer(), I64P, I64P, I64, I64])
+WORDS = ("section", "pending", "waiting", "hush", "spin", "ready", "created", "jobs", "njobs",
+         "probe")
 
 
 class _Pool:
-    def __init__(self):
+    def __init__(self, triple: str):
         self.m = m = new_module("lc_native_pool")
-        self.words = {n: self._global(f"lc_pool_word_{n}", I64, 8)
-                      for n in ("gen", "pending", "ready", "created", "jobs", "njobs", "nparts")}
+        self.words = {n: self._global(f"lc_pool_word_{n}", I64, 64 if n in ("section", "pending") else 8)
+                      for n in WORDS}
         self.sync = {n: self._global(f"lc_pool_sync_{n}", ir.ArrayType(I8, SYNC_BYTES), 64)
                      for n in ("mutex", "entry", "work_cv", "done_cv")}
 
@@ -53,6 +76,9 @@ class _Pool:
         worker_t = ir.FunctionType(I8P, [I8P])
         self.create = decl("pthread_create", I32, [I64P, I8P, worker_t.as_pointer(), I8P])
         self.detach = decl("pthread_detach", I32, [I64])
+        self.sched_yield = decl("sched_yield", I32, [])
+        x86 = triple.startswith(("x86_64", "i386", "i486", "i586", "i686"))
+        self.pause = decl("llvm.x86.sse2.pause", VOID, []) if x86 else None   # else: bare polls
 
     def _global(self, name, ty, align):
         g = ir.GlobalVariable(self.m, ty, name)
@@ -64,15 +90,44 @@ class _Pool:
     def ptr(self, b, name):
         return b.bitcast(self.sync[name], I8P)
 
-    def get(self, b, name):
-        return b.load_atomic(self.words[name], "monotonic", 8)
+    def get(self, b, name, order="monotonic"):
+        return b.load_atomic(self.words[name], order, 8)
 
-    def put(self, b, name, v):
-        b.store_atomic(v, self.words[name], "monotonic", 8)
+    def put(self, b, name, v, order="monotonic"):
+        b.store_atomic(v, self.words[name], order, 8)
 
     @staticmethod
     def smin(b, x, y):
         return b.select(b.icmp_signed("<", x, y), x, y)
+
+    def spin(self, b, polls, stop):
+        """Poll `stop(b)` (an i1) at most `polls` times, pausing between polls and yielding
+        the core every YIELD_POLLS polls (when the machine is oversubscribed the thread we
+        wait for may be queued on this very core); falls through either way (the caller
+        re-reads what it waits for)."""
+        fn = b.block.function
+        pre = b.block
+        head, body, out = (fn.append_basic_block(f"spin.{s}") for s in ("head", "body", "out"))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64, name="polls")
+        i.add_incoming(I64(0), pre)
+        b.cbranch(b.or_(stop(b), b.icmp_signed(">=", i, polls)), out, body)
+        b.position_at_end(body)
+        if self.pause is not None:
+            b.call(self.pause, [])
+        with b.if_then(b.icmp_signed("==", b.and_(i, I64(YIELD_POLLS - 1)), I64(YIELD_POLLS - 1))):
+            b.call(self.sched_yield, [])
+        i.add_incoming(b.add(i, I64(1)), b.block)
+        b.branch(head)
+        b.position_at_end(out)
+
+    def section_moved(self, seen, word="section"):
+        """stop(b) for `spin`: the word no longer holds `seen`, or a hush asks to park."""
+        def stop(b):
+            moved = b.icmp_signed("!=", self.get(b, word, "acquire"), seen)
+            return b.or_(moved, b.icmp_signed("!=", self.get(b, "hush"), I64(0)))
+        return stop
 
     # ---- functions ----------------------------------------------------------------------
     def build_run_part(self):
@@ -104,85 +159,126 @@ class _Pool:
     def build_worker(self):
         fn = ir.Function(self.m, ir.FunctionType(I8P, [I8P]), "lc_pool_worker")
         fn.linkage = "internal"
-        entry = fn.append_basic_block("entry")
-        head = fn.append_basic_block("head")
-        park = fn.append_basic_block("park")
-        work = fn.append_basic_block("work")
-        b = ir.IRBuilder(entry)
+        blocks = {n: fn.append_basic_block(n) for n in ("entry", "idle", "park", "park.check",
+                                                        "park.wait", "park.out", "work", "run")}
+        b = ir.IRBuilder(blocks["entry"])
         mu = self.ptr(b, "mutex")
         seen = b.alloca(I64, name="seen")
-        b.call(self.lock, [mu])
+        b.call(self.lock, [mu])           # id and first section word together, under the mutex
         me = b.add(self.get(b, "ready"), I64(1), name="me")     # ids are handed out in start order
         self.put(b, "ready", me)
-        b.store(self.get(b, "gen"), seen)
-        b.branch(head)
-        b.position_at_end(head)
-        g = self.get(b, "gen")
-        b.cbranch(b.icmp_signed("==", g, b.load(seen)), park, work)
-        b.position_at_end(park)
+        b.store(self.get(b, "section"), seen)
+        b.call(self.unlock, [mu])
+        b.branch(blocks["idle"])
+
+        b.position_at_end(blocks["idle"])             # spin a while, then park
+        old = b.load(seen)
+        self.spin(b, self.get(b, "spin"), self.section_moved(old))
+        b.cbranch(b.icmp_signed("!=", self.get(b, "section", "acquire"), old), blocks["work"], blocks["park"])
+
+        b.position_at_end(blocks["park"])
+        parked_on = b.load(seen)
+        b.call(self.lock, [mu])
+        b.branch(blocks["park.check"])
+        b.position_at_end(blocks["park.check"])
+        moved = b.icmp_signed("!=", self.get(b, "section", "acquire"), parked_on)
+        b.cbranch(moved, blocks["park.out"], blocks["park.wait"])
+        b.position_at_end(blocks["park.wait"])
         b.call(self.wait, [self.ptr(b, "work_cv"), mu])
-        b.branch(head)
-        b.position_at_end(work)
-        b.store(g, seen)
-        jobs, njobs, nparts = (self.get(b, n) for n in ("jobs", "njobs", "nparts"))
-        with b.if_then(b.icmp_signed("<", me, nparts)):
-            b.call(self.unlock, [mu])
-            b.call(self.run_part, [b.inttoptr(jobs, I64P), njobs, me, nparts])
+        b.branch(blocks["park.check"])
+        b.position_at_end(blocks["park.out"])
+        b.call(self.unlock, [mu])
+        b.branch(blocks["work"])
+
+        b.position_at_end(blocks["work"])
+        word = self.get(b, "section", "acquire")
+        b.store(word, seen)
+        nparts = b.and_(word, I64((1 << PARTS_BITS) - 1))
+        # a worker the section leaves out is not wanted at the current thread setting: it
+        # parks at once rather than spin against the threads that are
+        b.cbranch(b.icmp_signed("<", me, nparts), blocks["run"], blocks["park"])
+        b.position_at_end(blocks["run"])
+        b.call(self.run_part, [b.inttoptr(self.get(b, "jobs"), I64P), self.get(b, "njobs"), me, nparts])
+        left = b.atomic_rmw("sub", self.words["pending"], I64(1), "seq_cst")
+        last = b.icmp_signed("==", left, I64(1))
+        with b.if_then(b.and_(last, b.icmp_signed("!=", self.get(b, "waiting", "seq_cst"), I64(0)))):
             b.call(self.lock, [mu])
-            left = b.sub(self.get(b, "pending"), I64(1))
-            self.put(b, "pending", left)
-            with b.if_then(b.icmp_signed("==", left, I64(0))):
-                b.call(self.signal, [self.ptr(b, "done_cv")])
-        b.branch(head)
+            b.call(self.signal, [self.ptr(b, "done_cv")])
+            b.call(self.unlock, [mu])
+        b.branch(blocks["idle"])
         self.worker = fn
 
     def build_run(self):
         """lc_pool_run(jobs, njobs, nthreads)."""
         fn = ir.Function(self.m, ir.FunctionType(VOID, [I64P, I64, I64]), "lc_pool_run")
         jobs, njobs, nthreads = fn.args
-        entry = fn.append_basic_block("entry")
-        serial = fn.append_basic_block("serial")
-        pooled = fn.append_basic_block("pooled")
-        alone = fn.append_basic_block("alone")
-        share = fn.append_basic_block("share")
-        wait_head = fn.append_basic_block("wait.head")
-        wait_park = fn.append_basic_block("wait.park")
-        done = fn.append_basic_block("done")
-        b = ir.IRBuilder(entry)
-        b.cbranch(b.icmp_signed("<=", nthreads, I64(1)), serial, pooled)
-        b.position_at_end(serial)
+        blocks = {n: fn.append_basic_block(n) for n in ("entry", "serial", "pooled", "alone", "share",
+                                                        "park", "park.check", "park.wait", "done")}
+        b = ir.IRBuilder(blocks["entry"])
+        b.cbranch(b.icmp_signed("<=", nthreads, I64(1)), blocks["serial"], blocks["pooled"])
+        b.position_at_end(blocks["serial"])
         b.call(self.run_part, [jobs, njobs, I64(0), I64(1)])
         b.ret_void()
-        b.position_at_end(pooled)
+        b.position_at_end(blocks["pooled"])
         mu, entry_mu = self.ptr(b, "mutex"), self.ptr(b, "entry")
         b.call(self.lock, [entry_mu])
         b.call(self.lock, [mu])
         nparts = self.smin(b, nthreads, b.add(self.get(b, "ready"), I64(1)))
-        b.cbranch(b.icmp_signed("<=", nparts, I64(1)), alone, share)
-        b.position_at_end(alone)
+        b.cbranch(b.icmp_signed("<=", nparts, I64(1)), blocks["alone"], blocks["share"])
+        b.position_at_end(blocks["alone"])
         b.call(self.unlock, [mu])
         b.call(self.run_part, [jobs, njobs, I64(0), I64(1)])
         b.call(self.unlock, [entry_mu])
         b.ret_void()
-        b.position_at_end(share)
+
+        b.position_at_end(blocks["share"])
         self.put(b, "jobs", b.ptrtoint(jobs, I64))
         self.put(b, "njobs", njobs)
-        self.put(b, "nparts", nparts)
         self.put(b, "pending", b.sub(nparts, I64(1)))
-        self.put(b, "gen", b.add(self.get(b, "gen"), I64(1)))
-        b.call(self.broadcast, [self.ptr(b, "work_cv")])
+        self.put(b, "hush", I64(0))
+        seq = b.and_(self.get(b, "section"), I64(-(1 << PARTS_BITS)))
+        self.put(b, "section", b.add(b.add(seq, I64(1 << PARTS_BITS)), nparts), "release")
+        b.call(self.broadcast, [self.ptr(b, "work_cv")])      # no syscall when nobody is parked
         b.call(self.unlock, [mu])
         b.call(self.run_part, [jobs, njobs, I64(0), nparts])
+        self.spin(b, self.get(b, "spin"),
+                  lambda b: b.icmp_signed("==", self.get(b, "pending", "acquire"), I64(0)))
+        b.cbranch(b.icmp_signed("==", self.get(b, "pending", "acquire"), I64(0)), blocks["done"], blocks["park"])
+
+        b.position_at_end(blocks["park"])
         b.call(self.lock, [mu])
-        b.branch(wait_head)
-        b.position_at_end(wait_head)
-        b.cbranch(b.icmp_signed("==", self.get(b, "pending"), I64(0)), done, wait_park)
-        b.position_at_end(wait_park)
+        self.put(b, "waiting", I64(1), "seq_cst")
+        b.branch(blocks["park.check"])
+        b.position_at_end(blocks["park.check"])
+        parked_done = b.append_basic_block("park.done")
+        b.cbranch(b.icmp_signed("==", self.get(b, "pending", "seq_cst"), I64(0)), parked_done, blocks["park.wait"])
+        b.position_at_end(blocks["park.wait"])
         b.call(self.wait, [self.ptr(b, "done_cv"), mu])
-        b.branch(wait_head)
-        b.position_at_end(done)
+        b.branch(blocks["park.check"])
+        b.position_at_end(parked_done)
+        self.put(b, "waiting", I64(0), "seq_cst")
         b.call(self.unlock, [mu])
+        b.branch(blocks["done"])
+
+        b.position_at_end(blocks["done"])
         b.call(self.unlock, [entry_mu])
+        b.ret_void()
+
+    def build_spin_controls(self):
+        """lc_pool_set_spin(polls): the spin budget of both waits.  lc_pool_spin(polls): one
+        worker-style spin on a word that never moves (the runtime times it to calibrate).
+        lc_pool_hush(): spinning workers park now; the next section clears it."""
+        setter = ir.Function(self.m, ir.FunctionType(VOID, [I64]), "lc_pool_set_spin")
+        b = ir.IRBuilder(setter.append_basic_block("entry"))
+        self.put(b, "spin", setter.args[0])
+        b.ret_void()
+        probe = ir.Function(self.m, ir.FunctionType(VOID, [I64]), "lc_pool_spin")
+        b = ir.IRBuilder(probe.append_basic_block("entry"))
+        self.spin(b, probe.args[0], self.section_moved(I64(0), "probe"))
+        b.ret_void()
+        hush = ir.Function(self.m, ir.FunctionType(VOID, []), "lc_pool_hush")
+        b = ir.IRBuilder(hush.append_basic_block("entry"))
+        self.put(b, "hush", I64(1))
         b.ret_void()
 
     def build_init_reset(self):
@@ -199,7 +295,7 @@ class _Pool:
         reset = ir.Function(self.m, ir.FunctionType(VOID, []), "lc_pool_reset")
         b = ir.IRBuilder(reset.append_basic_block("entry"))
         b.call(init, [])
-        for n in ("pending", "ready", "created"):
+        for n in ("pending", "waiting", "hush", "ready", "created"):
             self.put(b, n, I64(0))
         b.ret_void()
 
@@ -236,11 +332,12 @@ class _Pool:
 
 
 def build() -> str:
-    """The pool module's IR text."""
-    p = _Pool()
+    """The pool module's IR text for this host (`pause` in spin loops only on x86)."""
+    p = _Pool(jit.host_info()["triple"])
     p.build_run_part()
     p.build_worker()
     p.build_run()
+    p.build_spin_controls()
     p.build_init_reset()
     p.build_start()
     return str(p.m)

@@ -1,5 +1,6 @@
-"""The native worker pool: pthreads started once and parked on a condition variable (the IR
-is codegen/pool_ir.py, linked once per process on first use).  Whole-program modules
+"""The native worker pool: pthreads started once that spin briefly after each section and then
+park on a condition variable (the IR is codegen/pool_ir.py, linked once per process on first
+use; the spin budget is calibrated here to SPIN_US).  Whole-program modules
 (codegen/program.py) call its `lc_pool_run(jobs, njobs, nthreads)` directly; Python calls it
 only through `parallel` (one kernel) and `ensure` (grow the pool).
 
@@ -12,13 +13,28 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 
 from .. import config
 
+SPIN_US = 30.0       # how long an idle worker, or a caller waiting for workers, polls before parking
+
 _lock = threading.Lock()
-_state: dict = {}            # "module", the exported functions, "started"
+_state: dict = {}            # "module", the exported functions, "started", "poll_ns"
 
 RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+POLLS_FN = ctypes.CFUNCTYPE(None, ctypes.c_int64)
+
+
+def _poll_ns(probe, polls: int = 4096) -> float:
+    """Nanoseconds of one spin poll (the `pause` latency varies 10x between x86 cores): the
+    fastest of a few timed spins, so a descheduled run cannot inflate it."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        probe(polls)
+        best = min(best, time.perf_counter_ns() - t0)
+    return max(best / polls, 0.1)
 
 
 def _load() -> dict:
@@ -30,11 +46,28 @@ def _load() -> dict:
                 fns = {n: cm.address(n) for n in pool_ir.EXPORTS}
                 ctypes.CFUNCTYPE(None)(fns["lc_pool_init"])()
                 _state.update(module=cm, addresses=fns, started=0,
+                              poll_ns=_poll_ns(POLLS_FN(fns["lc_pool_spin"])),
+                              set_spin=POLLS_FN(fns["lc_pool_set_spin"]),
+                              hush=ctypes.CFUNCTYPE(None)(fns["lc_pool_hush"]),
                               run=RUN_FN(fns["lc_pool_run"]),
                               start=ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(fns["lc_pool_start"]),
                               ready=ctypes.CFUNCTYPE(ctypes.c_int64)(fns["lc_pool_ready"]),
                               reset=ctypes.CFUNCTYPE(None)(fns["lc_pool_reset"]))
+                set_spin_us(SPIN_US)
     return _state
+
+
+def set_spin_us(us: float) -> None:
+    """How long idle workers and a waiting caller poll before they park (0: park at once)."""
+    st = _load()
+    st["set_spin"](max(0, int(us * 1000.0 / st["poll_ns"])))
+
+
+def hush() -> None:
+    """Workers spinning after a section park now (the next section clears it): call before
+    work that wants every core, such as a multi-threaded BLAS call."""
+    if _state:
+        _state["hush"]()
 
 
 def address(name: str) -> int:
