@@ -276,6 +276,28 @@ def test_blas_thread_count_follows_config():
         config.set_num_threads(old)
 
 
+def test_blas_runs_single_threaded_inside_the_block_and_at_the_setting_after():
+    """BlasPlan's BLAS calls run single-threaded inside the library (our pool runs the
+    pieces); before and after the block the library's count is lazycandle's setting."""
+    from lazycandle.runtime import blas
+    if not blas.available():
+        pytest.skip("no BLAS library")
+    old = config.get_num_threads()
+    try:
+        for threads in (2, 1):
+            config.set_num_threads(threads)
+            with blas.single_threaded():
+                assert blas.info()["threads"] == 1
+            assert blas.info()["threads"] == threads
+        with pytest.raises(RuntimeError):
+            config.set_num_threads(2)
+            with blas.single_threaded():
+                raise RuntimeError("a failing BLAS piece")
+        assert blas.info()["threads"] == 2
+    finally:
+        config.set_num_threads(old)
+
+
 @st.composite
 def problems(draw):
     dt = draw(st.sampled_from([D.f32, D.f64, D.f16, D.bf16, D.f8e4m3, D.i32, D.i64, D.u32, D.u8]))

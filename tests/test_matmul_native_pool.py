@@ -204,3 +204,65 @@ def test_concurrent_callers_and_a_pool_worker_of_a_shared_b_plan(monkeypatch, tw
     pool.parallel_for(chunk, 0, 2, cost_per_item=1e12, min_cost=0, threads=2)
     for a, b, out in work[:2]:
         _close(out, a, b)
+
+
+def test_a_2048_square_b_is_packed_once_for_both_threads_in_row_tasks_of_one_mc_block():
+    """2048^2 at 2 threads: the 16 MB packed B is shared (not the 2-task n split, which packs
+    A again per column block and stalls on one descheduled thread), in ~25 tasks."""
+    p = _plan(2048, 2048, 2048, 2)
+    assert p.shared_rows and p.ntask >= 8 * 2 and p.parallel
+
+
+def test_a_large_problem_whose_b_is_not_shared_is_cut_into_a_grid_of_tasks():
+    """A B over SHARED_B_MAX_BYTES (4096^2 f32: 64 MB): rows x columns blocks, ~4 tasks a
+    thread (whole register tiles), fewest packs: cut along both dims, never 8 thin strips."""
+    p = _plan(4096, 4096, 4096, 2)
+    assert not p.shared_rows
+    mchunk, nchunk = p.params[MM.gemm.param_index("mchunk")], p.params[MM.gemm.param_index("nchunk")]
+    spec = MM._tile_kernel(D.f32)[0]
+    assert p.ntask >= 4 * 2 and mchunk < 4096 and nchunk < 4096
+    assert mchunk % spec.mr == 0 and nchunk % spec.nr == 0
+    assert MM._chunks(1, 4096, 4096, 14, 32, 2.0 * 4096 ** 3, 1) == (4096, 4096)    # 1 thread: one task
+
+
+@pytest.mark.parametrize("dt", [D.f32, D.f64, D.bf16, D.i32], ids=lambda d: d.name)
+@pytest.mark.parametrize("a_shape,a_strides,b_shape,b_strides", [
+    ((301, 77), None, (77, 250), None),                   # ragged row tiles, panels and k
+    ((260, 300), (1, 260), (300, 97), (1, 300)),          # both transposed, several KC blocks
+    ((3, 70, 45), None, (3, 45, 66), None),               # a B per batch element, 3 over 2 threads
+])
+def test_the_task_grid_of_a_large_problem_matches_one_thread_bit_for_bit(monkeypatch, dt, a_shape, a_strides,
+                                                                          b_shape, b_strides):
+    """The grid split (forced on small odd shapes) gives the 1-thread result exactly."""
+    monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "BALANCED_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "SHARED_B_MAX_BYTES", 0)
+    real = MM._blocking
+    monkeypatch.setattr(MM, "_blocking", lambda spec, ab, k: (real(spec, ab, k)[0], 64, real(spec, ab, k)[2]))
+    rng = np.random.default_rng(8)
+
+    def buf(shape, strides):
+        if strides is None:
+            x = rng.integers(-3, 4, shape).astype(dt.numpy)
+            return x, Layout.contiguous(shape), x
+        x = rng.integers(-3, 4, shape[::-1]).astype(dt.numpy)     # the transpose's storage
+        return x, Layout(tuple(shape), tuple(strides), 0), x.T
+    (abuf, la, av), (bbuf, lb, bv) = buf(a_shape, a_strides), buf(b_shape, b_strides)
+    g = MM.geometry(la, lb, dt)
+    outs = []
+    for threads in (1, 2):
+        p = MM.TiledPlan(g, threads)
+        assert not p.shared_rows and p.parallel == (threads > 1)
+        if threads > 1:
+            assert p.ntask >= 4 * 2
+        out = np.full(av.shape[:-1] + (bv.shape[-1],), 7, dt.numpy)
+        native_pool.ensure(threads)
+        p.run(abuf.ctypes.data, bbuf.ctypes.data, out.ctypes.data)
+        outs.append(out)
+    ref = np.matmul(av.astype(np.float64), bv.astype(np.float64))
+    if dt.is_int:
+        np.testing.assert_array_equal(outs[0], ref.astype(dt.numpy))
+    else:
+        np.testing.assert_allclose(outs[0].astype(np.float64), ref.astype(dt.numpy).astype(np.float64), rtol=0,
+                                   atol=1e-2 if dt is D.bf16 else 1e-6)
+    np.testing.assert_array_equal(outs[1], outs[0])

@@ -173,11 +173,15 @@ def _chunks(nb: int, m: int, n: int, mr: int, nr: int, flops: float, threads: in
     threads, along whichever dimension leaves the largest task smallest (whole register tiles
     per task: 256 rows of 14-row tiles split 140 / 116, its 256 columns of 32 split evenly).
     On a tie: m up to n ~ 2048, else n (each thread then packs only its own share of the big
-    B block).  (The tiled result does not depend on the split.)"""
+    B block).  A problem of at least BALANCED_MIN_FLOPS is cut into blocks for about
+    BALANCED_TASKS_PER_THREAD tasks a thread instead (see _balanced_chunks).  (The tiled
+    result does not depend on the split.)"""
     split = threads // gcd(nb, threads) if threads > 1 else 1
     if split == 1 or flops * nb < PARALLEL_MIN_FLOPS:
         return m, n
     mblocks, nblocks = -(-m // mr), -(-n // nr)
+    if flops * nb >= BALANCED_MIN_FLOPS:
+        return _balanced_chunks(nb, m, n, mr, nr, threads)
     rows, cols = -(-mblocks // split) * mr, -(-nblocks // split) * nr
     by_m, by_n = min(rows, m) * n, m * min(cols, n)
     if by_m < by_n or (by_m == by_n and n < 2048):
@@ -185,11 +189,39 @@ def _chunks(nb: int, m: int, n: int, mr: int, nr: int, flops: float, threads: in
     return m, cols
 
 
+# A parallel tiled GEMM this large whose B is not packed once for all threads (_shared_b_rows)
+# is cut into about this many tasks a thread, taken from a counter: with one task a thread, a
+# thread descheduled by another process holds the whole call up.
+BALANCED_MIN_FLOPS = 2.0 * 1024 ** 3
+BALANCED_TASKS_PER_THREAD = 4
+
+
+def _balanced_chunks(nb: int, m: int, n: int, mr: int, nr: int, threads: int) -> tuple:
+    """(rows, cols) blocks for at least BALANCED_TASKS_PER_THREAD * threads tasks in all
+    (where the register tiles allow): of those grids of row x column cuts, the one that packs
+    the least (each column block packs A's rows again, each row block B's columns: cost
+    ~ m*k*ncuts + k*n*mcuts), whole register tiles each."""
+    want = max(1, -(-BALANCED_TASKS_PER_THREAD * threads // nb))
+    mblocks, nblocks = -(-m // mr), -(-n // nr)
+    best = None
+    for mcuts in range(1, min(want, mblocks) + 1):
+        for ncuts in range(1, min(want, nblocks) + 1):
+            rows, cols = -(-mblocks // mcuts) * mr, -(-nblocks // ncuts) * nr
+            mt, nt = -(-m // rows), -(-n // cols)
+            key = (min(mt * nt, want) < want, m * nt + n * mt)     # enough tasks first, then fewest packs
+            if best is None or key < best[0]:
+                best = (key, min(rows, m), min(cols, n))
+    return best[1], best[2]
+
+
 CACHES = jit.cache_bytes()    # {level: bytes} of the host's data caches
-# tiled, parallel: pack B once for all threads when its packed copy fits the budget of one
-# KC x NC block of B (see _blocking); a larger one streamed whole per row task measured no
-# better than the n split (2048^2 at 2 threads, on a busy machine)
-SHARED_B_MAX_BYTES = min(4 << 20, CACHES[3] // 2)
+# tiled, parallel: pack B once for all threads when its packed copy takes at most this much
+# scratch.  Each row task streams all of packed B but uses every element of it for a whole MC
+# block of rows (~2.5 GB/s a core at 100 GFLOP/s: far under L3's or DRAM's bandwidth), and B
+# and A are each packed once in all (the n split packs A again per column block).  Measured
+# at 2048^2, 2 threads, rotating on a busy host: 64.8 ms best against 77.9 for the 2-task n
+# split (torch 65.2)
+SHARED_B_MAX_BYTES = 32 << 20
 SHARED_TASKS_PER_THREAD = 8     # row tasks of a shared-B plan per thread
 
 
