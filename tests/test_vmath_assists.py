@@ -110,7 +110,7 @@ def test_saturated_and_vanishing_results_are_exact(key):
 @pytest.mark.parametrize("key", ("f32", "f64"))
 @pytest.mark.parametrize("name", NAMES)
 def test_avx512_instruction_paths_match_the_portable_ones(name, key):
-    """The masked vscalef, vrange and vfixupimm forms (taken on AVX-512 hosts at 128 / 256 /
+    """The masked vscalef, vrange, vfixupimm and vgetexp / vgetmant forms (AVX-512 hosts, 128 / 256 /
     512 bits) give the bits of the portable selects and power-of-two factors (the scalar
     path, also what AVX2 hosts run), on the assist-prone inputs and their negatives."""
     x = assist_inputs(key)
