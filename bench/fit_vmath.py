@@ -216,3 +216,43 @@ FITS = {"exp": fit_exp, "log": fit_log, "tanh": fit_tanh, "trig": fit_trig, "erf
 if __name__ == "__main__":
     for n in sys.argv[1:] or list(FITS):
         FITS[n]()
+
+
+def gelu_erf32_intervals():
+    """The 32 intervals of s = |x| of f32 gelu_erf's erfc table, by table slot: slot j holds
+    the s whose t = s + 1 (rounded, in [1, 16)) has (bits(t) >> 20) & 31 == j, i.e. each
+    binade of t cut in eighths; (lo, hi) widened by 2^-20 t for the rounding of s + 1."""
+    out = {}
+    for e in range(4):
+        for m in range(8):
+            t_lo, t_hi = 2.0 ** e * (1 + m / 8), 2.0 ** e * (1 + (m + 1) / 8)
+            slot = int((np.float32(t_lo).view(np.uint32) >> 20) & 31)
+            out[slot] = (max(0.0, t_lo * (1 - 2.0 ** -20) - 1), t_hi * (1 + 2.0 ** -20) - 1)
+    return [out[j] for j in range(32)]
+
+
+def fit_gelu_erf32_table(deg=5, verbose=True):
+    """f32 gelu_erf: erfc(s / sqrt 2) = e^(-s^2/2) G(s), G(s) = c0 + u (c1 + ...), u = s - centre,
+    one minimax polynomial (relative error) per interval of gelu_erf32_intervals().  Returns
+    (centres, coefficient rows by power, max relative error)."""
+    mp.mp.dps = 30
+    G = lambda s: mp.erfc(s / mp.sqrt(2)) * mp.exp(s * s / 2)
+    centres, rows, worst = [], [[] for _ in range(deg + 1)], 0
+    for lo, hi in gelu_erf32_intervals():
+        c = round((lo + hi) / 2 * 16) / 16             # the unwidened centre, a multiple of 1/16
+        coeffs, e = remez(lambda u: G(u + c), lambda u: 1 / G(u + c), list(range(deg + 1)),
+                          mp.mpf(lo) - c, mp.mpf(hi) - c, iters=12, grid=400)
+        centres.append(c)
+        for j in range(deg + 1):
+            rows[j].append(float(np.float32(float(coeffs[j]))))
+        worst = max(worst, float(e))
+    mp.mp.dps = 50
+    if verbose:
+        print(f"gelu_erf f32 G table, degree {deg}, max relative error {worst:.3g}")
+        print("centres", tuple(centres))
+        for j, r in enumerate(rows):
+            print(f"c{j}", tuple(r))
+    return centres, rows, worst
+
+
+FITS["gelu_erf32_table"] = fit_gelu_erf32_table

@@ -272,6 +272,34 @@ def _exp_mant(v: V):
             lambda a: v.b.call(getmant, [a, I32(0b0100), undef, ones] + tail))   # [1, 2), sign +
 
 
+def table_lookup(v: V, name: str, values: tuple, slot):
+    """values[slot] per lane, for a table of 32 floats of v's precision and an integer vector
+    slot whose low 5 bits index it (higher bits ignored): one AVX-512 vpermi2ps (the table in
+    two registers) at 16 f32 lanes, else one load per lane from a module constant."""
+    assert len(values) == 32
+    slot = v.b.and_(slot, v.ci(31))
+    if v.key == "f32" and v.n == 16 and _avx512_width(v) == 512:
+        fn = intrinsic(v.b.module, "llvm.x86.avx512.vpermi2var.ps.512", v.t, [v.t, v.it, v.t])
+        lo, hi = (ir.Constant(v.t, [ir.Constant(F32, float(c)) for c in part])
+                  for part in (values[:16], values[16:]))
+        return v.b.call(fn, [lo, slot, hi])
+    g = v.b.module.globals.get(name)
+    if g is None:
+        aty = ir.ArrayType(scalar_type(v.t), 32)
+        g = ir.GlobalVariable(v.b.module, aty, name=name)
+        g.initializer = ir.Constant(aty, [float(c) for c in values])
+        g.global_constant = True
+        g.linkage = "internal"
+    b = v.b
+    if v.n == 1:
+        return b.load(b.gep(g, [I32(0), slot], inbounds=True))
+    out = ir.Constant(v.t, ir.Undefined)
+    for lane in range(v.n):
+        i = b.extract_element(slot, I32(lane))
+        out = b.insert_element(out, b.load(b.gep(g, [I32(0), i], inbounds=True)), I32(lane))
+    return out
+
+
 def _scalef(v: V, masked: bool = False):
     """A builder of AVX-512's vscalefps / vscalefpd (y * 2^floor(k)) for v's vector type, or
     None: no AVX-512 (F, plus VL below 512 bits) on the host, or a scalar or odd width.
@@ -318,14 +346,15 @@ _EXP = {
 }
 
 
-def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False, poly_only=False):
+def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False, poly_only=False, in_range=False):
     """e^(x + x_lo) = p 2^k (or (p + p_lo) 2^k with with_lo): (p, [p_lo,] k), k an
     integer-valued float; see exp_parts.  Scale with v.ldexp.  keep_nan: a NaN x stays NaN
     in p and k (only for vscalef, which takes a NaN k; the integer split would not).
     poly_only: x already inside the clamp; returns ((q, r), k), e^r = (q r + 1) r + 1 left
-    to the caller (which may mask that last fma)."""
+    to the caller (which may mask that last fma).  in_range: the caller knows x is inside
+    the clamp (no clamp, and x_lo is always added)."""
     K = _EXP[v.key]
-    if poly_only:
+    if poly_only or in_range:
         xc = x
     else:
         xc = v.clamp_keep_nan(x, K.lo, K.hi) if keep_nan else v.clamp(x, K.lo, K.hi)
@@ -333,7 +362,7 @@ def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False, poly_only=Fals
     r = v.fma(k, v.c(-K.ln2_hi), xc)
     r = v.fma(k, v.c(-K.ln2_lo), r)
     if x_lo is not None:                                  # (meaningless once x is clamped)
-        r = v.add(r, v.sel(v.cmp("==", x, xc), x_lo, v.c(0.0)))
+        r = v.add(r, x_lo if in_range else v.sel(v.cmp("==", x, xc), x_lo, v.c(0.0)))
     p = v.poly(r, K.coeffs)
     if poly_only:
         return (p, r), k
