@@ -2,7 +2,7 @@
 
 Fast subset: ~5*10^4 points per function and dtype plus every special value, against
 float64 (for f32) / longdouble (for f64) references from bench/vmath_accuracy.py; the full
-sweeps (10^7 points, every f32 in [-87, 88] for exp) are the `slow` test at the end.
+sweeps (10^7 points; every f32 in [-87, 88] for exp, in [2^-14, 10.5] for tanh) are the `slow` test at the end.
 """
 from __future__ import annotations
 
@@ -235,9 +235,12 @@ def test_no_libm_calls_or_fast_math():
 
 @pytest.mark.slow
 def test_full_accuracy_sweep():
-    """The bench's full sweep: every f32 in [-87, 88] through exp, 10^7 points elsewhere."""
-    err, where, count = acc.exhaustive_exp_f32()
+    """The bench's full sweep: every f32 in [-87, 88] through exp and in [2^-14, 10.5]
+    through tanh, 10^7 points elsewhere."""
+    err, where, count = acc.exhaustive_f32("exp")
     assert count > 2_000_000_000 and err <= 1, (err, where)
+    err, where, count = acc.exhaustive_f32("tanh")
+    assert count > 140_000_000 and err <= acc.TARGET["f32"]["tanh"], (err, where)
     rows = acc.sweep(list(acc.TARGET["f32"]), 10_000_000, 200_000, out=sys.stderr)
     bad = [r for r in rows if r[2] > acc.TARGET[r[1]][r[0]]]
     assert not bad, bad

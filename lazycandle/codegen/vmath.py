@@ -64,9 +64,11 @@ def _exp_minus_2a(v: V, a):
 
 def tanh(v: V, x):
     """tanh(x) = sign(x) (|x| + |x|^3 P(x^2)) below 0.625, else sign(x) (1 - t)/(1 + t),
-    t = e^-2|x|.  |x| below the smallest normal (tanh(x) = x there) is computed at that
-    normal and x is selected back, so no op reads a subnormal (a microcode assist each); NaN
-    passes."""
+    t = e^-2|x| (f64; f32: _tanh_f32).  |x| below the smallest normal (tanh(x) = x there) is
+    computed at that normal and x is selected back, so no op reads a subnormal (a microcode
+    assist each); NaN passes."""
+    if v.key == "f32":
+        return _tanh_f32(v, x)
     cut, P = _TANH[v.key]
     ax = v.abs(x)
     tiny = v.cmp("<", ax, v.c(v.fmt.min_normal))
@@ -76,6 +78,30 @@ def tanh(v: V, x):
     t = _exp_minus_2a(v, a)
     big = v.div(v.sub(v.c(1.0), t), v.add(v.c(1.0), t))
     return v.sel(tiny, x, v.copysign(v.sel(v.cmp("<", a, v.c(cut)), small, big), x))
+
+
+def _tanh_f32(v: V, x):
+    """One formula for every |x| = a: e^(-2a) = 2^k (1 + m), m = e^(2h) - 1 = 2h + h^2 Q(h)
+    (-2a = k ln2 + 2h, |h| <= ln2/4; no cancellation, so m keeps its relative accuracy as
+    a -> 0), and tanh = (1 - t)/(1 + t) with 1 -+ t = fma(-+2^k, m, 1 -+ 2^k), each rounded
+    once (1 -+ 2^k are exact): no separate polynomial below 0.625.  n = -max(|x|, min
+    normal) is one vrange; |x| at or below the smallest normal selects x (tanh(x) = x
+    there), NaN included (vrange makes it -min normal).  22 vector ops (AVX-512) against
+    the two branches' 29; max 1.95 ulp (bound 2) against their 1.50."""
+    K = core._EXP["f32"]
+    mn, sat = v.fmt.min_normal, _TANH_SAT["f32"]
+    n = v.neg_abs_floor(x, mn)
+    tiny = v.cmp(">=", n, v.c(-mn))
+    n = v.sel(v.cmp(">", v.c(-sat), n), v.c(-sat), n)
+    k = v.round_fma(n, 2.0 * 1.4426950408889634)
+    h = v.fma(k, v.c(-K.ln2_hi / 2), n)                            # h = (-a - k ln2) / 2
+    h = v.fma(k, v.c(-K.ln2_lo / 2), h)
+    q = v.poly(h, [c * 2.0 ** (i + 2) for i, c in enumerate(K.coeffs)])
+    m = v.fma(v.mul(h, h), q, v.add(h, h))
+    s = v.ldexp(v.c(1.0), k)
+    num = v.fma(v.neg(s), m, v.sub(v.c(1.0), s))
+    den = v.fma(s, m, v.add(v.c(1.0), s))
+    return v.sel(tiny, x, v.copysign(v.div(num, den), x))
 
 
 # ---- logistic family ----------------------------------------------------------------------------
