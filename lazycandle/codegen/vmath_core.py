@@ -529,8 +529,8 @@ def log(v: V, x):
     s = v.div(f, v.add(v.c(2.0), f))
     z = v.mul(s, s)
     R = v.mul(z, v.poly(z, L.coeffs))
-    hfsq = v.mul(v.mul(f, f), v.c(0.5))
+    f2 = v.mul(f, f)                  # f^2 / 2 enters as fma(f2, 0.5, .): halving is exact
     K = _EXP[v.key]
-    t = v.fma(s, v.add(hfsq, R), v.mul(ef, v.c(K.ln2_lo)))
-    y = v.sub(f, v.sub(hfsq, t))
+    t = v.fma(s, v.fma(f2, v.c(0.5), R), v.mul(ef, v.c(K.ln2_lo)))
+    y = v.sub(f, v.fma(f2, v.c(0.5), v.neg(t)))
     return log_specials(v, x, v.fma(ef, v.c(K.ln2_hi), y))
