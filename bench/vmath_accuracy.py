@@ -191,7 +191,6 @@ def ulp_errors(got, ref):
 
 def measure(name, key, n, params=(), threads=2, use_mp=True, x=None):
     """(max ulp, argmax input, points) for name on dtype key."""
-    dt = DT[key]
     if x is None:
         x = inputs(name, key, n)
     got = vmath_run.run(name, x, *params, threads=threads)

@@ -154,6 +154,15 @@ class V:
             return self.sel(self.b.fcmp_unordered(">=", a, self.c(-m)), self.c(-m), a)
         return fn(x, self.c(m), 0b1111)
 
+    def abs_floor(self, x, m: float):
+        """max(|x|, m) for m > 0 (m for NaN x): one vrangeps / pd (the larger magnitude, sign
+        cleared) where the host has it, else |x| and a select."""
+        fn = _range(self)
+        if fn is None:
+            a = self.abs(x)
+            return self.sel(self.b.fcmp_unordered("<=", a, self.c(m)), self.c(m), a)
+        return fn(x, self.c(m), 0b1011)
+
     def cap(self, x, hi: float):
         """min(x, hi); NaN maps to hi (callers restore NaN at the end)."""
         return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))

@@ -11,18 +11,16 @@ f64:
 gelu_erf for x < 0 is 0.5 x erfc(|x|/sqrt 2), so its tail is relative-accurate down to the
 underflow threshold (|x|/sqrt 2 is formed as a double-word).
 
-f32 stays in f32 (16 lanes at 512 bits, no double division): below CUT32 erf(a) = a E(a^2);
-above, erf(a) = 1 - C(a - 2.4375) up to 4 (a polynomial: erf needs erfc only to absolute
-accuracy).  gelu_erf's erfc(a) = t Q(t) e^(-a^2) with t = 1/(1 + a/2), Q a polynomial in t - 0.483 (relative
-error 8e-9 on [0.5, 10]) and t's rounding corrected to first order, and e^(-a^2) from a^2 as
-an exact double-word (an FMA product), so the tail of gelu_erf keeps its relative accuracy
-where e^(-a^2) amplifies a^2's rounding error.  gelu_erf for x < 0 switches to erfc at
-a = 0.5, where 1 + erf(-a) starts to cancel.
+f32 stays in f32 (16 lanes at 512 bits, no double division), table-driven: erf(s) and
+gelu_erf's erfc(s / sqrt 2) e^(s^2 / 2), s = |x|, are one degree-5 polynomial per interval,
+the intervals each binade of s + offset cut in eighths (32 slots: the low 5 bits of
+bits(s + offset) >> 20), the coefficients looked up per lane (vmath_core.table_lookup).
+gelu_erf's e^(-s^2/2) gets -s^2/2 as an exact double-word (-s/2 is exact), so its tail
+keeps its relative accuracy where e^(-s^2/2) amplifies the rounding of s^2.
 """
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 
 from . import vmath_core as core
@@ -74,60 +72,44 @@ def _erfc_big(v: V, C, a, a2, a2_lo, mul=None, a_lo=None):
     return v.mul(v.mul(m, s1), s2)
 
 
-CUT32 = 0.875       # erf: the polynomial below, erfc above
-CUT32_NEG = 0.5     # gelu_erf, x < 0: 1 - erf(a) cancels above this, so erfc takes over
-_E32 = (1.1283791574913127, -0.3761255046101938, 0.11282455296620215, -0.026791461835332462,
-        0.005032179541684599, -0.0006203245889704982)          # erf(a)/a in a^2 on [0, CUT32]
-_Q32 = (0.4994932522982278, 0.6686538978429036, 0.5513724519856945, 0.15693436661518997,
-        -0.16295280866919792, -0.1128396559613334, 0.08987893711121973, 0.059537839757231786,
-        -0.06178874980506203)          # erfc(a) e^(a^2) / t in t - _Q32_T0, for a in [0.5, 10]
-_DQ32 = tuple(i * c for i, c in enumerate(_Q32))[1:]
-_Q32_T0 = 0.48333333333333334         # centre of t's range: Horner's terms shrink, no cancellation
-_A32_MAX = 10.0                                                 # erfc(10) underflows f32
-_ERFC32_ZERO_K = -165.0      # m 2^k rounds to 0 at or below (|m| < 2^13: |x| <= 1e4, h e^r < 1)
-_E32_C0 = (struct.unpack("f", struct.pack("f", _E32[0]))[0],)
-_E32_C0 += (_E32[0] - _E32_C0[0],)                              # E's constant term as f32 hi + lo
-
-
-def _erfc32(v: V, a, a2, a2_lo, mul=None, scale=1.0):
-    """(mul *) erfc(a) for CUT32 <= a (f32), a = scale * `a`; a^2 = a2 + a2_lo exactly.
-    (gelu_erf passes |x| and 1/sqrt 2: t's denominator is then rounded once, not twice.)"""
-    ac = v.sel(v.cmp("<", a, v.c(_A32_MAX / scale)), a, v.c(_A32_MAX / scale))
-    # t Q(t) changes ~2x faster than t, so t's two roundings are corrected to first order:
-    # d + d_lo = 1 + k a (1 - d is exact here), 1/(d + d_lo) = t + t_lo
-    k = v.c(0.5 * scale)
-    d = v.fma(ac, k, v.c(1.0))
-    d_lo = v.fma(ac, k, v.sub(v.c(1.0), d))
-    t = v.div(v.c(1.0), d)
-    t_lo = v.mul(t, v.fma(v.neg(t), d_lo, v.fma(v.neg(t), d, v.c(1.0))))
-    u = v.sub(t, v.c(_Q32_T0))
-    q = v.poly(u, _Q32)
-    dq = v.poly(u, _DQ32)                                  # Q'(u)
-    h = v.fma(t, v.fma(dq, t_lo, q), v.mul(t_lo, q))       # (t + t_lo) Q(t + t_lo)
-    p, p_lo, k = core.exp_reduce(v, v.neg(a2), v.neg(a2_lo), with_lo=True)
-    m = v.fma(h, p, v.mul(h, p_lo))                        # h e^r, rounded once
-    m = m if mul is None else v.mul(m, mul)
-    return core.scale_pow2(v, m, k, _ERFC32_ZERO_K)
-
-
 ERF_ONE = {"f32": 4.0, "f64": 6.0}   # erfc(a) < 2^-25 / 2^-54 above: erf(a) rounds to 1
-_ERFC32_MID = 2.4375                 # erfc(a) = C(a - mid) on [CUT32, 4], absolute error 1.3e-9
-_ERFC32_POLY = (0.0005665436037816107, -0.002965740393847227, 0.007229002192616463, -0.010758851654827595, 0.010702577419579029, -0.007205635774880648, 0.0030009793117642403, -0.00037873844848945737, -0.0004131098394282162, 0.00030337736825458705, -7.352053944487125e-05, -2.165525802411139e-05, 1.9323822925798595e-05, -2.175713689211989e-06, -1.5558230188617017e-06, 3.0501564651785884e-07, 4.004088083320312e-08)
+
+
+# f32 erf: erf(s), s = |x| <= 4, one degree-5 polynomial per interval (bench/fit_vmath.py
+# erf32_table): each binade of s + 0.5 in [0.5, 8) cut in eighths; the first, [0, 1/16), has
+# no constant term and centre 0, so erf keeps its relative accuracy down to the smallest normal.
+_E32_CENTRES = (1.625, 1.875, 2.125, 2.375, 2.625, 2.875, 3.125, 3.375, 3.75, 4.25, 4.75, 5.25, 5.75, 6.25, 6.75, 7.25, 0.0, 0.09375, 0.15625, 0.21875, 0.28125, 0.34375, 0.40625, 0.46875, 0.5625, 0.6875, 0.8125, 0.9375, 1.0625, 1.1875, 1.3125, 1.4375)
+_E32_COEFFS = (
+    (0.9784437417984009, 0.9919900298118591, 0.9973459839820862, 0.9992170333862305, 0.999794602394104, 0.9999521374702454, 0.9999901056289673, 0.9999982118606567, 0.9999998807907104, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.10547644644975662, 0.1748848855495453, 0.24295170605182648, 0.3091837167739868, 0.3731291890144348, 0.4343869090080261, 0.49261346459388733, 0.5736744403839111, 0.6690846681594849, 0.7494640350341797, 0.8151023983955383, 0.867058277130127, 0.9069217443466187, 0.936568558216095, 0.9579405784606934),
+    (0.08047225326299667, 0.03354582563042641, 0.012340819463133812, 0.004006478004157543, 0.0011478755623102188, 0.00029022866510786116, 6.475887494161725e-05, 1.2751814210787416e-05, 8.822162271826528e-07, 1.6181177286966886e-08, 1.8027188075642187e-10, 1.2211659634886463e-12, 5.037425639516308e-15, 1.2681443105323913e-17, 1.954055708058693e-20, 1.8498611522589957e-23, 1.128379225730896, 1.1185052394866943, 1.10116446018219, 1.0756559371948242, 1.0425615310668945, 1.0026216506958008, 0.9567081928253174, 0.9057931303977966, 0.822321355342865, 0.7033687233924866, 0.5831131339073181, 0.4685445725917816, 0.36490288376808167, 0.2754431664943695, 0.20151852071285248, 0.14289802312850952),
+    (-0.13076940178871155, -0.06289899349212646, -0.02622399851679802, -0.009514959529042244, -0.0030128636863082647, -0.0008342493092641234, -0.00020230840891599655, -4.3016836571041495e-05, -3.2606430977466516e-06, -6.686708076131254e-08, -8.145815133531187e-10, -5.89446547127892e-12, -2.5284556891790044e-14, -6.399828901384791e-17, -9.476335547537485e-20, -8.076173669745259e-23, 7.010900304749157e-09, -0.104859858751297, -0.17205692827701569, -0.2352997213602066, -0.2932204008102417, -0.34465116262435913, -0.3886626958847046, -0.42459049820899963, -0.4625553786754608, -0.48356571793556213, -0.4737792909145355, -0.4392605423927307, -0.3877094089984894, -0.3270889222621918, -0.26449325680732727, -0.20541609823703766),
+    (0.11484258621931076, 0.06744253635406494, 0.0330379456281662, 0.01373049896210432, 0.004890230018645525, 0.0015023828018456697, 0.0003999423061031848, 9.255313489120454e-05, 7.89064506534487e-06, 1.8528749023971613e-07, 2.545018196187243e-09, 2.053139776247992e-11, 9.73995461107241e-14, 2.7127453039636567e-16, 4.41331152286975e-19, 4.148939841193693e-22, -0.3761272132396698, -0.3662814199924469, -0.3491322994232178, -0.32423752546310425, -0.2925417423248291, -0.25522470474243164, -0.2136399894952774, -0.16924656927585602, -0.10064952820539474, -0.012822476215660572, 0.062258996069431305, 0.11835598945617676, 0.15299294888973236, 0.16713081300258636, 0.16425861418247223, 0.14922432601451874),
+    (-0.04938125982880592, -0.042163118720054626, -0.026402881368994713, -0.013205939903855324, -0.005466938018798828, -0.0019085381645709276, -0.0005682225455529988, -0.000145342928590253, -1.572472319821827e-05, -4.517775664680812e-07, -7.529632028990818e-09, -7.363649967562225e-11, -4.258303236935601e-13, -1.4641515064706297e-15, -3.0052995734330124e-18, -3.693665569327224e-21, 3.234147516195662e-05, 0.05209752172231674, 0.08458767831325531, 0.11384294182062149, 0.13881468772888184, 0.1586792916059494, 0.17287518084049225, 0.18112272024154663, 0.18221977353096008, 0.16539356112480164, 0.13252440094947815, 0.09092604368925095, 0.04802129790186882, 0.0099072540178895, -0.019499890506267548, -0.03865935280919075),
+    (-0.0023366345558315516, 0.011307736858725548, 0.012437118217349052, 0.008361109532415867, 0.004239071626216173, 0.0017297728918492794, 0.0005853073089383543, 0.00016698232502676547, 2.047505768132396e-05, 6.859874019937706e-07, 1.301034746603591e-08, 1.4229145639532703e-10, 9.082272152231841e-13, 3.411596083963803e-15, 7.586711153976095e-18, 1.0033044901891865e-20, 0.11239904165267944, 0.10797201842069626, 0.09949252009391785, 0.08734889328479767, 0.0721842497587204, 0.05478692054748535, 0.03603733703494072, 0.016850732266902924, -0.010656669735908508, -0.041490644216537476, -0.0616067573428154, -0.06947281211614609, -0.06619131565093994, -0.05475212261080742, -0.03897375240921974, -0.022499097511172295),
+)
+_TWO_OVER_SQRT_PI = 1.1283791670955126
+_E32_TINY = 2.0 ** -60       # |x| floor; erf(x) = x 2/sqrt(pi) at and below (rounded)
+_E32_C1_LO = (6.512327344054825e-10, -8.028781528501838e-10, -1.7042033062519835e-10, -5.4501576862708845e-11, 4.853562343698492e-11, -4.2906737190984146e-12, -4.408459545763438e-13, 2.1116927108842665e-13, -9.255208200918967e-16, 6.590277906827816e-16, -1.6927846692879385e-19, -4.894505878893545e-20, 2.119455944340087e-23, -1.6188007560052763e-25, -3.5575409598619157e-28, -3.8199061907371993e-31, -5.864481522621645e-08, -1.2491707224171478e-08, -4.943452935890491e-08, 2.745132121617644e-08, -2.1269878303087353e-08, -4.5129290526801924e-08, 2.6650090134694437e-08, 6.391456697230069e-09, 4.6185477664550945e-09, 9.291629687879777e-09, 2.621691486126565e-08, 1.4504688117256137e-08, 7.508091037777831e-09, -1.3333350423749835e-08, -5.022484650396564e-09, 2.1811088490863995e-09)
 
 
 def _erf32(v: V, x):
-    """Below CUT32 erf(a) = a E(a^2); above, 1 - C(a - mid), a polynomial for erfc: erf only
-    needs erfc to absolute accuracy (~2^-26), and with the variable centred the Horner terms
-    stay below 0.3 in sum, so no exp, division or error-free correction is needed (the
-    relative tail, _erfc32, is gelu_erf's).  |x| is capped at 4, where erf rounds to 1."""
-    a = v.cap(v.abs(v.flush_subnormal(x)), ERF_ONE["f32"])
-    a2 = v.mul(a, a)
-    # a c0 + a (a^2 P(a^2)) with c0 split in two: the product a c0 is rounded once, by the fma
-    small = v.fma(a, v.c(_E32_C0[0]), v.mul(a, v.fma(a2, v.poly(a2, _E32[1:]), v.c(_E32_C0[1]))))
-    big = v.sub(v.c(1.0), v.poly(v.sub(a, v.c(_ERFC32_MID)), _ERFC32_POLY))
-    res = v.copysign(v.sel(v.cmp("<", a, v.c(CUT32)), small, big), x)
-    res = v.subnormal_times(x, _E32_C0[0], res)                     # erf(x) = x 2/sqrt(pi)
-    return v.sel(v.isnan(x), x, res)
+    """erf(x) = sign(x) E(s), s = max(|x|, 2^-60) capped at 4 (erf rounds to 1 above; one
+    vrange and a min), E the interval's polynomial in s - centre, coefficients looked up by
+    slot (one vpermi2ps each on AVX-512, see table_lookup): 23 vector ops and the table
+    copies against the two polynomials' 40.  |x| <= 2^-60 (+-0, subnormals and NaN, which
+    vrange makes 2^-60) gives x 2/sqrt(pi): no op reads or makes a subnormal unless x is one."""
+    s = v.cap(v.abs_floor(x, _E32_TINY), ERF_ONE["f32"])
+    slot = v.b.lshr(v.bits(v.add(s, v.c(0.5))), v.ci(20))
+    u = v.sub(s, core.table_lookup(v, "lc_erf32_c", _E32_CENTRES, slot))
+    g = core.table_lookup(v, "lc_erf32_5", _E32_COEFFS[5], slot)
+    for j in range(4, 1, -1):
+        g = v.fma(g, u, core.table_lookup(v, f"lc_erf32_{j}", _E32_COEFFS[j], slot))
+    # c0 + u c1 + u^2 g with c1 = hi + lo and the product u c1_hi rounded once, last
+    g = v.fma(g, u, core.table_lookup(v, "lc_erf32_1l", _E32_C1_LO, slot))
+    g = v.fma(u, core.table_lookup(v, "lc_erf32_1", _E32_COEFFS[1], slot),
+              v.fma(g, u, core.table_lookup(v, "lc_erf32_0", _E32_COEFFS[0], slot)))
+    tiny = v.cmp("<=", s, v.c(_E32_TINY))                         # NaN x included
+    return v.sel(tiny, v.mul(x, v.c(_TWO_OVER_SQRT_PI)), v.copysign(g, x))
 
 
 # f32 gelu_erf: erfc(s / sqrt 2) = e^(-s^2/2) G(s), s = |x| < 15, G one degree-5 polynomial per
