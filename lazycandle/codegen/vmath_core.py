@@ -417,7 +417,8 @@ def exp(v: V, x, flush: bool = True):
     round to 0 (the rest are 0 without computing: softmax rows are full of -inf and very
     negative inputs, and a vscalef whose result underflows takes a microcode assist, exp of
     4M values of -inf: 33 ms against 2.6 ms, Emerald Rapids).  Elsewhere two power-of-two
-    factors (below).
+    factors (below).  The clamp reads a subnormal x without an assist (vmaxps / vminps do
+    no arithmetic), and the vminps zeroes it, masked by one vfpclass.
 
     k is rounded by adding 1.5 * 2^mant + 2 bias, so the low bits of that sum are
     t = k + 2 bias; (t >> 1) << mant and (t - (t >> 1)) << mant are then the bits of
@@ -428,7 +429,8 @@ def exp(v: V, x, flush: bool = True):
     K, F = _EXP[v.key], v.fmt
     scalef = _scalef(v, masked=True)
     if scalef is not None:
-        xc = v.clamp_keep_nan(v.flush_subnormal(x) if flush else x, K.lo, K.hi)
+        xc = v.clamp_keep_nan(x, K.lo, K.hi)
+        xc = v.sel(v.is_subnormal(x), v.c(0.0), xc) if flush else xc        # a masked vminps
         k = v.round_fma(xc, 1.4426950408889634)
         r = v.fma(k, v.c(-K.ln2_hi), xc)
         r = v.fma(k, v.c(-K.ln2_lo), r)
