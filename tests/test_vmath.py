@@ -299,3 +299,14 @@ def test_logistic_uses_vscalef_and_exp_a_masked_one_on_avx512():
     cm = jit.compile_ir(vmath_run.kernel_ir("exp", np.float32), export=["k"], name="vmath_exp_scalef")
     scalefs = [ln for ln in cm.asm().splitlines() if "vscalefps" in ln and "zmm" in ln]
     assert scalefs and all("{%k" in ln and "{z}" in ln for ln in scalefs)
+
+
+@pytest.mark.parametrize("name", ["exp", "log", "tanh", "erf", "sigmoid", "gelu", "gelu_erf", "silu"])
+def test_signalling_nan_inputs_give_nan(name):
+    """vrange / vfpclass / vgetmant treat a signalling NaN unlike a quiet one (vrange returns the
+    other operand for a quiet NaN, a quiet NaN for a signalling one): both must come out NaN,
+    in the vector body and the scalar tail (bf16 NaN payloads widen to signalling f32 NaNs)."""
+    bits = np.array([0x7F800001, 0x7FA00000, 0xFF800001, 0x7FC00000, 0xFFC00001] * 7, np.uint32)
+    x = bits.view(np.float32)
+    for lanes in (None, 1):
+        assert np.isnan(vmath_run.run(name, x, lanes=lanes)).all(), (name, lanes)

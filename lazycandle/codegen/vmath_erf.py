@@ -98,7 +98,9 @@ def _erf32(v: V, x):
     slot (one vpermi2ps each on AVX-512, see table_lookup): 23 vector ops and the table
     copies against the two polynomials' 40.  |x| <= 2^-60 (+-0, subnormals and NaN, which
     vrange makes 2^-60) gives x 2/sqrt(pi): no op reads or makes a subnormal unless x is one."""
-    s = v.cap(v.abs_floor(x, _E32_TINY), ERF_ONE["f32"])
+    s = v.abs_floor(x, _E32_TINY)             # a quiet NaN gives 2^-60, a signalling one NaN
+    tiny = v.b.fcmp_unordered("<=", s, v.c(_E32_TINY))
+    s = v.cap(s, ERF_ONE["f32"])
     slot = v.b.lshr(v.bits(v.add(s, v.c(0.5))), v.ci(20))
     u = v.sub(s, core.table_lookup(v, "lc_erf32_c", _E32_CENTRES, slot))
     g = core.table_lookup(v, "lc_erf32_5", _E32_COEFFS[5], slot)
@@ -108,7 +110,6 @@ def _erf32(v: V, x):
     g = v.fma(g, u, core.table_lookup(v, "lc_erf32_1l", _E32_C1_LO, slot))
     g = v.fma(u, core.table_lookup(v, "lc_erf32_1", _E32_COEFFS[1], slot),
               v.fma(g, u, core.table_lookup(v, "lc_erf32_0", _E32_COEFFS[0], slot)))
-    tiny = v.cmp("<=", s, v.c(_E32_TINY))                         # NaN x included
     return v.sel(tiny, v.mul(x, v.c(_TWO_OVER_SQRT_PI)), v.copysign(g, x))
 
 
