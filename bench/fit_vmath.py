@@ -202,16 +202,64 @@ def fit_erfc():
     _show("erfc f64 h Q", Q, e)
 
 
-def fit_erfc32_poly(mid=2.4375, deg=16):
-    # f32 erf above 0.875: erf(a) = 1 - C(a - mid) on [0.875, 4], absolute error (erf near 1
-    # only needs erfc to ~2^-26 absolute); the centred variable keeps sum |c_j u^j| < 0.3
-    F = lambda u: mp.erfc(u + mid)
-    c, e = remez(F, lambda u: mp.mpf(1), list(range(deg + 1)), 0.875 - mid, 4 - mid, iters=40, grid=2000)
-    _show("erfc f32 C(a - mid)", c, e, f32=True)
+def table_intervals(offset, first_exp):
+    """The 32 intervals of s >= 0 of an f32 table-driven function, by table slot: slot j holds
+    the s whose t = s + offset (rounded; 4 binades from 2^first_exp) has (bits(t) >> 20) & 31
+    == j, i.e. each binade of t cut in eighths.  (lo, hi, centre): widened by 2^-20 t for the
+    rounding of s + offset; the centre is the unwidened one."""
+    out = {}
+    for e in range(first_exp, first_exp + 4):
+        for m in range(8):
+            t_lo, t_hi = 2.0 ** e * (1 + m / 8), 2.0 ** e * (1 + (m + 1) / 8)
+            slot = int((np.float32(t_lo).view(np.uint32) >> 20) & 31)
+            out[slot] = (max(0.0, t_lo * (1 - 2.0 ** -20) - offset), t_hi * (1 + 2.0 ** -20) - offset,
+                         (t_lo + t_hi) / 2 - offset)
+    return [out[j] for j in range(32)]
+
+
+def fit_table(G, offset, first_exp, deg=5, odd_at_0=False):
+    """One minimax polynomial (relative error) of G(s) in u = s - centre per interval of
+    table_intervals(offset, first_exp); odd_at_0: the interval starting at s = 0 is centred
+    at 0 with no constant term (G(0) = 0, relative accuracy down to 0).  Returns (centres,
+    f32 coefficient rows by power, the f32 remainders c1 - f32(c1), max relative error)."""
+    mp.mp.dps = 30
+    centres, rows, c1_lo, worst = [], [[] for _ in range(deg + 1)], [], 0
+    for lo, hi, c in table_intervals(offset, first_exp):
+        zero = odd_at_0 and lo == 0.0
+        c = 0.0 if zero else c
+        powers = list(range(1 if zero else 0, deg + 1))
+        coeffs, e = remez(lambda u: G(u + c), lambda u: 1 / G(u + c), powers,
+                          mp.mpf(lo) - c + (mp.mpf(10) ** -12 if zero else 0), mp.mpf(hi) - c, iters=12, grid=400)
+        coeffs = [mp.mpf(0)] * (len(rows) - len(powers)) + list(coeffs)
+        centres.append(c)
+        for j in range(deg + 1):
+            rows[j].append(float(np.float32(float(coeffs[j]))))
+        c1_lo.append(float(np.float32(float(coeffs[1] - mp.mpf(rows[1][-1])))))
+        worst = max(worst, float(e))
+    mp.mp.dps = 50
+    return centres, rows, c1_lo, worst
+
+
+def _show_table(name, centres, rows, c1_lo, worst):
+    print(f"{name}: degree {len(rows) - 1}, max relative error {worst:.3g}")
+    print("centres", tuple(centres))
+    for j, r in enumerate(rows):
+        print(f"c{j}", tuple(r))
+    print("c1 - f32(c1)", tuple(c1_lo))
+
+
+def fit_gelu_erf32_table(deg=5):
+    """f32 gelu_erf: erfc(s / sqrt 2) = e^(-s^2/2) G(s), s = |x| in [0, 15), t = s + 1."""
+    _show_table("gelu_erf f32 G", *fit_table(lambda s: mp.erfc(s / mp.sqrt(2)) * mp.exp(s * s / 2), 1.0, 0, deg))
+
+
+def fit_erf32_table(deg=5):
+    """f32 erf: erf(s), s = |x| in [0, 4], t = s + 0.5; the first interval odd (erf(0) = 0)."""
+    _show_table("erf f32", *fit_table(mp.erf, 0.5, -1, deg, odd_at_0=True))
 
 
 FITS = {"exp": fit_exp, "log": fit_log, "tanh": fit_tanh, "trig": fit_trig, "erf": fit_erf, "erfc": fit_erfc,
-        "erfc32_poly": fit_erfc32_poly}
+        "erf32_table": fit_erf32_table, "gelu_erf32_table": fit_gelu_erf32_table}
 
 if __name__ == "__main__":
     for n in sys.argv[1:] or list(FITS):

@@ -154,6 +154,15 @@ class V:
             return self.sel(self.b.fcmp_unordered(">=", a, self.c(-m)), self.c(-m), a)
         return fn(x, self.c(m), 0b1111)
 
+    def abs_floor(self, x, m: float):
+        """max(|x|, m) for m > 0 (m for NaN x): one vrangeps / pd (the larger magnitude, sign
+        cleared) where the host has it, else |x| and a select."""
+        fn = _range(self)
+        if fn is None:
+            a = self.abs(x)
+            return self.sel(self.b.fcmp_unordered("<=", a, self.c(m)), self.c(m), a)
+        return fn(x, self.c(m), 0b1011)
+
     def cap(self, x, hi: float):
         """min(x, hi); NaN maps to hi (callers restore NaN at the end)."""
         return self.sel(self.cmp("<", x, self.c(hi)), x, self.c(hi))
@@ -254,6 +263,52 @@ def _range(v: V):
                                           const(mask_t, -1)] + tail)
 
 
+def _exp_mant(v: V):
+    """Builders of AVX-512's vgetexpps / pd (floor(log2 |a|) as a float) and vgetmantps / pd
+    (|a|'s significand in [1, 2)) for v's vector type, or None.  Both read a subnormal
+    exactly and without a microcode assist."""
+    total = _avx512_width(v)
+    if total is None:
+        return None
+    mask_t, sfx = (I16 if v.n == 16 else I8), f"{'ps' if v.fmt.bits == 32 else 'pd'}.{total}"
+    tail = [I32(4)] if total == 512 else []
+    getexp = intrinsic(v.b.module, f"llvm.x86.avx512.mask.getexp.{sfx}", v.t,
+                       [v.t, v.t, mask_t] + [I32] * len(tail))
+    getmant = intrinsic(v.b.module, f"llvm.x86.avx512.mask.getmant.{sfx}", v.t,
+                        [v.t, I32, v.t, mask_t] + [I32] * len(tail))
+    undef, ones = ir.Constant(v.t, ir.Undefined), const(mask_t, -1)
+    return (lambda a: v.b.call(getexp, [a, undef, ones] + tail),
+            lambda a: v.b.call(getmant, [a, I32(0b0100), undef, ones] + tail))   # [1, 2), sign +
+
+
+def table_lookup(v: V, name: str, values: tuple, slot):
+    """values[slot] per lane, for a table of 32 floats of v's precision and an integer vector
+    slot whose low 5 bits index it (higher bits ignored): one AVX-512 vpermi2ps (the table in
+    two registers) at 16 f32 lanes, else one load per lane from a module constant."""
+    assert len(values) == 32
+    slot = v.b.and_(slot, v.ci(31))
+    if v.key == "f32" and v.n == 16 and _avx512_width(v) == 512:
+        fn = intrinsic(v.b.module, "llvm.x86.avx512.vpermi2var.ps.512", v.t, [v.t, v.it, v.t])
+        lo, hi = (ir.Constant(v.t, [ir.Constant(F32, float(c)) for c in part])
+                  for part in (values[:16], values[16:]))
+        return v.b.call(fn, [lo, slot, hi])
+    g = v.b.module.globals.get(name)
+    if g is None:
+        aty = ir.ArrayType(scalar_type(v.t), 32)
+        g = ir.GlobalVariable(v.b.module, aty, name=name)
+        g.initializer = ir.Constant(aty, [float(c) for c in values])
+        g.global_constant = True
+        g.linkage = "internal"
+    b = v.b
+    if v.n == 1:
+        return b.load(b.gep(g, [I32(0), slot], inbounds=True))
+    out = ir.Constant(v.t, ir.Undefined)
+    for lane in range(v.n):
+        i = b.extract_element(slot, I32(lane))
+        out = b.insert_element(out, b.load(b.gep(g, [I32(0), i], inbounds=True)), I32(lane))
+    return out
+
+
 def _scalef(v: V, masked: bool = False):
     """A builder of AVX-512's vscalefps / vscalefpd (y * 2^floor(k)) for v's vector type, or
     None: no AVX-512 (F, plus VL below 512 bits) on the host, or a scalar or odd width.
@@ -300,14 +355,15 @@ _EXP = {
 }
 
 
-def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False, poly_only=False):
+def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False, poly_only=False, in_range=False):
     """e^(x + x_lo) = p 2^k (or (p + p_lo) 2^k with with_lo): (p, [p_lo,] k), k an
     integer-valued float; see exp_parts.  Scale with v.ldexp.  keep_nan: a NaN x stays NaN
     in p and k (only for vscalef, which takes a NaN k; the integer split would not).
     poly_only: x already inside the clamp; returns ((q, r), k), e^r = (q r + 1) r + 1 left
-    to the caller (which may mask that last fma)."""
+    to the caller (which may mask that last fma).  in_range: the caller knows x is inside
+    the clamp (no clamp, and x_lo is always added)."""
     K = _EXP[v.key]
-    if poly_only:
+    if poly_only or in_range:
         xc = x
     else:
         xc = v.clamp_keep_nan(x, K.lo, K.hi) if keep_nan else v.clamp(x, K.lo, K.hi)
@@ -315,7 +371,7 @@ def exp_reduce(v: V, x, x_lo=None, with_lo=False, keep_nan=False, poly_only=Fals
     r = v.fma(k, v.c(-K.ln2_hi), xc)
     r = v.fma(k, v.c(-K.ln2_lo), r)
     if x_lo is not None:                                  # (meaningless once x is clamped)
-        r = v.add(r, v.sel(v.cmp("==", x, xc), x_lo, v.c(0.0)))
+        r = v.add(r, x_lo if in_range else v.sel(v.cmp("==", x, xc), x_lo, v.c(0.0)))
     p = v.poly(r, K.coeffs)
     if poly_only:
         return (p, r), k
@@ -361,7 +417,8 @@ def exp(v: V, x, flush: bool = True):
     round to 0 (the rest are 0 without computing: softmax rows are full of -inf and very
     negative inputs, and a vscalef whose result underflows takes a microcode assist, exp of
     4M values of -inf: 33 ms against 2.6 ms, Emerald Rapids).  Elsewhere two power-of-two
-    factors (below).
+    factors (below).  The clamp reads a subnormal x without an assist (vmaxps / vminps do
+    no arithmetic), and the vminps zeroes it, masked by one vfpclass.
 
     k is rounded by adding 1.5 * 2^mant + 2 bias, so the low bits of that sum are
     t = k + 2 bias; (t >> 1) << mant and (t - (t >> 1)) << mant are then the bits of
@@ -372,7 +429,8 @@ def exp(v: V, x, flush: bool = True):
     K, F = _EXP[v.key], v.fmt
     scalef = _scalef(v, masked=True)
     if scalef is not None:
-        xc = v.clamp_keep_nan(v.flush_subnormal(x) if flush else x, K.lo, K.hi)
+        xc = v.clamp_keep_nan(x, K.lo, K.hi)
+        xc = v.sel(v.is_subnormal(x), v.c(0.0), xc) if flush else xc        # a masked vminps
         k = v.round_fma(xc, 1.4426950408889634)
         r = v.fma(k, v.c(-K.ln2_hi), xc)
         r = v.fma(k, v.c(-K.ln2_lo), r)
@@ -436,6 +494,14 @@ def log_reduce(v: V, x):
     integer conversion, and e corrected: no FP op reads the subnormal (each would take a
     microcode assist).  Meaningless for x <= 0, inf, NaN."""
     F, L = v.fmt, _LOG[v.key]
+    em = _exp_mant(v)
+    if em is not None:          # the same e and m from vgetexp / vgetmant: 6 ops instead of 9
+        getexp, getmant = em
+        m = getmant(x)
+        top = v.cmp(">=", m, v.from_bits(v.ci(L.sqrt_half_bits + (1 << F.mant))))   # m >= sqrt 2
+        e = getexp(x)
+        ef = v.sel(top, v.add(e, v.c(1.0)), e)                 # (masked ops)
+        return ef, v.sub(v.sel(top, v.mul(m, v.c(0.5)), m), v.c(1.0))
     tiny = v.is_subnormal(x)
     xs = v.sel(tiny, v.to_float(v.bits(x)), x)
     u = v.b.sub(v.bits(xs), v.ci(L.sqrt_half_bits))
@@ -474,8 +540,8 @@ def log(v: V, x):
     s = v.div(f, v.add(v.c(2.0), f))
     z = v.mul(s, s)
     R = v.mul(z, v.poly(z, L.coeffs))
-    hfsq = v.mul(v.mul(f, f), v.c(0.5))
+    f2 = v.mul(f, f)                  # f^2 / 2 enters as fma(f2, 0.5, .): halving is exact
     K = _EXP[v.key]
-    t = v.fma(s, v.add(hfsq, R), v.mul(ef, v.c(K.ln2_lo)))
-    y = v.sub(f, v.sub(hfsq, t))
+    t = v.fma(s, v.fma(f2, v.c(0.5), R), v.mul(ef, v.c(K.ln2_lo)))
+    y = v.sub(f, v.fma(f2, v.c(0.5), v.neg(t)))
     return log_specials(v, x, v.fma(ef, v.c(K.ln2_hi), y))
