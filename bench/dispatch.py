@@ -139,7 +139,8 @@ def gpt2_case(seq, n_blocks, threads, repeats):
     prog, feeds = G.block_program(seq, n_blocks)
     with lc.num_threads(threads):
         outs = {m: _in_mode(m, lambda: prog.run(**feeds)[0])() for m in MODES}
-        np.testing.assert_array_equal(outs["python"], outs["native"])
+        # not bit for bit: the two modes may run different GEMM kernels (auto decides by measurement)
+        np.testing.assert_allclose(outs["python"], outs["native"], rtol=1e-4, atol=1e-5)
         fns = {m: (lambda: prog.run(**feeds)) for m in MODES}
         stats = time_alternating(fns, repeats=repeats, warmup=2, setup=SETUP)
     target = ">= 2x faster" if seq <= 8 else "no slower"
