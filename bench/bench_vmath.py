@@ -14,9 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
+
+if __package__ in (None, ""):          # run as a script: make `bench` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 N = 4_194_304
 NAMES = ["exp", "tanh", "log", "sigmoid", "silu", "gelu", "gelu_erf", "erf", "sin"]
@@ -53,6 +57,9 @@ def _jax_fn(jax, name):
 
 
 def _peers(threads):
+    from bench.peers import FAIR_ENV
+    for k, v in FAIR_ENV.items():   # torch's OpenMP team sleeps when idle (read when torch loads), as
+        os.environ.setdefault(k, v)     # in `lazycandle bench`: spinning it would take the next call's core
     mods = {}
     try:
         import torch
@@ -70,7 +77,7 @@ def _peers(threads):
 
 
 def _impls(lc, mods, name, x):
-    t = lc.tensor(x).realize()
+    t = lc.from_dlpack(x)       # the same memory the peers read (as bench/runner.py's _lc_input)
     fns = {"ours": lambda: getattr(t, name)().numpy()}
     if name in NUMPY:
         fns["numpy"] = lambda: NUMPY[name](x)
