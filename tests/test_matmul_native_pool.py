@@ -142,14 +142,24 @@ def test_parallel_tiled_gemm_packs_b_once_and_matches_one_thread_bit_for_bit(mon
     monkeypatch.setattr(MM, "_blocking", lambda spec, ab, k: (real(spec, ab, k)[0], 64, real(spec, ab, k)[2]))
     (abuf, la, av), (bbuf, lb, bv) = _layouts(np.random.default_rng(5), dt, a_shape, b_shape, b_strides)
     g = MM.geometry(la, lb, dt)
-    outs = []
-    for threads in (1, 2):
-        p = MM.TiledPlan(g, threads)
+    def check(p, threads):
         partial_sums = MM._tile_kernel(dt)[3] and g.k > 64      # 16-bit output over KC blocks: scratch W
         assert bool(p.shared_rows) == (threads > 1 and not partial_sums) and p.parallel == (threads > 1)
         if p.shared_rows:
             assert p.npack == -(-g.k // 64) * -(-g.n // p.params[MM._BGROUP_SLOT])
-        out = np.full(np.broadcast_shapes(av.shape[:-1] + (1,), bv.shape[:-2] + (1, bv.shape[-1])), 7, dt.numpy)
+    out_shape = np.broadcast_shapes(av.shape[:-1] + (1,), bv.shape[:-2] + (1, bv.shape[-1]))
+    _run_at_one_and_two_threads(g, dt, (abuf, av), (bbuf, bv), out_shape, check)
+
+
+def _run_at_one_and_two_threads(g, dt, a, b, out_shape, check):
+    """The tiled plan of `g` run at 1 and 2 threads (`check(plan, threads)` first): the 1-thread
+    result against NumPy in f64, the 2-thread one equal to it bit for bit."""
+    (abuf, av), (bbuf, bv) = a, b
+    outs = []
+    for threads in (1, 2):
+        p = MM.TiledPlan(g, threads)
+        check(p, threads)
+        out = np.full(out_shape, 7, dt.numpy)
         native_pool.ensure(threads)
         p.run(abuf.ctypes.data, bbuf.ctypes.data, out.ctypes.data)
         outs.append(out)
@@ -159,8 +169,7 @@ def test_parallel_tiled_gemm_packs_b_once_and_matches_one_thread_bit_for_bit(mon
     else:
         np.testing.assert_allclose(outs[0].astype(np.float64), ref.astype(dt.numpy).astype(np.float64), rtol=0,
                                    atol=1e-2 if dt is D.bf16 else 1e-6)
-    for out in outs[1:]:
-        np.testing.assert_array_equal(out, outs[0])
+    np.testing.assert_array_equal(outs[1], outs[0])
 
 
 def test_b_is_not_shared_when_it_differs_per_batch_or_the_rows_are_few(monkeypatch):
@@ -249,20 +258,8 @@ def test_the_task_grid_of_a_large_problem_matches_one_thread_bit_for_bit(monkeyp
         return x, Layout(tuple(shape), tuple(strides), 0), x.T
     (abuf, la, av), (bbuf, lb, bv) = buf(a_shape, a_strides), buf(b_shape, b_strides)
     g = MM.geometry(la, lb, dt)
-    outs = []
-    for threads in (1, 2):
-        p = MM.TiledPlan(g, threads)
+    def check(p, threads):
         assert not p.shared_rows and p.parallel == (threads > 1)
         if threads > 1:
             assert p.ntask >= 4 * 2
-        out = np.full(av.shape[:-1] + (bv.shape[-1],), 7, dt.numpy)
-        native_pool.ensure(threads)
-        p.run(abuf.ctypes.data, bbuf.ctypes.data, out.ctypes.data)
-        outs.append(out)
-    ref = np.matmul(av.astype(np.float64), bv.astype(np.float64))
-    if dt.is_int:
-        np.testing.assert_array_equal(outs[0], ref.astype(dt.numpy))
-    else:
-        np.testing.assert_allclose(outs[0].astype(np.float64), ref.astype(dt.numpy).astype(np.float64), rtol=0,
-                                   atol=1e-2 if dt is D.bf16 else 1e-6)
-    np.testing.assert_array_equal(outs[1], outs[0])
+    _run_at_one_and_two_threads(g, dt, (abuf, av), (bbuf, bv), av.shape[:-1] + (bv.shape[-1],), check)

@@ -299,12 +299,17 @@ def table_lookup(v: V, name: str, values: tuple, slot):
         g.initializer = ir.Constant(aty, [float(c) for c in values])
         g.global_constant = True
         g.linkage = "internal"
+    return lane_loads(v, g, slot)
+
+
+def lane_loads(v: V, g, idx):
+    """Per-lane load g[idx] from a module constant array (idx: integer vector of v's width)."""
     b = v.b
     if v.n == 1:
-        return b.load(b.gep(g, [I32(0), slot], inbounds=True))
+        return b.load(b.gep(g, [I32(0), idx], inbounds=True))
     out = ir.Constant(v.t, ir.Undefined)
     for lane in range(v.n):
-        i = b.extract_element(slot, I32(lane))
+        i = b.extract_element(idx, I32(lane))
         out = b.insert_element(out, b.load(b.gep(g, [I32(0), i], inbounds=True)), I32(lane))
     return out
 

@@ -23,8 +23,8 @@ from functools import lru_cache
 
 import llvmlite.ir as ir
 
-from .llvmutil import F64, I32, call_intrinsic
-from .vmath_core import V
+from .llvmutil import F64, call_intrinsic
+from .vmath_core import V, lane_loads
 
 
 @lru_cache(maxsize=None)
@@ -102,18 +102,6 @@ def _table(v: V, key: str):
     return g
 
 
-def _lookup(v: V, g, idx):
-    """Per-lane load g[idx] (idx: integer vector of v's width)."""
-    b = v.b
-    if v.n == 1:
-        return b.load(b.gep(g, [I32(0), idx], inbounds=True))
-    out = ir.Constant(v.t, ir.Undefined)
-    for lane in range(v.n):
-        i = b.extract_element(idx, I32(lane))
-        out = b.insert_element(out, b.load(b.gep(g, [I32(0), i], inbounds=True)), I32(lane))
-    return out
-
-
 def _mod4(v: V, a):
     """a - 4 round(a/4): exact for any double a (result in [-2, 2])."""
     return v.fma(v.roundeven(v.mul(a, v.c(0.25))), v.c(-4.0), a)
@@ -131,7 +119,7 @@ def _reduce_big(v: V, key: str, ax):
     idx = b.select(b.icmp_signed(">", idx, v.ci(nent - 1)), v.ci(nent - 1), idx)
     idx = b.mul(idx, v.ci(C.parts))
     g = _table(v, key)
-    T = [_lookup(v, g, b.add(idx, v.ci(j))) for j in range(C.parts)]
+    T = [lane_loads(v, g, b.add(idx, v.ci(j))) for j in range(C.parts)]
     h0, l0 = v.two_prod(m, T[0])
     a = _mod4(v, v.add(_mod4(v, h0), _mod4(v, l0)))                # exact: multiples of 2^-51, |.| <= 4
     h1, l1 = v.two_prod(m, T[1])
