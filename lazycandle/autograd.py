@@ -80,7 +80,9 @@ def _is_constant(n) -> bool:
 def _keep_origin(n) -> bool:
     """While anything is trainable, realized nodes keep their graph (so `loss.numpy()` before
     `loss.backward()` works, as in candle); nodes built under no_grad() do not."""
-    return len(_TRAINABLE) > 0 and not _is_constant(n)
+    # (the WeakSet's own set and pending removals, read in C: len(WeakSet) is a Python call,
+    # and every realize makes this check)
+    return len(_TRAINABLE.data) > len(_TRAINABLE._pending_removals) and not _is_constant(n)
 
 
 node_mod.KEEP_ORIGIN = _keep_origin

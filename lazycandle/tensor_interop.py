@@ -20,6 +20,7 @@ from math import prod
 
 import numpy as np
 
+from .compiler import realize_nodes
 from .errors import ShapeMismatch, UnboundPlaceholder
 
 
@@ -42,8 +43,10 @@ class InteropMixin:
     def numpy(self) -> np.ndarray:
         """The data as a read-only ndarray of `dtype.numpy` with `shape` (no copy; use
         `np.array(t)` or `.copy()` for a writable one)."""
-        self.realize()
-        return readonly_array(self._node.buffer, self.shape)
+        n = self._node
+        if n.buffer is None:
+            realize_nodes([n])
+        return readonly_array(n.buffer, n.shape)
 
     def to_list(self):
         return self.numpy().tolist()

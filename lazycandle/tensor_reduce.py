@@ -49,29 +49,39 @@ class ReduceMixin:
 
     def _reduce(self, kind, dims, keepdim):
         """One reduce node over `dims` (None: every dim)."""
+        # (node attributes read directly, not through the Tensor properties: an eager reduction
+        # usually follows a kernel that streamed the caches out, where each call is misses)
+        node = self._node
+        dt, in_shape = node.dtype, node.shape
         op = f"{kind}_keepdim" if keepdim else kind
-        if self.dtype.storage_only:
-            raise UnsupportedDTypeForOp(f"{op}: dtype {self.dtype.name} is storage-only (no arithmetic)")
-        if kind == "mean" and not self.dtype.is_float:
-            raise UnsupportedDTypeForOp(f"{op}: mean needs a float dtype, got {self.dtype.name}")
+        if dt.storage_only:
+            raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is storage-only (no arithmetic)")
+        if kind == "mean" and not dt.is_float:
+            raise UnsupportedDTypeForOp(f"{op}: mean needs a float dtype, got {dt.name}")
         if dims is None:
-            dims = tuple(range(self.rank)) or (0,)
-        dims = _dims(dims, self.shape, op)
-        x = self.unsqueeze(0) if self.rank == 0 else self
-        shape = tuple(1 if i in dims else d for i, d in enumerate(x.shape))
+            dims = tuple(range(len(in_shape))) or (0,)
+        dims = _dims(dims, in_shape, op)
+        scalar = not in_shape
+        x_shape = (1,) if scalar else in_shape
+        shape = list(x_shape)
+        for d in dims:
+            shape[d] = 1
+        shape = tuple(shape)
         # max / min / arg* need an element of the reduced dims for every output element
-        if kind not in EMPTY_OK_KINDS and prod(shape) and any(x.shape[d] == 0 for d in dims):
-            raise EmptyReduction(f"{op}: reduction over a zero-length dim (shape {self.shape}, dims {dims})")
-        if kind.startswith("arg") and x.shape[dims[0]] > MAX_ARG_DIM:
-            raise ShapeMismatch(f"{op}: dim {dims[0]} of shape {self.shape} ({self.dtype.name}) is longer than "
+        if kind not in EMPTY_OK_KINDS and prod(shape) and any(x_shape[d] == 0 for d in dims):
+            raise EmptyReduction(f"{op}: reduction over a zero-length dim (shape {in_shape}, dims {dims})")
+        arg_kind = kind.startswith("arg")
+        if arg_kind and x_shape[dims[0]] > MAX_ARG_DIM:
+            raise ShapeMismatch(f"{op}: dim {dims[0]} of shape {in_shape} ({dt.name}) is longer than "
                                 f"{MAX_ARG_DIM}, the most elements its u32 indices can number")
-        out_dt = D.u32 if kind.startswith("arg") else x.dtype
-        t = type(self)(Node(kind, (x._node,), dims, shape, out_dt))
-        if self.rank == 0:
+        src = self.unsqueeze(0)._node if scalar else node
+        t = type(self)(Node(kind, (src,), dims, shape, D.u32 if arg_kind else dt))
+        if scalar:
             return t.reshape(())
         if not keepdim:         # a view dropping the reduced dims: the node is contiguous at offset 0,
             out = tuple(d for i, d in enumerate(shape) if i not in dims)     # so is the view
-            t = t._view(contiguous_layout(out), f"reshape{out}")
+            t = type(self)(Node("view", (t._node,), None, out, t._node.dtype, layout=contiguous_layout(out),
+                                label=f"reshape{out}"))
         return t
 
     def _many(self, kind, dims, keepdim, dim, axis):
@@ -83,13 +93,19 @@ class ReduceMixin:
 
     def sum(self, dims=None, keepdim=False, *, dim=None, axis=None):
         """Sum over `dims` (an int or a sequence; None: every dim)."""
+        if dim is None and axis is None:
+            return self._reduce("sum", dims, keepdim)
         return self._many("sum", dims, keepdim, dim, axis)
 
     def mean(self, dims=None, keepdim=False, *, dim=None, axis=None):
+        if dim is None and axis is None:
+            return self._reduce("mean", dims, keepdim)
         return self._many("mean", dims, keepdim, dim, axis)
 
     def prod(self, dims=None, keepdim=False, *, dim=None, axis=None):
         """Product over `dims`; integers keep their dtype and wrap (no promotion)."""
+        if dim is None and axis is None:
+            return self._reduce("prod", dims, keepdim)
         return self._many("prod", dims, keepdim, dim, axis)
 
     def _one_dim(self, kind, dim, keepdim):

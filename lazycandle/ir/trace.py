@@ -100,7 +100,8 @@ def node_trace(n):
             descs.append(("c", n.dtype.name, (), None))
             scalars += ((v, n.dtype),)
         arg = kind.arg_class(values, n.dtype) if kind.arg_class else None
-    elif not (arg is None or arg.__class__ in _PLAIN_ARGS):
+    elif not (arg is None or arg.__class__ in _PLAIN_ARGS or
+              (arg.__class__ is tuple and _INT.issuperset(map(type, arg)))):   # (dims: already a key)
         arg = argkey(arg)
     if len(inner) > MAX_INNER or len(watch) > MAX_WATCH or len(reads) > MAX_READS or len(scalars) > MAX_SCALARS:
         return None
@@ -115,6 +116,7 @@ def node_trace(n):
 
 
 _PLAIN_ARGS = frozenset((int, float, str))
+_INT = frozenset((int,))
 _CONST = OPS["const"]
 
 
