@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
 from .ir.node import Node
+from .ir.ops import OPS
 from .tensor_views import broadcast_shapes
 
+_CONST = OPS["const"]
 MATMUL_DTYPES = ("f32", "f64", "f16", "bf16", "f8e4m3", "i32", "i64", "u32", "i16", "u8")
 
 
@@ -14,26 +16,33 @@ class MatmulMixin:
     __slots__ = ()
 
     def _check_mm(self, other, op):
-        T = type(self)
-        if not isinstance(other, T):
+        # (node attributes, not the Tensor properties: an eager matmul often follows a kernel
+        # that streamed the caches out, where each Python call costs misses)
+        if not isinstance(other, type(self)):
             raise TypeError(f"{op}: expected a Tensor, got {type(other).__name__}")
-        if self.dtype is not other.dtype:
-            raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch lhs {self.dtype.name} rhs {other.dtype.name} "
-                                        f"(shapes {self.shape} and {other.shape})")
-        if self.dtype.name not in MATMUL_DTYPES:
-            raise UnsupportedDTypeForOp(f"{op}: dtype {self.dtype.name} is not supported")
-        if self.rank < 2 or other.rank < 2:
-            raise ShapeMismatchBinaryOp(f"{op}: needs rank >= 2 operands, got lhs {self.shape} rhs {other.shape} "
-                                        f"({self.dtype.name})")
-        if self.shape[-1] != other.shape[-2]:
-            raise ShapeMismatchBinaryOp(f"{op}: inner dims differ, lhs {self.shape} rhs {other.shape} "
-                                        f"({self.dtype.name})")
+        na, nb = self._node, other._node
+        dt, sa, sb = na.dtype, na.shape, nb.shape
+        if dt is not nb.dtype:
+            raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch lhs {dt.name} rhs {nb.dtype.name} "
+                                        f"(shapes {sa} and {sb})")
+        if dt.name not in MATMUL_DTYPES:
+            raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is not supported")
+        if len(sa) < 2 or len(sb) < 2:
+            raise ShapeMismatchBinaryOp(f"{op}: needs rank >= 2 operands, got lhs {sa} rhs {sb} ({dt.name})")
+        if sa[-1] != sb[-2]:
+            raise ShapeMismatchBinaryOp(f"{op}: inner dims differ, lhs {sa} rhs {sb} ({dt.name})")
 
     def _mm(self, other, batch):
-        a = (self if self.shape[:-2] == batch else self.broadcast_as(batch + self.shape[-2:])).materializable()
-        b = (other if other.shape[:-2] == batch else other.broadcast_as(batch + other.shape[-2:])).materializable()
-        shape = batch + (self.shape[-2], other.shape[-1])
-        return type(self)(Node("matmul", (a._node, b._node), None, shape, self.dtype))
+        na, nb = self._node, other._node
+        a = self if na.shape[:-2] == batch else self.broadcast_as(batch + na.shape[-2:])
+        b = other if nb.shape[:-2] == batch else other.broadcast_as(batch + nb.shape[-2:])
+        na, nb = a._node, b._node
+        if (na._base or na).op is _CONST:       # (materializable(), inline)
+            na = a.copy()._node
+        if (nb._base or nb).op is _CONST:
+            nb = b.copy()._node
+        shape = batch + (na.shape[-2], nb.shape[-1])
+        return type(self)(Node("matmul", (na, nb), None, shape, na.dtype))
 
     def matmul(self, other):
         """Batched matmul; batch dims must be equal."""
@@ -46,8 +55,11 @@ class MatmulMixin:
     def broadcast_matmul(self, other):
         """Matmul with NumPy broadcasting of the batch dims (either side)."""
         self._check_mm(other, "broadcast_matmul")
+        ba, bb = self._node.shape[:-2], other._node.shape[:-2]
+        if ba == bb:
+            return self._mm(other, ba)
         try:
-            batch = broadcast_shapes(self.shape[:-2], other.shape[:-2], "broadcast_matmul")
+            batch = broadcast_shapes(ba, bb, "broadcast_matmul")
         except Exception:
             raise ShapeMismatchBinaryOp(f"broadcast_matmul: batch dims of lhs {self.shape} and rhs {other.shape} "
                                         f"do not broadcast ({self.dtype.name})") from None

@@ -19,7 +19,6 @@ import itertools
 import os
 import sys
 import threading
-import weakref
 from dataclasses import dataclass, replace
 from math import gcd, prod
 
@@ -31,6 +30,7 @@ from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
 from . import blas, matmul_auto, matmul_skinny, native_pool, pool
+from .native_program import address
 
 PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (Python ~20-40 us, native ~15 us) costs more than it saves
 
@@ -706,23 +706,6 @@ def epilogue_spec(epilogue, g: Geometry) -> gemm_epilogue.Epilogue:
     return gemm_epilogue.Epilogue(replace(ew, rank=2, inputs=inputs, tile=None), mm_input, tuple(cols))
 
 
-_addrs: dict = {}
-
-
-def _address(arr: np.ndarray) -> int:
-    """arr.ctypes.data, cached per live array (the ctypes attribute costs ~1-3 us a call; the
-    executor hands the same pooled buffers over and over).  An in-place ndarray.resize, the
-    one way a live array's data can move, also changes its size, which is checked."""
-    hit = _addrs.get(id(arr))
-    if hit is not None and hit[0]() is arr and hit[2] == arr.size:
-        return hit[1]
-    addr = arr.ctypes.data
-    if len(_addrs) > 256:
-        _addrs.clear()
-    _addrs[id(arr)] = (weakref.ref(arr), addr, arr.size)
-    return addr
-
-
 _plans: dict = caches.register("matmul plans", {})
 _plans_lock = threading.Lock()
 caches.renew_lock_after_fork(sys.modules[__name__], "_plans_lock")
@@ -776,4 +759,4 @@ def run_plan(plan, a: np.ndarray, a_offset: int, b: np.ndarray, b_offset: int, o
         g = plan.g
         raise ValueError(f"matmul: output buffer of {out.size} elements for {g.nbatch} x {g.m} x {g.n}")
     esz = plan.g.dtype.size_in_bytes
-    plan.run(_address(a) + a_offset * esz, _address(b) + b_offset * esz, _address(out), *epilogue)
+    plan.run(address(a) + a_offset * esz, address(b) + b_offset * esz, address(out), *epilogue)

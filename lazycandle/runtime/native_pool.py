@@ -108,8 +108,9 @@ def thread_arg(memo: dict):
 
 def threads() -> int:
     """The thread count of the next section (SPEC's one setting), with the workers for it."""
-    n = config.get_num_threads()
-    ensure(n)
+    n = config._num_threads
+    if not _state or _state["started"] + 1 < n:
+        ensure(n)
     return n
 
 

@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from .. import config
+from .. import caches, config
 from . import native_pool
 from .buffers import alloc
 from ..codegen.program import PARALLEL, SERIAL, segment_names
@@ -30,12 +30,25 @@ def _fn_address(fn) -> int:
 
 
 def address(a: np.ndarray) -> int:
-    """The data address of a contiguous array, through a ctypes view of its buffer (~0.5 us,
-    a third of `a.ctypes.data`); a read-only or empty array has no such view: `.ctypes`."""
+    """The data address of an array, through a ctypes view of its buffer (C calls only, a third
+    of `a.ctypes.data`); a read-only, empty or strided array has no such view, and its
+    `.ctypes.data` (two Python calls) is cached per live array.  An in-place ndarray.resize,
+    the one way a live array's data can move, also changes its size, which is checked."""
     try:
         return _addressof(_char.from_buffer(a))
     except (TypeError, ValueError, BufferError):
-        return a.ctypes.data
+        pass
+    hit = _addrs.get(id(a))
+    if hit is not None and hit[0]() is a and hit[2] == a.size:
+        return hit[1]
+    addr = a.ctypes.data
+    if len(_addrs) > 256:
+        _addrs.clear()
+    _addrs[id(a)] = (weakref.ref(a), addr, a.size)
+    return addr
+
+
+_addrs: dict = caches.register("array addresses", {})    # id -> (weakref, address, size): arrays `address` could not view
 
 
 _char, _addressof = ctypes.c_char, ctypes.addressof

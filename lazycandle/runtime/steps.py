@@ -83,7 +83,9 @@ class MatmulStep(NodeStep):
     takes_scalars = True
 
     def setup(self, cap):
-        from .matmul import backend_for, geometry
+        from . import matmul     # (lazily: it loads the GEMM codegen; kept for run_node, where an
+        self.mm = matmul         # import statement costs importlib calls at every run)
+        backend_for, geometry = matmul.backend_for, matmul.geometry
         la, lb = self.operands[0][3], self.operands[1][3]
         self.out = self.kernel.outputs[0]
         ep = self.kernel.epilogue
@@ -123,13 +125,13 @@ class MatmulStep(NodeStep):
         return self.ep_step
 
     def _plan(self, la, lb):
-        from .matmul import plan_for
-        key = (config.get_matmul_backend(), config.get_num_threads(), la.shape, la.strides, lb.shape, lb.strides)
+        key = (config._matmul_backend, config._num_threads, la.shape, la.strides, lb.shape, lb.strides)
         plan = self.plans.get(key)
         if plan is None:
             if len(self.plans) >= MATMUL_PLANS_KEPT:
                 self.plans.clear()
-            plan = self.plans[key] = plan_for(la, lb, self.dtype, key[0], key[1], self.ep_key, self.ep_layouts)
+            plan = self.plans[key] = self.mm.plan_for(la, lb, self.dtype, key[0], key[1], self.ep_key,
+                                                      self.ep_layouts)
         return plan
 
     def native_plan(self, layouts):
@@ -140,7 +142,7 @@ class MatmulStep(NodeStep):
         return plan if plan.backend == "skinny" else None
 
     def run_node(self, in_bufs, offsets, bufs, layouts=None, scalars=None):
-        from .matmul import run_plan
+        run_plan = self.mm.run_plan
         (ka, ia, sa, la, _), (kb, ib, sb, lb, _) = self.operands
         if layouts is not None:             # this run's sizes (a plan bound to another size)
             la, lb = layouts[0], layouts[1]
