@@ -31,14 +31,17 @@ def stamp_kernel():
 
 
 def run_sections(addr: int, nthreads: int, sections: int, first: int = 0) -> set:
-    """`sections` back-to-back pool sections of the stamp kernel over nthreads chunks, each
-    checked in full right after it returns (a chunk still running, or run twice with another
-    section's scalar, shows as a wrong value); returns the pthread ids of the last one."""
+    """`sections` back-to-back pool sections of the stamp kernel over nthreads home ranges of
+    CHUNK units, each checked in full right after it returns (a chunk still running, or run
+    twice with another section's scalar, shows as a wrong value); returns the pthread ids of
+    the threads that ran a home range's first chunk in any of them (a worker that was late
+    may have found its range taken by the others)."""
     extent = CHUNK * nthreads
     out, who = np.full(extent, -1, np.int64), np.zeros(extent, np.int64)
     ptrs = np.array([out.ctypes.data, who.ctypes.data], np.int64)
     scalars = np.zeros(1, np.int64)
     base = np.arange(extent, dtype=np.int64)
+    ids = set()
     native_pool.ensure(nthreads)
     for s in range(first, first + sections):
         scalars[0] = s * extent
@@ -46,4 +49,5 @@ def run_sections(addr: int, nthreads: int, sections: int, first: int = 0) -> set
         if not np.array_equal(out, base + s * extent):
             bad = np.flatnonzero(out != base + s * extent)
             raise AssertionError(f"section {s}: {bad.size} wrong values, first at {bad[0]}")
-    return set(who[::CHUNK].tolist())
+        ids.update(who[::CHUNK].tolist())
+    return ids

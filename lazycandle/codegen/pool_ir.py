@@ -4,11 +4,19 @@ A parallel section is a list of JOBS, each `JOB_WORDS` i64 words:
 
     [kernel fn, bufs, sizes, scalars, lo, hi, align, max parts]
 
-where the kernel has the common ABI (codegen/loops.py KERNEL_FN).  Thread t of `nparts`
-runs chunk t of every job (chunks split [lo, hi) on multiples of `align`, at most `max parts`
-of them), so independent kernels of one phase share a single barrier.  The caller is thread
-0; `lc_pool_run` returns when every chunk is done.  One section runs at a time (callers from
-several threads queue on an entry mutex).
+where the kernel has the common ABI (codegen/loops.py KERNEL_FN).  Each job splits [lo, hi)
+into min(nparts * CHUNKS_PER_THREAD, max parts, units) chunks on multiples of `align`; the
+chunks of all jobs of a section are numbered in order (so independent kernels of one phase
+share a single barrier) and cut into one contiguous HOME range per thread, thread t of
+`nparts` owning the t-th.  A thread runs its own range first, front to back, taking chunks
+from its range's counter (an atomic add), and then takes the chunks left in the others'
+ranges the same way.  When every thread is there each runs exactly its home range, as a
+static split would (the same thread reads the same region in consecutive phases); a worker
+that is late -- parked, or descheduled by another process -- finds its range done or partly
+done by the others, and the caller never waits for a thread that has not started: it
+closes the section once every chunk is taken and waits only for the threads inside it.
+The caller is thread 0; `lc_pool_run` returns when every chunk is done.  One section runs at
+a time (callers from several threads queue on an entry mutex).
 
 Waiting is spin-then-park in both directions (as OpenMP's blocktime, but short): a worker
 that finished its chunk polls the section word for `spin` polls (calibrated by the runtime
@@ -20,13 +28,17 @@ still parks and uses no CPU.
 `lc_pool_hush` makes spinning workers park at once (before a BLAS call that wants the cores).
 
 Shared words:
-- `section` = sequence << 32 | nparts, written (release) under the mutex after the job words,
-  so a spinning worker's acquire load of it orders its loads of `jobs` and `njobs`, and a
-  worker outside the section (id >= nparts) learns so without reading any job word.
-- `pending` counts the workers still running; each decrements it (seq_cst).  The caller sets
-  `waiting` (seq_cst) under the mutex before it parks; the last worker reads `waiting` after
-  its decrement and signals only then (under the mutex) -- one of the two always sees the
-  other, so no wake-up is lost.
+- `section` = sequence << 32 | CLOSED | nparts, written (release) under the mutex after the
+  job words, the chunk total and the counters, so a spinning worker's acquire load of it
+  orders its loads of those; a worker outside the section (id >= nparts) learns so without
+  reading any job word.  The caller sets CLOSED (seq_cst) once every chunk is taken.
+- `active` counts the workers inside the section.  A worker increments it (seq_cst) and then
+  re-reads `section` (seq_cst): if the section is CLOSED it leaves at once, touching nothing
+  else.  The caller sets CLOSED and then reads `active`: one of the two sees the other, so
+  the caller waits for every worker that could still take a chunk, and for no other.
+- The caller sets `waiting` (seq_cst) under the mutex before it parks; a worker that takes
+  `active` to zero reads `waiting` after its decrement and signals only then (under the
+  mutex) -- one of the two always sees the other, so no wake-up is lost.
 - a worker parks only after re-reading `section` under the mutex, which the caller holds
   while it publishes and broadcasts, so no wake-up is lost there either.
 The words have external linkage and are accessed atomically so the optimiser can never
@@ -41,24 +53,30 @@ from .llvmutil import I8, I32, I64, VOID
 from .loops import new_module, counted_loop
 
 JOB_WORDS = 8
+CHUNKS_PER_THREAD = 4            # chunks of a job per thread: what a late thread's peers can take over
+MAX_HOMES = 64                   # home ranges (one counter each); threads beyond only take others' chunks
 SYNC_BYTES = 256                 # room for one pthread mutex / condition variable
 YIELD_POLLS = 32                 # polls between sched_yield calls in a spin (a power of two)
-PARTS_BITS = 32                  # low bits of the section word: the section's nparts
+PARTS_BITS = 31                  # low bits of the section word: the section's nparts ...
+CLOSED = 1 << PARTS_BITS         # ... below the closed flag; the sequence is in the high 32 bits
+SEQ_STEP = 1 << 32
 EXPORTS = ("lc_pool_init", "lc_pool_run", "lc_pool_start", "lc_pool_reset", "lc_pool_ready",
            "lc_pool_set_spin", "lc_pool_spin", "lc_pool_hush")
 
 I8P = I8.as_pointer()
 I64P = I64.as_pointer()
 KERNEL_T = ir.FunctionType(VOID, [I8P.as_pointer(), I64P, I64P, I64, I64])
-WORDS = ("section", "pending", "waiting", "hush", "spin", "ready", "created", "jobs", "njobs",
-         "probe")
+WORDS = ("section", "active", "waiting", "hush", "spin", "ready", "created", "jobs", "njobs",
+         "total", "probe")
+LINE_WORDS = 8                   # i64 words per cache line: one home counter per line
 
 
 class _Pool:
     def __init__(self, triple: str):
         self.m = m = new_module("lc_native_pool")
-        self.words = {n: self._global(f"lc_pool_word_{n}", I64, 64 if n in ("section", "pending") else 8)
+        self.words = {n: self._global(f"lc_pool_word_{n}", I64, 64 if n in ("section", "active") else 8)
                       for n in WORDS}
+        self.next = self._global("lc_pool_home_next", ir.ArrayType(I64, MAX_HOMES * LINE_WORDS), 64)
         self.sync = {n: self._global(f"lc_pool_sync_{n}", ir.ArrayType(I8, SYNC_BYTES), 64)
                      for n in ("mutex", "entry", "work_cv", "done_cv")}
 
@@ -130,37 +148,123 @@ class _Pool:
         return stop
 
     # ---- functions ----------------------------------------------------------------------
-    def build_run_part(self):
-        """run_part(jobs, njobs, t, nparts): thread t's chunk of every job."""
-        fn = ir.Function(self.m, ir.FunctionType(VOID, [I64P, I64, I64, I64]), "lc_pool_run_part")
-        fn.linkage = "internal"
-        jobs, njobs, t, nparts = fn.args
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
-        with counted_loop(b, I64(0), njobs, name="j") as j:
-            base = b.mul(j, I64(JOB_WORDS))
-            w = [b.load(b.gep(jobs, [b.add(base, I64(k))])) for k in range(JOB_WORDS)]
-            f, bufs, sizes, scalars, lo, hi, align, maxp = w
-            n = b.sub(hi, lo)
-            units = b.sdiv(b.add(n, b.sub(align, I64(1))), align)
-            parts = self.smin(b, self.smin(b, nparts, maxp), units)
-            with b.if_then(b.and_(b.icmp_signed(">", n, I64(0)), b.icmp_signed("<", t, parts))):
-                def bound(p):
-                    return b.add(lo, b.mul(b.sdiv(b.sdiv(b.mul(n, p), parts), align), align))
-                t1 = b.add(t, I64(1))
-                a = bound(t)
-                e = b.select(b.icmp_signed("==", t1, parts), hi, bound(t1))
-                with b.if_then(b.icmp_signed("<", a, e)):
-                    b.call(b.inttoptr(f, KERNEL_T.as_pointer()),
-                           [b.inttoptr(bufs, I8P.as_pointer()), b.inttoptr(sizes, I64P),
-                            b.inttoptr(scalars, I64P), a, e])
+    def job_words(self, b, jobs, j):
+        base = b.mul(j, I64(JOB_WORDS))
+        return [b.load(b.gep(jobs, [b.add(base, I64(k))])) for k in range(JOB_WORDS)]
+
+    def chunks_of(self, b, w, nparts):
+        """How many chunks job words `w` split into at `nparts` threads (0 for an empty job)."""
+        _, _, _, _, lo, hi, align, maxp = w
+        n = b.sub(hi, lo)
+        units = b.sdiv(b.add(n, b.sub(align, I64(1))), align)
+        parts = self.smin(b, self.smin(b, b.mul(nparts, I64(CHUNKS_PER_THREAD)), maxp), units)
+        return b.select(b.icmp_signed(">", n, I64(0)), parts, I64(0))
+
+    def home_end(self, b, v, total, owners):
+        """End (exclusive) of home range v of `owners` over `total` chunks (start: home_end(v - 1))."""
+        return b.sdiv(b.mul(b.add(v, I64(1)), total), owners)
+
+    def counter(self, b, v):
+        return b.gep(self.next, [I64(0), b.mul(v, I64(LINE_WORDS))])
+
+    def build_chunks(self):
+        """lc_pool_run_chunk(jobs, njobs, c, nparts): chunk c of the section (numbered over
+        the jobs in order); lc_pool_total(jobs, njobs, nparts): how many there are;
+        lc_pool_run_all(jobs, njobs): every job whole, on the calling thread;
+        lc_pool_claim(jobs, njobs, nparts, total, me): thread `me` runs chunks from its home
+        range and then from the others' until every range's counter is past its end."""
+        m = self.m
+        run = ir.Function(m, ir.FunctionType(VOID, [I64P, I64, I64, I64]), "lc_pool_run_chunk")
+        run.linkage = "internal"
+        jobs, njobs, c, nparts = run.args
+        entry, head, body, hit, nxt, out = (run.append_basic_block(n) for n in
+                                            ("entry", "head", "body", "hit", "next", "out"))
+        b = ir.IRBuilder(entry)
+        b.branch(head)
+        b.position_at_end(head)
+        j, acc = b.phi(I64, name="j"), b.phi(I64, name="acc")
+        j.add_incoming(I64(0), entry)
+        acc.add_incoming(I64(0), entry)
+        b.cbranch(b.icmp_signed("<", j, njobs), body, out)
+        b.position_at_end(body)
+        w = self.job_words(b, jobs, j)
+        cnt = self.chunks_of(b, w, nparts)
+        rel = b.sub(c, acc)
+        b.cbranch(b.icmp_signed("<", rel, cnt), hit, nxt)
+        b.position_at_end(nxt)
+        j.add_incoming(b.add(j, I64(1)), nxt)
+        acc.add_incoming(b.add(acc, cnt), nxt)
+        b.branch(head)
+        b.position_at_end(hit)
+        f, bufs, sizes, scalars, lo, hi, align, _ = w
+        n = b.sub(hi, lo)
+
+        def bound(p):
+            return b.add(lo, b.mul(b.sdiv(b.sdiv(b.mul(n, p), cnt), align), align))
+        r1 = b.add(rel, I64(1))
+        a = bound(rel)
+        e = b.select(b.icmp_signed("==", r1, cnt), hi, bound(r1))
+        with b.if_then(b.icmp_signed("<", a, e)):
+            b.call(b.inttoptr(f, KERNEL_T.as_pointer()),
+                   [b.inttoptr(bufs, I8P.as_pointer()), b.inttoptr(sizes, I64P), b.inttoptr(scalars, I64P), a, e])
         b.ret_void()
-        self.run_part = fn
+        b.position_at_end(out)
+        b.ret_void()
+
+        tot = ir.Function(m, ir.FunctionType(I64, [I64P, I64, I64]), "lc_pool_total")
+        tot.linkage = "internal"
+        jobs, njobs, nparts = tot.args
+        b = ir.IRBuilder(tot.append_basic_block("entry"))
+        sum_ = b.alloca(I64)
+        b.store(I64(0), sum_)
+        with counted_loop(b, I64(0), njobs, name="j") as jj:
+            b.store(b.add(b.load(sum_), self.chunks_of(b, self.job_words(b, jobs, jj), nparts)), sum_)
+        b.ret(b.load(sum_))
+
+        whole = ir.Function(m, ir.FunctionType(VOID, [I64P, I64]), "lc_pool_run_all")
+        whole.linkage = "internal"
+        jobs, njobs = whole.args
+        b = ir.IRBuilder(whole.append_basic_block("entry"))
+        with counted_loop(b, I64(0), njobs, name="j") as jj:
+            f, bufs, sizes, scalars, lo, hi, _, _ = self.job_words(b, jobs, jj)
+            with b.if_then(b.icmp_signed("<", lo, hi)):
+                b.call(b.inttoptr(f, KERNEL_T.as_pointer()),
+                       [b.inttoptr(bufs, I8P.as_pointer()), b.inttoptr(sizes, I64P), b.inttoptr(scalars, I64P),
+                        lo, hi])
+        b.ret_void()
+
+        claim = ir.Function(m, ir.FunctionType(VOID, [I64P, I64, I64, I64, I64]), "lc_pool_claim")
+        claim.linkage = "internal"
+        jobs, njobs, nparts, total, me = claim.args
+        entry, take, hit, move, out = (claim.append_basic_block(n) for n in ("entry", "take", "hit", "move", "out"))
+        b = ir.IRBuilder(entry)
+        owners = self.smin(b, nparts, I64(MAX_HOMES))
+        start = b.srem(me, owners)
+        b.branch(take)
+        b.position_at_end(take)
+        k = b.phi(I64, name="k")                   # ranges tried: home first, then the next ones around
+        k.add_incoming(I64(0), entry)
+        v = b.srem(b.add(start, k), owners)
+        got = b.atomic_rmw("add", self.counter(b, v), I64(1), "monotonic")
+        b.cbranch(b.icmp_signed("<", got, self.home_end(b, v, total, owners)), hit, move)
+        b.position_at_end(hit)
+        b.call(run, [jobs, njobs, got, nparts])
+        k.add_incoming(k, hit)
+        b.branch(take)
+        b.position_at_end(move)
+        k1 = b.add(k, I64(1))
+        k.add_incoming(k1, move)
+        b.cbranch(b.icmp_signed("<", k1, owners), take, out)
+        b.position_at_end(out)
+        b.ret_void()
+        self.total, self.run_all, self.claim = tot, whole, claim
 
     def build_worker(self):
         fn = ir.Function(self.m, ir.FunctionType(I8P, [I8P]), "lc_pool_worker")
         fn.linkage = "internal"
         blocks = {n: fn.append_basic_block(n) for n in ("entry", "idle", "park", "park.check",
-                                                        "park.wait", "park.out", "work", "run")}
+                                                        "park.wait", "park.out", "work", "open", "enter",
+                                                        "run", "leave")}
         b = ir.IRBuilder(blocks["entry"])
         mu = self.ptr(b, "mutex")
         seen = b.alloca(I64, name="seen")
@@ -190,16 +294,31 @@ class _Pool:
         b.call(self.unlock, [mu])
         b.branch(blocks["work"])
 
+        def parts_of(word):
+            return b.and_(word, I64(CLOSED - 1))
+
+        def is_open(word):
+            return b.icmp_signed("==", b.and_(word, I64(CLOSED)), I64(0))
+
         b.position_at_end(blocks["work"])
         word = self.get(b, "section", "acquire")
         b.store(word, seen)
-        nparts = b.and_(word, I64((1 << PARTS_BITS) - 1))
         # a worker the section leaves out is not wanted at the current thread setting: it
         # parks at once rather than spin against the threads that are
-        b.cbranch(b.icmp_signed("<", me, nparts), blocks["run"], blocks["park"])
+        b.cbranch(b.icmp_signed("<", me, parts_of(word)), blocks["open"], blocks["park"])
+        b.position_at_end(blocks["open"])
+        b.cbranch(is_open(word), blocks["enter"], blocks["idle"])     # closed: its chunks are all taken
+        b.position_at_end(blocks["enter"])
+        b.atomic_rmw("add", self.words["active"], I64(1), "seq_cst")
+        word = self.get(b, "section", "seq_cst")      # (after entering: see the module docstring)
+        b.store(word, seen)
+        b.cbranch(b.and_(is_open(word), b.icmp_signed("<", me, parts_of(word))), blocks["run"], blocks["leave"])
         b.position_at_end(blocks["run"])
-        b.call(self.run_part, [b.inttoptr(self.get(b, "jobs"), I64P), self.get(b, "njobs"), me, nparts])
-        left = b.atomic_rmw("sub", self.words["pending"], I64(1), "seq_cst")
+        b.call(self.claim, [b.inttoptr(self.get(b, "jobs"), I64P), self.get(b, "njobs"), parts_of(word),
+                            self.get(b, "total"), me])
+        b.branch(blocks["leave"])
+        b.position_at_end(blocks["leave"])
+        left = b.atomic_rmw("sub", self.words["active"], I64(1), "seq_cst")
         last = b.icmp_signed("==", left, I64(1))
         with b.if_then(b.and_(last, b.icmp_signed("!=", self.get(b, "waiting", "seq_cst"), I64(0)))):
             b.call(self.lock, [mu])
@@ -217,7 +336,7 @@ class _Pool:
         b = ir.IRBuilder(blocks["entry"])
         b.cbranch(b.icmp_signed("<=", nthreads, I64(1)), blocks["serial"], blocks["pooled"])
         b.position_at_end(blocks["serial"])
-        b.call(self.run_part, [jobs, njobs, I64(0), I64(1)])
+        b.call(self.run_all, [jobs, njobs])
         b.ret_void()
         b.position_at_end(blocks["pooled"])
         mu, entry_mu = self.ptr(b, "mutex"), self.ptr(b, "entry")
@@ -227,23 +346,30 @@ class _Pool:
         b.cbranch(b.icmp_signed("<=", nparts, I64(1)), blocks["alone"], blocks["share"])
         b.position_at_end(blocks["alone"])
         b.call(self.unlock, [mu])
-        b.call(self.run_part, [jobs, njobs, I64(0), I64(1)])
+        b.call(self.run_all, [jobs, njobs])
         b.call(self.unlock, [entry_mu])
         b.ret_void()
 
         b.position_at_end(blocks["share"])
         self.put(b, "jobs", b.ptrtoint(jobs, I64))
         self.put(b, "njobs", njobs)
-        self.put(b, "pending", b.sub(nparts, I64(1)))
+        total = b.call(self.total, [jobs, njobs, nparts])
+        self.put(b, "total", total)
+        owners = self.smin(b, nparts, I64(MAX_HOMES))
+        with counted_loop(b, I64(0), owners, name="v") as v:
+            start = b.select(b.icmp_signed("==", v, I64(0)), I64(0),
+                             self.home_end(b, b.sub(v, I64(1)), total, owners))
+            b.store_atomic(start, self.counter(b, v), "monotonic", 8)
         self.put(b, "hush", I64(0))
-        seq = b.and_(self.get(b, "section"), I64(-(1 << PARTS_BITS)))
-        self.put(b, "section", b.add(b.add(seq, I64(1 << PARTS_BITS)), nparts), "release")
+        seq = b.and_(self.get(b, "section"), I64(-SEQ_STEP))
+        self.put(b, "section", b.add(b.add(seq, I64(SEQ_STEP)), nparts), "release")
         b.call(self.broadcast, [self.ptr(b, "work_cv")])      # no syscall when nobody is parked
         b.call(self.unlock, [mu])
-        b.call(self.run_part, [jobs, njobs, I64(0), nparts])
+        b.call(self.claim, [jobs, njobs, nparts, total, I64(0)])
+        b.atomic_rmw("or", self.words["section"], I64(CLOSED), "seq_cst")   # every chunk is taken
         self.spin(b, self.get(b, "spin"),
-                  lambda b: b.icmp_signed("==", self.get(b, "pending", "acquire"), I64(0)))
-        b.cbranch(b.icmp_signed("==", self.get(b, "pending", "acquire"), I64(0)), blocks["done"], blocks["park"])
+                  lambda b: b.icmp_signed("==", self.get(b, "active", "acquire"), I64(0)))
+        b.cbranch(b.icmp_signed("==", self.get(b, "active", "seq_cst"), I64(0)), blocks["done"], blocks["park"])
 
         b.position_at_end(blocks["park"])
         b.call(self.lock, [mu])
@@ -251,7 +377,7 @@ class _Pool:
         b.branch(blocks["park.check"])
         b.position_at_end(blocks["park.check"])
         parked_done = b.append_basic_block("park.done")
-        b.cbranch(b.icmp_signed("==", self.get(b, "pending", "seq_cst"), I64(0)), parked_done, blocks["park.wait"])
+        b.cbranch(b.icmp_signed("==", self.get(b, "active", "seq_cst"), I64(0)), parked_done, blocks["park.wait"])
         b.position_at_end(blocks["park.wait"])
         b.call(self.wait, [self.ptr(b, "done_cv"), mu])
         b.branch(blocks["park.check"])
@@ -295,7 +421,7 @@ class _Pool:
         reset = ir.Function(self.m, ir.FunctionType(VOID, []), "lc_pool_reset")
         b = ir.IRBuilder(reset.append_basic_block("entry"))
         b.call(init, [])
-        for n in ("pending", "waiting", "hush", "ready", "created"):
+        for n in ("active", "waiting", "hush", "ready", "created"):
             self.put(b, n, I64(0))
         b.ret_void()
 
@@ -334,7 +460,7 @@ class _Pool:
 def build() -> str:
     """The pool module's IR text for this host (`pause` in spin loops only on x86)."""
     p = _Pool(jit.host_info()["triple"])
-    p.build_run_part()
+    p.build_chunks()
     p.build_worker()
     p.build_run()
     p.build_spin_controls()
