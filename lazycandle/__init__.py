@@ -10,7 +10,6 @@ from .functions import *  # noqa: F401,F403  (lc.exp(t) & co., where, matmul, ey
 from . import nn
 from .autograd import Var, GradStore, grad, value_and_grad, no_grad
 from . import optim
-from .serialization import save_safetensors, load_safetensors, load_safetensors_metadata, save_npz, load_npz
 from .graph_api import compile, Program, jit, dump
 from .caches import clear_caches, cache_info
 from .config import get_num_threads, set_num_threads, num_threads, set_matmul_backend, get_matmul_backend
@@ -18,9 +17,19 @@ from .config import get_num_threads, set_num_threads, num_threads, set_matmul_ba
 __version__ = "0.1.0"
 
 
+_SERIALIZATION = ("save_safetensors", "load_safetensors", "load_safetensors_metadata", "save_npz", "load_npz")
+
+
 def __getattr__(name):
-    """`lc.dask` is imported on first use, so `import lazycandle` never imports dask."""
+    """`lc.dask` and the file formats (`lc.save_safetensors` & co.: serialization.py and json)
+    are imported on first use, so `import lazycandle` never imports dask and stays short."""
+    import importlib
     if name == "dask":
-        import importlib
         return importlib.import_module(".dask", __name__)
+    if name in _SERIALIZATION:
+        return getattr(importlib.import_module(".serialization", __name__), name)
     raise AttributeError(f"module 'lazycandle' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SERIALIZATION) | {"dask"})

@@ -188,6 +188,24 @@ def test_warm_new_process_loads_kernels_by_spec_without_building_ir(tmp_path):
     assert int(second.stdout.split()[-1]) >= 2
 
 
+def test_warm_new_process_links_fused_kernels_without_importing_their_generators(tmp_path):
+    """codegen/fused.py: on a disk hit the elementwise, reduce and row generators (and the
+    codecs and vector math behind them) stay unimported; a miss imports the one it needs."""
+    env = dict(os.environ, LAZYCANDLE_CACHE_DIR=str(tmp_path))
+    code = ("import sys, numpy as np, lazycandle as lc\n"
+            "x = lc.tensor(np.linspace(0, 1, 100, dtype=np.float32))\n"
+            "y, s = lc.realize((x * x + x).exp(), (x * 2.0).sum(0))\n"
+            "np.testing.assert_allclose(y.numpy(), np.exp(x.numpy() ** 2 + x.numpy()), rtol=1e-6)\n"
+            "gens = ('elementwise', 'reduce', 'row', 'codecs', 'vmath')\n"
+            "print(sorted(g for g in gens if 'lazycandle.codegen.' + g in sys.modules))\n")
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert "'elementwise'" in first.stdout and "'reduce'" in first.stdout     # built: imported
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split("\n")[-2] == "[]", second.stdout
+
+
 def test_spec_keyed_disk_entries_are_not_loaded_after_the_code_generator_changes(tmp_path):
     env = dict(os.environ, LAZYCANDLE_CACHE_DIR=str(tmp_path))
     code = ("import sys, numpy as np, lazycandle as lc\n"

@@ -18,29 +18,17 @@ op (so fusion never changes a value) and encoded on store.
 from __future__ import annotations
 
 import glob
-from math import prod
 
 import llvmlite.ir as ir
 
 from .. import dtype as D
 from ..ir.ops import OPS
-from . import codecs, jit, registry
+from . import codecs
+from .fused import bits as _bits, ew_lanes as lanes
 from .llvmutil import I8, I32, I64, F64, VOID, intrinsic, type_suffix, ltype, vec, splat, const, width_of, scalar_type
-from .loops import KERNEL_FN, new_module, kernel_function, arg_pointer, counted_loop, unit_range
+from .loops import new_module, kernel_function, arg_pointer, counted_loop, unit_range
 from ..ir.kernels import RUNTIME, TILE_SUPER, EwSpec
 from .ops_emit import EMIT
-
-
-def lanes(spec: EwSpec) -> int:
-    """W: vector lanes of the kernel (the widest compute type it touches fills a register)."""
-    bits = max([_bits(D.DType.from_name(dt)) for dt, _ in spec.inputs] +
-               [_bits(D.DType.from_name(ins[3])) for ins in spec.instrs] +
-               [_bits(D.DType.from_name(ins[2])) for ins in spec.instrs] + [8])
-    return max(4, jit.vector_bits() // bits)
-
-
-def _bits(dt) -> int:
-    return ltype(dt.compute).width if dt.compute.startswith("i") else {"float": 32, "double": 64}[dt.compute]
 
 
 def _cast(b, v, src: D.DType, dst: D.DType):
@@ -522,7 +510,3 @@ def build(spec: EwSpec, name: str = "ew") -> str:
     k.b.ret_void()
     return str(k.m)
 
-
-# compiled kernels by spec (a shape class): the IR is built once per class, not per size
-get_kernel = jit.KernelCache(lambda spec: (build(spec, "ew"), "ew"), KERNEL_FN)
-registry.register(EwSpec, lambda spec: build(spec, "ew"), get_kernel, lanes)

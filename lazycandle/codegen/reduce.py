@@ -43,20 +43,11 @@ import llvmlite.ir as ir
 from .. import dtype as D
 from ..ir.kernels import MIN_STRIP, OUTPUT_STRIP, RedSpec
 from ..ir.ops import reduction
-from . import jit, registry
-from .elementwise import _Kernel, _emit_instrs, _bits
+from .elementwise import _Kernel, _emit_instrs
+from .fused import red_lanes as lanes
 from .llvmutil import I8, I32, I64, F64, intrinsic, ltype, vec, splat, const, width_of, FM_REDUCE
-from .loops import KERNEL_FN, counted_loop, unit_range
+from .loops import counted_loop, unit_range
 
-
-
-def lanes(spec: RedSpec) -> int:
-    """W of a reduce kernel (float sums accumulate in f64, so they count as 64-bit)."""
-    bits = max([_bits(D.DType.from_name(dt)) for dt, _ in spec.inputs] +
-               [_bits(D.DType.from_name(i[3])) for i in spec.instrs] + [32])
-    if reduction(spec.kind).acc == "f64" and D.DType.from_name(spec.instrs[-1][3]).is_float:
-        bits = 64
-    return max(2, jit.vector_bits() // bits)
 
 
 ROW_BLOCK = 8   # inner-output: reduced rows combined per trip of an accumulator through L1
@@ -621,6 +612,3 @@ def build(spec: RedSpec, name="red") -> str:
     k.b.ret_void()
     return str(k.m)
 
-
-get_kernel = jit.KernelCache(lambda spec: (build(spec, "red"), "red"), KERNEL_FN)
-registry.register(RedSpec, lambda spec: build(spec, "red"), get_kernel, lanes)

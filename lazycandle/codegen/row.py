@@ -27,10 +27,10 @@ import llvmlite.ir as ir
 from .. import dtype as D
 from ..ir.kernels import RowSpec
 from ..ir.ops import OPS, reduction
-from . import codecs, jit, registry
+from . import codecs, jit
 from .elementwise import _Kernel, _cast, _emit_instrs, _bits, lanes as ew_lanes
 from .llvmutil import I8, I32, I64, F32, F64, VOID, intrinsic, ltype, vec, splat, width_of
-from .loops import KERNEL_FN, counted_loop, unit_range
+from .loops import counted_loop, unit_range
 from .reduce import F32_BLOCK, UNROLL, _RedKernel
 
 
@@ -400,6 +400,3 @@ def build(spec: RowSpec, name: str = "row") -> str:
     k.build()
     return str(k.m)
 
-
-get_kernel = jit.KernelCache(lambda spec: (build(spec, "row"), "row"), KERNEL_FN)
-registry.register(RowSpec, lambda spec: build(spec, "row"), get_kernel, lanes)

@@ -113,7 +113,7 @@ class Plan:
     sizes, offsets and buffer sizes of one capture of its size class."""
 
     def __init__(self, src_cap, cap, kernels, materialized, notes, template=None):
-        from ..codegen import elementwise, reduce, row  # noqa: F401  (register the fused kernels' codegen)
+        from ..codegen import fused  # noqa: F401  (registers the fused kernels; their generators load on a miss)
         src_desc = describe(src_cap)
         self.kernels, self.materialized, self.notes, self.template = kernels, materialized, notes, template
         # descriptions for the dump tool; the plan is cached, so it must not pin Nodes/buffers
