@@ -270,10 +270,7 @@ def _realize_traced(n, tr) -> bool:
             n.trace = None          # it cannot stand again: let go of the nodes it holds
             return False
     reads, scalars = tr[1], tr[2]
-    # (the common one-read, no-scalar key written out: patterns() gives ((0, 0), ()) for it.
-    # This path runs right after another kernel has streamed the caches out, where every
-    # Python call costs a few microseconds of misses: it makes as few as it can)
-    key = (tr[0], (0, 0), ()) if len(reads) == 1 and not scalars else (tr[0],) + patterns(tr)
+    key = (tr[0],) + patterns(tr)
     entry = _eager.get(key)
     if entry is None:
         cap = capture([n])

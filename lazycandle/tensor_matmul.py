@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
 from .ir.node import Node
-from .ir.ops import OPS
 from .tensor_views import broadcast_shapes
 
-_CONST = OPS["const"]
 MATMUL_DTYPES = ("f32", "f64", "f16", "bf16", "f8e4m3", "i32", "i64", "u32", "i16", "u8")
 
 
@@ -34,13 +32,9 @@ class MatmulMixin:
 
     def _mm(self, other, batch):
         na, nb = self._node, other._node
-        a = self if na.shape[:-2] == batch else self.broadcast_as(batch + na.shape[-2:])
-        b = other if nb.shape[:-2] == batch else other.broadcast_as(batch + nb.shape[-2:])
+        a = (self if na.shape[:-2] == batch else self.broadcast_as(batch + na.shape[-2:])).materializable()
+        b = (other if nb.shape[:-2] == batch else other.broadcast_as(batch + nb.shape[-2:])).materializable()
         na, nb = a._node, b._node
-        if (na._base or na).op is _CONST:       # (materializable(), inline)
-            na = a.copy()._node
-        if (nb._base or nb).op is _CONST:
-            nb = b.copy()._node
         shape = batch + (na.shape[-2], nb.shape[-1])
         return type(self)(Node("matmul", (na, nb), None, shape, na.dtype))
 
