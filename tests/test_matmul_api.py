@@ -118,3 +118,26 @@ def test_threads_identical():
     with lc.num_threads(2):
         r2 = (a @ b).numpy()
     np.testing.assert_array_equal(r1, r2)
+
+
+@pytest.mark.parametrize("view", ["plain", "t", "narrow", "broadcast"])
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int32])
+def test_lone_eager_matmul_runs_its_gemm_plan_without_a_compiled_plan(backend, view, dt, monkeypatch):
+    """An eager matmul of realized operands runs the GEMM plan directly (compiler.
+    _realize_lone_matmul) and gives what the compiled Program gives, bit for bit; profiling
+    takes the compiled plan (it times kernels)."""
+    x = rng.integers(-3, 4, (3, 21, 17)).astype(dt)
+    y = rng.integers(-3, 4, (17, 12)).astype(dt)
+    tx, ty = lc.tensor(x), lc.tensor(y)
+    ops = {"plain": (tx, ty), "t": (lc.tensor(np.ascontiguousarray(x.transpose(0, 2, 1))).transpose(1, 2), ty),
+           "narrow": (tx.narrow(1, 3, 11), ty.narrow(1, 2, 9)), "broadcast": (tx[0], ty.broadcast_as((3, 17, 12)))}
+    a, b = ops[view]
+    prog = lc.compile([lc.placeholder("a", a.shape, a.dtype) @ lc.placeholder("b", b.shape, b.dtype)])
+    want, = prog.run(a=np.ascontiguousarray(a.numpy()), b=np.ascontiguousarray(b.numpy()))
+    lc.clear_caches()
+    got = (a @ b).numpy()
+    assert lc.cache_info()["caches"]["plans"] == 0
+    np.testing.assert_array_equal(got, want)
+    monkeypatch.setenv("LAZYCANDLE_PROFILE", "1")
+    np.testing.assert_array_equal((a @ b).numpy(), want)
+    assert lc.cache_info()["caches"]["plans"] == 1
