@@ -345,11 +345,12 @@ def realize_nodes(nodes) -> None:
         if tr is not None and _realize_traced(n, tr):
             return
         base = n._base
-        tr = base.trace if base is not None else None
-        if tr is not None and n.layout.is_contiguous() and _realize_traced(base, tr):
-            lay = n.layout          # a contiguous view of a computed node: it aliases the node's buffer
-            n.set_buffer(base.buffer[lay.offset: lay.offset + prod(n.shape)])
-            return
+        if base is not None and n.layout.is_contiguous():
+            tr = base.trace
+            if (base.op is _MATMUL and _realize_lone_matmul(base)) or (tr is not None and _realize_traced(base, tr)):
+                lay = n.layout      # a contiguous view of a computed node: it aliases the node's buffer
+                n.set_buffer(base.buffer[lay.offset: lay.offset + prod(n.shape)])
+                return
     if n is not None and n.buffer is None and n.op.category not in ("view", "source"):
         work, finish, aliases = nodes, (None,), ()      # one computed node: it is its own target
     else:
