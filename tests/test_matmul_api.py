@@ -141,6 +141,9 @@ def test_lone_eager_matmul_runs_its_gemm_plan_without_a_compiled_plan(backend, v
     flat = (a @ b).reshape(-1).numpy()      # a contiguous view of the product aliases its buffer
     assert lc.cache_info()["caches"]["plans"] == 0
     np.testing.assert_array_equal(flat, want.reshape(-1))
+    from lazycandle.runtime import profile
+    seen = []
+    monkeypatch.setattr(profile, "record", lambda plan, seconds: seen.append(len(seconds)))
     monkeypatch.setenv("LAZYCANDLE_PROFILE", "1")
     np.testing.assert_array_equal((a @ b).numpy(), want)
-    assert lc.cache_info()["caches"]["plans"] == 1
+    assert lc.cache_info()["caches"]["plans"] == 1 and seen == [1]
