@@ -135,3 +135,48 @@ def test_the_arena_request_grows_then_binds_with_the_base():
 def test_forms_outside_the_set_are_not_compiled(body):
     fn = ast.parse(f"def f(sizes):\n    a = sizes[0]\n    b = sizes[1]\n    {body}\n").body[0]
     assert binder_ir.build(fn.body[:-1], {0: fn.body[-1].value}) is None
+
+
+_SEGMENT_IR = """
+define i64 @seg0(i8* %words, i8* %sizes, i8* %scalars, i64 %threads) {
+  %w = bitcast i8* %words to i64*
+  %p = load i64, i64* %w
+  %q = getelementptr i64, i64* %w, i64 1
+  %ptr = load i64, i64* %q
+  %sum = add i64 %ptr, %threads
+  %out = getelementptr i64, i64* %w, i64 6
+  store i64 %sum, i64* %out
+  %rcp = bitcast i8* %scalars to i64*
+  %rc = load i64, i64* %rcp
+  ret i64 %rc
+}
+"""
+
+
+def test_run_module_binds_when_asked_writes_the_pointers_zeroes_the_status_and_runs_the_segments():
+    """binder_ir.run_module, the direct path's one native call, on a bind of one word and a
+    segment that records a pointer word and returns the code it is handed: bind only with
+    the rebind flag, nothing written or run when bind bails, FAILED when a segment fails."""
+    fn = ast.parse("def f(sizes):\n    if sizes[0] < 0:\n        return None\n    return sizes[0] * 2\n").body[0]
+    bind = jit.link_ir(binder_ir.build(fn.body[:-1], {0: fn.body[-1].value}), ["bind"])
+    seg = jit.link_ir(_SEGMENT_IR, ["seg0"])
+    # args: [arena base, arena bytes, top, size, rebind, pointer, scalars, threads, status address]
+    text = binder_ir.run_module(4, [(1, 5, 16)], (8, 3), 1, 2, 6, 7)
+    run = jit.link_ir(text, ["run"], imports={"bind": bind.address("bind"), "seg0": seg.address("seg0")})
+    native = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)(run.address("run"))
+    status, seg_rc = np.full(3, 7, np.int64), np.zeros(1, np.int64)
+
+    def call(size, rebind, words):
+        args = np.array([0, 1 << 20, 0, size, rebind, 1000, seg_rc.ctypes.data, 2, status.ctypes.data], np.int64)
+        status[:] = 7
+        return native(args.ctypes.data, words.ctypes.data)
+
+    words = np.full(8, -1, np.int64)
+    assert call(21, 1, words) == binder_ir.OK
+    assert words[0] == 42 and words[1] == 1016 and words[6] == 1018 and not status.any()
+    assert call(5, 0, words) == binder_ir.OK and words[0] == 42          # no rebind: the bound word stays
+    words[:] = -1
+    assert call(-3, 1, words) == binder_ir.BAIL
+    assert (words == -1).all() and (status == 7).all()                      # nothing written, nothing ran
+    seg_rc[0] = 9
+    assert call(4, 1, words) == binder_ir.FAILED and words[0] == 8

@@ -275,3 +275,49 @@ def _python_run(prog, feeds):
             del os.environ["LAZYCANDLE_EXEC"]
         else:
             os.environ["LAZYCANDLE_EXEC"] = old
+
+
+def _one_call_cases():
+    """Named-dim programs whose outputs keep their shape at every size: a small output, and
+    large ones (above the shared block) with a realized input read beside the feeds.  (The
+    status words of index kernels are binder_ir's test: their classes keep the Python binder.)"""
+    rng = np.random.default_rng(5)
+    bias = rng.standard_normal((1, 16384)).astype(np.float32)       # 64 KiB outputs: not in the shared block
+    q, k, v = lc.placeholder("q", (1, D)), lc.placeholder("k", ("L", D)), lc.placeholder("v", ("L", 16384))
+    out = lc.nn.softmax_last_dim((q @ k.transpose(0, 1)) * 0.125) @ v + lc.tensor(bias)
+
+    def large_numpy(f):
+        s = (f["q"] @ f["k"].T) * 0.125
+        e = np.exp(s - s.max(-1, keepdims=True))
+        o = (e / e.sum(-1, keepdims=True)) @ f["v"] + bias
+        return [o, np.exp(o)]
+
+    large = (lc.compile([out, out.exp()]),
+             lambda L: {"q": rng.standard_normal((1, D)).astype(np.float32),
+                        "k": rng.standard_normal((L, D)).astype(np.float32),
+                        "v": rng.standard_normal((L, 16384)).astype(np.float32)}, large_numpy)
+    decode = (_decode_program(rows=1), lambda L: _feeds(1, L), None)
+    return {"large output": large, "decode": decode}
+
+
+@pytest.mark.parametrize("case", ["large output", "decode"])
+def test_one_call_direct_run_matches_the_per_kernel_path_as_sizes_grow(monkeypatch, case):
+    """The direct path as one native call (bind, pointers, status, segments: binder_ir.run_module)
+    gives the per-kernel path's outputs bit for bit while the sizes grow (the arena grows under
+    it), shrink and repeat."""
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    prog, feeds_of, numpy_of = _one_call_cases()[case]
+    _warm(prog, feeds_of, (5, 6))
+    assert all(hasattr(run, "module") for _, run in prog._traced.direct_runs), "not the one-call form"
+    for n in (7, 8, 30, 200, 900, 8, 900, 65, 65) if case != "large output" else (7, 8, 90, 8, 90):
+        f = feeds_of(n)
+        fast = prog.run(**f)
+        assert _direct_ran(prog, {prog._traced.names[0]: n})
+        monkeypatch.setenv("LAZYCANDLE_EXEC", "python")
+        slow = prog.run(**f)
+        monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+        for a, b in zip(fast, slow):
+            assert a.shape == b.shape and np.array_equal(a, b), n
+        if numpy_of is not None:
+            for a, want in zip(fast, numpy_of(f)):
+                np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-4)

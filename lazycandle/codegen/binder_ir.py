@@ -13,7 +13,13 @@ decides in Python); a form outside this set makes `build` return None (the Pytho
 stays).  The words are stored only after every check passed.
 
     i64 @bind(i64* args, i64* words)      args: [arena base, arena bytes, top, sizes...]
-      -> OK (words written) | BAIL | GROW (args[2] = the arena bytes needed; call again)"""
+      -> OK (words written) | BAIL | GROW (args[2] = the arena bytes needed; call again)
+
+`run_module` is the direct path's one native call around it (bind when the sizes are new, the
+feed and output pointers, the status words, the program's segments):
+
+    i64 @run(i64* args, i64* words) -> OK | BAIL | GROW (as bind's; nothing ran) | FAILED (a
+      segment reported a bad id)"""
 from __future__ import annotations
 
 import ast
@@ -23,9 +29,56 @@ import llvmlite.ir as ir
 from .llvmutil import I1, I64, F64
 from .loops import new_module
 
-OK, BAIL, GROW = 0, 1, 2
+OK, BAIL, GROW, FAILED = 0, 1, 2, 3
 I64P = I64.as_pointer()
 _INT_MAX = (1 << 63) - 1
+
+
+def run_module(rebind_at: int, writes, status, n_segments: int, n_refs: int, scalars_at: int,
+               threads_at: int) -> str:
+    """IR text of `run`: when args[rebind_at] is non-zero, `bind(args, words)` first (returning
+    its code unless OK); then words[pos] = args[a] + byte offset for each (pos, a, offset) of
+    `writes` (feed, realized-input and output pointers), the `status` words zeroed ((args index
+    of their address, count), or None), and the segments `seg0`.. called in order as
+    seg(words, words + n_refs, args[scalars_at], args[threads_at]).  `bind` and the segments
+    are external: the caller links them by address (jit.link_ir imports)."""
+    m = new_module("lc_direct_run")
+    i8p = ir.IntType(8).as_pointer()
+    bind = ir.Function(m, ir.FunctionType(I64, [I64P, I64P]), "bind")
+    seg_ty = ir.FunctionType(I64, [i8p, i8p, i8p, I64])
+    segs = [ir.Function(m, seg_ty, f"seg{i}") for i in range(n_segments)]
+    fn = ir.Function(m, ir.FunctionType(I64, [I64P, I64P]), "run")
+    args, words = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def arg(k):
+        return b.load(b.gep(args, [I64(k)]))
+
+    rebind, write = fn.append_basic_block("rebind"), fn.append_basic_block("write")
+    b.cbranch(b.icmp_signed("!=", arg(rebind_at), I64(0)), rebind, write)
+    b.position_at_end(rebind)
+    rc = b.call(bind, [args, words])
+    failed = fn.append_basic_block("bind.failed")
+    b.cbranch(b.icmp_signed("!=", rc, I64(OK)), failed, write)
+    ir.IRBuilder(failed).ret(rc)
+    b.position_at_end(write)
+    for pos, a, off in writes:
+        b.store(b.add(arg(a), I64(off)), b.gep(words, [I64(pos)]))
+    if status is not None:
+        at, count = status
+        base = b.inttoptr(arg(at), I64P)
+        for c in range(count):
+            b.store(I64(0), b.gep(base, [I64(c)]))
+    w8, sizes8 = b.bitcast(words, i8p), b.bitcast(b.gep(words, [I64(n_refs)]), i8p)
+    sc, threads = b.inttoptr(arg(scalars_at), i8p), arg(threads_at)
+    for seg in segs:
+        ok = fn.append_basic_block("ran")
+        bad = fn.append_basic_block("bad.id")
+        b.cbranch(b.icmp_signed("!=", b.call(seg, [w8, sizes8, sc, threads]), I64(0)), bad, ok)
+        ir.IRBuilder(bad).ret(I64(FAILED))
+        b.position_at_end(ok)
+    b.ret(I64(OK))
+    return str(m)
 
 
 class Unsupported(Exception):

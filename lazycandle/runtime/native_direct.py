@@ -13,7 +13,9 @@ size that leaves the class, a matmul leaving its bucket, a backend change, an ar
 ARENA_KEEP_BYTES); the caller then runs the layered path, which decides or raises.
 DirectRunner runs the words on the program's native segments: the words block, the pointers
 of feeds and outputs and the status words are written under the program's lock (runs of the
-plan, at any binding, are serialised there), so threads at different sizes do not mix."""
+plan, at any binding, are serialised there), so threads at different sizes do not mix.  When the
+binder is compiled and the outputs keep their shape at every size (a decode step), all of that
+is one native call (codegen/binder_ir.run_module) behind one generated Python function."""
 from __future__ import annotations
 
 import ast
@@ -28,9 +30,7 @@ from ..layout import Layout
 from . import fold, native_pool
 from .buffers import alloc
 from .native_exec import split_outputs
-from .native_program import ALIGN, ARENA_KEEP_BYTES, BindingSource, NotNative, _fn_address, address
-
-_addressof = ctypes.addressof
+from .native_program import ALIGN, ARENA_KEEP_BYTES, BindingSource, NotNative, _addressof, _fn_address, address
 
 
 class DirectSource(BindingSource):
@@ -287,12 +287,7 @@ class DirectRunner:
         if got is None:
             return None
         if self.outputs is not None:
-            arena = got
-            out_pos, numels, offsets, out_shapes, out_offsets = self.outputs
-            if self._constant_tail is None:
-                self._constant_tail = (offsets, self._output_tables(out_pos, numels, out_shapes, out_offsets),
-                                       _slices(out_shapes, out_offsets))
-            return (key, arena) + self._constant_tail
+            return (key, got) + self._constant_outputs()
         else:
             out_pos, numels, arena, offsets, out_shapes, out_offsets = got
         outputs = (out_pos, numels, out_shapes, out_offsets)
@@ -301,6 +296,15 @@ class DirectRunner:
             tables = self._tables = (outputs, self._output_tables(out_pos, numels, out_shapes, out_offsets),
                                      _slices(out_shapes, out_offsets))
         return (key, arena, offsets) + tables[1:]
+
+    def _constant_outputs(self):
+        """(slot offsets, output tables, output slices) of a class whose outputs are the same at
+        every size (`outputs` given)."""
+        if self._constant_tail is None:
+            out_pos, numels, offsets, out_shapes, out_offsets = self.outputs
+            self._constant_tail = (offsets, self._output_tables(out_pos, numels, out_shapes, out_offsets),
+                                   _slices(out_shapes, out_offsets))
+        return self._constant_tail
 
     def _output_tables(self, out_pos, numels, out_shapes, out_offsets):
         """(small-output block type, small outputs, large outputs, pointer fills of the small
@@ -330,9 +334,12 @@ class DirectRunner:
         program's native calls.  None from `run`: nothing done (a feed the check does not take,
         sizes of another class, LAZYCANDLE_EXEC=python or profiling, a bad id): the caller
         takes the layered path, which converts, binds or raises."""
+        self.names = tuple(names)
+        one_call = self._one_call_runner(named, scalars)
+        if one_call is not None:
+            return one_call
         prog, block, lock, packer = self.program, self.block, self.program.lock, self.packer
         check = feed_checker(named, names)
-        self.names = tuple(names)
         # per used input: its feed name (None: a realized node, read from its buffer), pointer
         # positions with their slots, and the node (for its buffer) -- the element offset of a
         # view's slot is the binding's, read per size
@@ -348,31 +355,6 @@ class DirectRunner:
         status = prog.status if prog.has_status else None
         returned = self.returned
 
-        quick = getattr(self.fn, "parts", None) if self.outputs is not None else None
-        if quick is not None:
-            native, native_args, args, pack, settings_ok = quick
-            settings_memo = [None, False]
-
-            def quick_bind(key):
-                """_bind of a compiled binder with size-independent outputs, in one native
-                call while the arena suffices; None: let _bind decide (grow, bail, raise)."""
-                if settings_ok is not None:
-                    now = (config.matmul_epoch, config._num_threads)
-                    if settings_memo[0] != now:
-                        settings_memo[:] = now, settings_ok()
-                    if not settings_memo[1]:
-                        return None
-                arena = prog.arena
-                if arena is None:
-                    return None
-                try:
-                    pack(args, 0, arena[1], arena[0].size, 0, *key)
-                except struct.error:
-                    return None
-                if native(*native_args):
-                    return None
-                return (key, arena) + self._constant_tail
-
         def run(feeds):
             if get_exec() is not None or get_profile() is not None:
                 mode, profiling = config.exec_flags()
@@ -387,13 +369,10 @@ class DirectRunner:
                     self.epoch, self.last = config.matmul_epoch, None
                 b = self.last
                 if b is None or b[0] != key:
-                    self.last = b = None        # the block is rewritten from here
-                    if quick is not None and self._constant_tail is not None:
-                        b = quick_bind(key)
+                    self.last = None            # the block is rewritten from here
+                    b = self._bind(key)
                     if b is None:
-                        b = self._bind(key)
-                        if b is None:
-                            return None
+                        return None
                     self.last = b
                 offsets, (block_type, small, large, small_fill, large_fill, carve) = b[2], b[3]
                 for name, buf, at in used:
@@ -435,6 +414,112 @@ class DirectRunner:
             return outs
         return run
 
+    def _one_call_runner(self, named, scalars):
+        """feeds_runner's `run` as one native call (codegen/binder_ir.run_module: bind when the
+        sizes are new, write the pointers, run the segments) behind one generated Python
+        function: the feed check, the outputs, one pack of the call's arguments.  For a class
+        whose binder is compiled and whose outputs are the same at every size; else None."""
+        parts = getattr(self.fn, "parts", None)
+        scope = {"ndarray": np.ndarray}
+        checked = _check_lines(named, self.names, scope) if parts is not None and self.outputs else None
+        if checked is None:
+            return None
+        check_lines, key_source = checked
+        from ..codegen import binder_ir, jit
+        bind_fn, settings_ok = parts[0], parts[4]
+        prog = self.program
+        offsets, (block_type, small, large, small_fill, large_fill, _), slices = self._constant_outputs()
+        feed_of = {name: k for k, (name, *_) in enumerate(named)}
+        where = {k: [] for k in range(len(self.used))}
+        for pos, k, _, s in self.feeds:
+            where[k].append((pos, s))
+        # args: [arena base, arena bytes, top, sizes..., rebind, the per-run addresses..., scalars,
+        #        threads, the fixed addresses...]: the per-run span is packed at every call
+        n_sizes = len(self.names)
+        per_run, fixed, writes = [], [], []
+        for k, i in enumerate(self.used):
+            name, buf = self.inputs[i]
+            itemsize = buf.itemsize if name is None else named[feed_of[name]][1].itemsize
+            (fixed if name is None else per_run).append(
+                (address(buf) if name is None else f"address(f{feed_of[name]})",
+                 [(pos, offsets[s] * itemsize) for pos, s in where[k]]))
+        if small:
+            per_run.append(("o + skip", small_fill))
+        for t, n, dt in large:
+            scope[f"dt{t}"] = dt
+            per_run.append((f"address(g{t})", large_fill.get(t, ())))
+        status = prog.status if prog.has_status else None
+        if status is not None:
+            fixed.append((address(status), []))
+        at = 4 + n_sizes
+        rebind_at, scalars_at, threads_at = 3 + n_sizes, at + len(per_run), at + len(per_run) + 1
+        for c, (_, fills) in enumerate(per_run):
+            writes += [(pos, at + c, off) for pos, off in fills]
+        for c, (_, fills) in enumerate(fixed):
+            writes += [(pos, threads_at + 1 + c, off) for pos, off in fills]
+        status_arg = None if status is None else (threads_at + len(fixed), status.size)
+        fns = {f"seg{i}": _fn_address(f) for i, f in enumerate(self.fns)}
+        text = binder_ir.run_module(rebind_at, writes, status_arg, len(fns), prog.n_refs, scalars_at, threads_at)
+        module = jit.link_ir(text, ["run"], imports=dict(fns, bind=_fn_address(bind_fn)))
+        args = np.zeros(threads_at + 1 + len(fixed), np.int64)
+        args[threads_at + 1:] = [a for a, _ in fixed]
+        outs = []
+        small_at = {t: (off, npdt) for t, off, _, npdt in small}
+        for u, off, shape in slices:
+            t = self.returned[u]
+            if t in small_at:
+                at_byte, npdt = small_at[t]
+                scope[f"odt{u}"] = npdt
+                outs.append(f"ndarray({shape!r}, odt{u}, blk, skip + {at_byte + off * npdt.itemsize})")
+            else:
+                outs.append(f"user_view(g{t}, {off}, {shape!r})")
+        lines = ["def run(feeds):",
+                 "    if get_exec() is not None or get_profile() is not None:",
+                 "        mode, profiling = exec_flags()",
+                 "        if profiling or mode == 'python':",
+                 "            return None"] + check_lines + [f"    key = {key_source}", "    n = threads()"]
+        if small:
+            lines += ["    blk = block_type()", "    o = addressof(blk)", f"    skip = -o % {ALIGN}"]
+        lines += [f"    g{t} = alloc({n}, dt{t})" for t, n, _ in large]
+        lines += [f"    outs = [{', '.join(outs)}]",
+                  "    with lock:",
+                  "        if config.matmul_epoch != runner.epoch:",
+                  "            runner.epoch, runner.last = config.matmul_epoch, None"]
+        if settings_ok is not None:     # the matmuls' backend and thread count the class was bound for
+            lines += ["        now = (runner.epoch, n)", "        if memo[0] != now:",
+                      "            memo[:] = now, settings_ok()", "        if not memo[1]:", "            return None"]
+        lines += [
+                  "        b = runner.last",
+                  "        rebind = b is None or b[0] != key",
+                  "        arena = prog.arena or prog.arena_at_least(0)",
+                  "        if prog.scalars is not scalars:",
+                  "            packer._pack(scalars)",
+                  f"        pack(args, 0, arena[1], arena[0].size, 0, *key, rebind, "
+                  + "".join(f"{src}, " for src, _ in per_run) + "prog.packed[1], n)",
+                  "        rc = call(*call_args)",
+                  "        if rc == GROW:",
+                  "            arena = prog.arena_at_least(int(args[2]))",
+                  "            args[0], args[1] = arena[1], arena[0].size",
+                  "            rc = call(*call_args)",
+                  "        if rc:",
+                  "            runner.last = None",
+                  "            return None      # the layered path decides again (bails) or raises (a bad id)",
+                  "        if rebind:",
+                  "            runner.last = (key, arena) + tail",
+                  "    return outs"]
+        call = ctypes.CFUNCTYPE(ctypes.c_int64)(module.address("run"))    # args premade: no conversions
+        scope.update(get_exec=config._exec_env[0], get_profile=config._profile_env[0], exec_flags=config.exec_flags,
+                     threads=native_pool.threads, config=config, memo=[None, False], settings_ok=settings_ok,
+                     block_type=block_type, addressof=_addressof, alloc=alloc, user_view=_user_view,
+                     lock=prog.lock, runner=self, prog=prog, scalars=scalars, packer=self.packer,
+                     pack=struct.Struct(f"={threads_at + 1}q").pack_into, args=args, GROW=binder_ir.GROW,
+                     call=call, call_args=(ctypes.c_void_p(args.ctypes.data), ctypes.c_void_p(self.block_addr)),
+                     tail=self._constant_tail, address=address)
+        source = "\n".join(lines) + "\n"
+        exec(compile(source, "<direct run>", "exec"), scope)
+        run = scope["run"]
+        run.module, run.source = module, source      # the module kept alive with the function
+        return run
 
 
 def feed_checker(named, names):
@@ -443,7 +528,18 @@ def feed_checker(named, names):
     sizes agree with its spec and each other, else None -- written out as one generated
     function of the specs `named` (Program._named), a few comparisons per feed."""
     scope = {"ndarray": np.ndarray}
-    first, lines = {}, ["def check(feeds):"]
+    lines = _check_lines(named, names, scope)
+    if lines is None:
+        return lambda feeds: None
+    lines = ["def check(feeds):"] + lines[0] + [f"    return {lines[1]}"]
+    exec(compile("\n".join(lines) + "\n", "<feed check>", "exec"), scope)
+    return scope["check"]
+
+
+def _check_lines(named, names, scope):
+    """The body lines of feed_checker's function, binding the feed of input k to `f{k}`, and
+    the source of the named-dim values' tuple; None when a named dim has no feed."""
+    first, lines = {}, [f"    if len(feeds) != {len(named)}:\n        return None"]
     for k, (name, npdt, rank, fixed, dims) in enumerate(named):
         scope[f"t{k}"] = npdt
         lines += [f"    f{k} = feeds.get({name!r})",
@@ -460,11 +556,8 @@ def feed_checker(named, names):
                 first[d] = f"s{k}[{i}]"
         lines += [f"    if {' or '.join(conds)}:", "        return None"]
     if any(d not in first for d in names):
-        return lambda feeds: None
-    lines.insert(1, f"    if len(feeds) != {len(named)}:\n        return None")
-    lines.append("    return (" + "".join(f"{first[d]}, " for d in names) + ")")
-    exec(compile("\n".join(lines) + "\n", "<feed check>", "exec"), scope)
-    return scope["check"]
+        return None
+    return lines, "(" + "".join(f"{first[d]}, " for d in names) + ")"
 
 
 def _slices(out_shapes, out_offsets):
