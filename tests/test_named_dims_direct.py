@@ -5,6 +5,7 @@ every check the layered binding makes (view bounds, the class conditions, the sm
 matmul's bucket edges, bad ids) by falling back to it, stay right under threads, and be
 cleared by lc.clear_caches()."""
 import ast
+import os
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from lazycandle.layout import Layout
 from lazycandle.runtime import fold
 from lazycandle.runtime import matmul as MM, matmul_skinny as SK
 
-from conftest import run_in_threads
+from conftest import run_in_threads, run_probe
 
 from decode_cases import D, decode_program as _decode_program, decode_feeds as _feeds
 
@@ -321,3 +322,38 @@ def test_one_call_direct_run_matches_the_per_kernel_path_as_sizes_grow(monkeypat
         if numpy_of is not None:
             for a, want in zip(fast, numpy_of(f)):
                 np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-4)
+
+
+_FORK_PROBE = r"""
+import os, sys, threading
+sys.path.insert(0, sys.argv[1])         # the tests' folder: decode_cases
+from decode_cases import decode_program, decode_feeds
+prog = decode_program(rows=1)
+for L in (5, 5, 6, 6):
+    prog.run(**decode_feeds(1, L))
+native = prog._traced.direct[0].program
+held, release = threading.Event(), threading.Event()
+def hold():                              # a run in progress on another thread when the process forks
+    with native.lock:
+        held.set()
+        release.wait()
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    f = decode_feeds(1, 9)
+    out = prog.run(**f)[0]
+    ok = any(r.bound_sizes() == {"L": 9} for r in prog._traced.direct) and out.shape == (1, 64)
+    os._exit(0 if ok else 3)
+release.set()
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_the_direct_path_while_the_parent_held_the_program_lock():
+    """The direct runners read the program's lock per run: a child forked while another thread
+    was inside a run gets the renewed lock, not one held forever."""
+    out = run_probe(_FORK_PROBE, os.path.dirname(os.path.abspath(__file__)), timeout=90)
+    assert "child 0" in out, out

@@ -338,7 +338,7 @@ class DirectRunner:
         one_call = self._one_call_runner(named, scalars)
         if one_call is not None:
             return one_call
-        prog, block, lock, packer = self.program, self.block, self.program.lock, self.packer
+        prog, block, packer = self.program, self.block, self.packer
         check = feed_checker(named, names)
         # per used input: its feed name (None: a realized node, read from its buffer), pointer
         # positions with their slots, and the node (for its buffer) -- the element offset of a
@@ -364,7 +364,7 @@ class DirectRunner:
             if key is None:
                 return None
             threads_arg = thread_arg(thread_args)
-            with lock:
+            with prog.lock:             # read per run: renewed in a forked child
                 if config.matmul_epoch != self.epoch:
                     self.epoch, self.last = config.matmul_epoch, None
                 b = self.last
@@ -482,7 +482,7 @@ class DirectRunner:
             lines += ["    blk = block_type()", "    o = addressof(blk)", f"    skip = -o % {ALIGN}"]
         lines += [f"    g{t} = alloc({n}, dt{t})" for t, n, _ in large]
         lines += [f"    outs = [{', '.join(outs)}]",
-                  "    with lock:",
+                  "    with prog.lock:          # read per run: renewed in a forked child",
                   "        if config.matmul_epoch != runner.epoch:",
                   "            runner.epoch, runner.last = config.matmul_epoch, None"]
         if settings_ok is not None:     # the matmuls' backend and thread count the class was bound for
@@ -511,7 +511,7 @@ class DirectRunner:
         scope.update(get_exec=config._exec_env[0], get_profile=config._profile_env[0], exec_flags=config.exec_flags,
                      threads=native_pool.threads, config=config, memo=[None, False], settings_ok=settings_ok,
                      block_type=block_type, addressof=_addressof, alloc=alloc, user_view=_user_view,
-                     lock=prog.lock, runner=self, prog=prog, scalars=scalars, packer=self.packer,
+                     runner=self, prog=prog, scalars=scalars, packer=self.packer,
                      pack=struct.Struct(f"={threads_at + 1}q").pack_into, args=args, GROW=binder_ir.GROW,
                      call=call, call_args=(ctypes.c_void_p(args.ctypes.data), ctypes.c_void_p(self.block_addr)),
                      tail=self._constant_tail, address=address)
