@@ -223,3 +223,31 @@ def test_auto_runs_small_m_kernel_by_rule_then_where_it_measured_fastest(monkeyp
     clear_caches()
     assert backend(40) == "blas" and len(calls) == 3                 # small-m lost, then blas vs tiled
     clear_caches()
+
+
+@pytest.mark.parametrize("form", ["t", "n"])
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+def test_eager_small_m_matmul_on_two_threads_runs_on_the_native_pool_and_equals_one_thread(form, dt, monkeypatch):
+    """An eager small-m matmul big enough to split (SkinnyPlan.run) runs its units on the native
+    pool at 2 threads, each unit computed alone: the same bits as one thread, NumPy's values."""
+    from lazycandle.runtime import native_pool, pool
+    lcdt, npdt, tol = DTYPES[dt]
+    rng = np.random.default_rng(11)
+    x = _arr(rng, (3, 768), npdt)
+    w = _arr(rng, (1536, 768) if form == "t" else (768, 1536), npdt)
+    xt, wt = lc.tensor(x), lc.tensor(w)
+    rhs = wt.transpose(0, 1) if form == "t" else wt
+    calls = []
+    real = native_pool.parallel
+    monkeypatch.setattr(native_pool, "parallel", lambda *a: calls.append(a[-1]) or real(*a))
+    monkeypatch.setattr(pool, "parallel_for", None)         # the Python pool is not used
+    outs = {}
+    for threads in (1, 2):
+        with lc.num_threads(threads):
+            plan = MM.plan_for(xt._node.layout, rhs._node.layout, lcdt, "auto", threads)
+            assert isinstance(plan, SK.SkinnyPlan)
+            outs[threads] = (xt @ rhs).numpy()
+    assert calls == [2]
+    _assert_bits_equal(outs[1], outs[2])
+    ref = x.astype(np.float64) @ (w.astype(np.float64).T if form == "t" else w.astype(np.float64))
+    _close(outs[2], ref, tol * 10)

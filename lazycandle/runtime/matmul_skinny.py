@@ -22,7 +22,7 @@ from ..dtype import DType
 from ..layout import Layout
 from ..codegen import gemm_epilogue, gemm_skinny as K
 from ..codegen.gemm_ir import acc_type, storage_type
-from . import matmul_auto, pool
+from . import matmul_auto, native_pool, pool
 
 RULE_M = 16         # up to this many rows: always the small-m kernel
 MEASURED_M = 128    # up to this many: where it measured fastest ...
@@ -135,6 +135,7 @@ class SkinnyPlan:
         self.spec = K.SkinnySpec(g.dtype, layout, mr, K.group_of(layout, mr), K.lanes_of(g.dtype),
                                  prefetch=layout == "t" and mr >= PREFETCH_ROWS)
         self.fn = self.spec.compiled()
+        self.fn_addr = ctypes.cast(self.fn, ctypes.c_void_p).value
         sizes = unit_sizes(self.spec.group_cols, f.m, f.n, f.k, f.rsa, f.csa, f.csb if layout == "t" else f.rsb,
                            f.ldo, f.nbatch, f.bsa[0], f.bsb[0], f.bso[0], _k_chunk(self.spec, f.k))
         self.ep_kernel, esz = None, ()
@@ -159,8 +160,11 @@ class SkinnyPlan:
         pad = (0,) * (K.MAX_EPILOGUE_INPUTS - len(extras))
         addrs = (ctypes.c_void_p * (3 + K.MAX_EPILOGUE_INPUTS))(a, b, o, *extras, *pad)
         bufs, sz, fn = ctypes.addressof(addrs), self.sizes.ctypes.data, self.fn
-        pool.parallel_for(lambda lo, hi: fn(bufs, sz, scalars or None, lo, hi), 0, self.extent,
-                          cost_per_item=self.cost, threads=self.threads)
+        if self.threads > 1 and self.extent > 1 and self.extent * self.cost >= pool.MIN_COST \
+                and not getattr(pool._in_worker, "flag", False):
+            native_pool.parallel(self.fn_addr, bufs, sz, scalars, 0, self.extent, 1, self.threads)
+            return
+        fn(bufs, sz, scalars or None, 0, self.extent)
 
 
 class Rebinder:

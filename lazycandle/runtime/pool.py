@@ -123,8 +123,11 @@ def split(lo: int, hi: int, parts: int, align: int = 1):
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+MIN_COST = 65536.0      # below this total cost (rough element-operations) work stays on the calling thread
+
+
 def parallel_for(fn, lo: int, hi: int, *, cost_per_item: float = 1.0, align: int = 1,
-                 min_cost: float = 65536.0, threads: int | None = None) -> None:
+                 min_cost: float = MIN_COST, threads: int | None = None) -> None:
     """Run fn(a, b) over chunks of [lo, hi).  Work whose total cost (items x cost_per_item, in
     rough element-operations) is below `min_cost` stays on the calling thread: a pool round
     trip costs ~10-20 us.  The thread count is read once, so a concurrent set_num_threads changes
