@@ -319,3 +319,27 @@ def test_a_backend_change_after_a_native_run_reaches_the_compiled_program():
         np.testing.assert_allclose(got, xv @ wv, rtol=1e-5, atol=1e-5)
     finally:
         lc.set_matmul_backend(old)
+
+
+def test_eager_prepared_run_raises_a_bad_id_and_stays_usable(monkeypatch):
+    """An eager expression's prepared run (NativePlan.buffers_runner, made at the plan's second
+    native run) raises IndexOutOfBounds for a bad id and gives NumPy's values before and after
+    (the status words are cleared for the next run)."""
+    from lazycandle import compiler
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    tv = np.arange(40, dtype=np.float32).reshape(5, 8) / 40
+    t = lc.tensor(tv)
+
+    def step(ids):
+        y = (t * 2.0).index_select(lc.tensor(np.array(ids, np.int64)), 0).exp()
+        return compiler.trace_key(y._node), y.numpy()
+    for _ in range(3):          # the plan's prepared run is made at its second native run
+        key, got = step([4, 0, 2])
+        np.testing.assert_allclose(got, np.exp(tv[[4, 0, 2]] * 2), rtol=1e-6)
+    bound = compiler._eager.get(key)[0]
+    assert bound._fast and bound._fast[1] is not None, "no prepared run"
+    for bad in ([1, 5, 0], [-1, 0, 0], [0, 0, 99]):
+        with pytest.raises(lc.IndexOutOfBounds, match="index_select"):
+            step(bad)
+    _, got = step([3, 3, 1])
+    np.testing.assert_allclose(got, np.exp(tv[[3, 3, 1]] * 2), rtol=1e-6)
