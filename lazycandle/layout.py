@@ -182,6 +182,7 @@ MEMO_SHAPES = 4096      # distinct shapes each memo below keeps (a bound: shapes
 _contiguous: dict = {}
 CONTIGUOUS_LAYOUTS = _contiguous     # the memo of contiguous_layout, read directly by Node() (a hot path)
 _scalar_broadcast: dict = {}
+_reshaped: dict = {}
 
 
 def _memoize(memo: dict, shape: tuple, value):
@@ -207,6 +208,16 @@ def scalar_broadcast(shape: tuple) -> tuple:
     got = _scalar_broadcast.get(shape)
     if got is None:
         got = _memoize(_scalar_broadcast, shape, (Layout(shape, (0,) * len(shape), 0), f"broadcast_as{shape}"))
+    return got
+
+
+def reshape_view(shape: tuple) -> tuple:
+    """(layout, label) of a contiguous view of a node reshaped to the (validated) shape tuple,
+    labelled as `reshape` labels it; memoized like `contiguous_layout` (a reduction dropping
+    its dims makes one per eager call, usually after a kernel that streamed the caches out)."""
+    got = _reshaped.get(shape)
+    if got is None:
+        got = _memoize(_reshaped, shape, (contiguous_layout(shape), f"reshape{shape}"))
     return got
 
 

@@ -12,13 +12,15 @@ from math import prod
 from . import dtype as D
 from .errors import DimOutOfRange, EmptyReduction, ShapeMismatch, UnsupportedDTypeForOp
 from .ir.node import Node
-from .layout import as_index, contiguous_layout
+from .ir.ops import OPS
+from .layout import as_index, reshape_view
 from .tensor_views import norm_dim
 
 # argmax / argmin return u32 indices, so the dim they reduce can hold at most this many elements
 MAX_ARG_DIM = 2 ** 32 - 1
 # kinds defined over a zero-length dim (sum 0, prod 1, mean NaN); the others raise EmptyReduction
 EMPTY_OK_KINDS = ("sum", "mean", "prod")
+_VIEW = OPS["view"]
 
 
 def _dims(dims, shape, op):
@@ -79,9 +81,13 @@ class ReduceMixin:
         if scalar:
             return t.reshape(())
         if not keepdim:         # a view dropping the reduced dims: the node is contiguous at offset 0,
-            out = tuple(d for i, d in enumerate(shape) if i not in dims)     # so is the view
-            t = type(self)(Node("view", (t._node,), None, out, t._node.dtype, layout=contiguous_layout(out),
-                                label=f"reshape{out}"))
+            if len(dims) == 1:  # so is the view
+                d = dims[0]
+                out = shape[:d] + shape[d + 1:]
+            else:
+                out = tuple(d for i, d in enumerate(shape) if i not in dims)
+            lay, label = reshape_view(out)
+            t = type(self)(Node(_VIEW, (t._node,), None, out, t._node.dtype, layout=lay, label=label))
         return t
 
     def _many(self, kind, dims, keepdim, dim, axis):
