@@ -227,7 +227,7 @@ def _native_binder(statements, written, prog, block, n_sizes, scope, results=Non
         out_pos, numels, offsets, out_shapes, out_offsets = results(key)
         return out_pos, numels, arena, offsets, out_shapes, out_offsets
     bind.module = module            # kept alive with the function
-    bind.parts = (native, call_args, args, pack, settings_ok)     # for feeds_runner's inline form
+    bind.parts = (native, settings_ok)     # for the one-call runner (DirectRunner._one_call_runner)
     return bind
 
 
@@ -426,7 +426,7 @@ class DirectRunner:
             return None
         check_lines, key_source = checked
         from ..codegen import binder_ir, jit
-        bind_fn, settings_ok = parts[0], parts[4]
+        bind_fn, settings_ok = parts
         prog = self.program
         offsets, (block_type, small, large, small_fill, large_fill, _), slices = self._constant_outputs()
         feed_of = {name: k for k, (name, *_) in enumerate(named)}
@@ -488,8 +488,7 @@ class DirectRunner:
         if settings_ok is not None:     # the matmuls' backend and thread count the class was bound for
             lines += ["        now = (runner.epoch, n)", "        if memo[0] != now:",
                       "            memo[:] = now, settings_ok()", "        if not memo[1]:", "            return None"]
-        lines += [
-                  "        b = runner.last",
+        lines += ["        b = runner.last",
                   "        rebind = b is None or b[0] != key",
                   "        arena = prog.arena or prog.arena_at_least(0)",
                   "        if prog.scalars is not scalars:",
