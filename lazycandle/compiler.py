@@ -280,13 +280,13 @@ def _realize_traced(n, tr) -> bool:
             return False
         entry = _eager.put(key, (get_plan(cap, [n]),) + picks)
     plan, in_pick, slot_pick, scalar_pick = entry
-    bufs, offsets, values = [], [], []
-    for i in in_pick:
+    bufs, offsets, values = [], [], ()     # (no scalars: the same empty tuple every run, which the
+    for i in in_pick:                       # native runner sees as already packed)
         bufs.append(reads[i][0].buffer)
     for i in slot_pick:
         offsets.append(reads[i][1])
-    for i in scalar_pick:
-        values.append(scalars[i])
+    if scalar_pick:
+        values = [scalars[i] for i in scalar_pick]
     out, = plan.run(bufs, offsets, values)
     n.set_buffer(out)
     return True
@@ -349,8 +349,10 @@ def realize_nodes(nodes) -> None:
         if base is not None and n.layout.is_contiguous():
             tr = base.trace
             if (base.op is _MATMUL and _realize_lone_matmul(base)) or (tr is not None and _realize_traced(base, tr)):
-                lay = n.layout      # a contiguous view of a computed node: it aliases the node's buffer
-                n.set_buffer(base.buffer[lay.offset: lay.offset + prod(n.shape)])
+                lay, buf, size = n.layout, base.buffer, prod(n.shape)   # a contiguous view of a computed
+                if lay.offset or size != buf.size:                    # node: it aliases the node's buffer
+                    buf = buf[lay.offset: lay.offset + size]
+                n.set_buffer(buf)
                 return
     if n is not None and n.buffer is None and n.op.category not in ("view", "source"):
         work, finish, aliases = nodes, (None,), ()      # one computed node: it is its own target

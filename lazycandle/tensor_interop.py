@@ -32,8 +32,11 @@ class NotOneElement(ShapeMismatch, TypeError):
 def readonly_array(buf: np.ndarray, shape) -> np.ndarray:
     """`buf` (1-D, contiguous) as an array of `shape` whose base is a read-only memoryview:
     `flags.writeable` is False and cannot be set True again."""
-    view = memoryview(buf.view(np.uint8)).toreadonly()
-    return np.frombuffer(view, dtype=buf.dtype).reshape(shape)
+    dt = buf.dtype
+    # (a dtype from outside numpy, such as bfloat16, has no buffer format: its bytes are shared)
+    view = memoryview(buf if dt.isbuiltin == 1 else buf.view(np.uint8)).toreadonly()
+    arr = np.frombuffer(view, dtype=dt)         # (its base is the read-only view)
+    return arr if len(shape) == 1 else arr.reshape(shape)
 
 
 class InteropMixin:

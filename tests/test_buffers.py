@@ -102,3 +102,19 @@ def test_a_block_under_2_mib_is_one_mapping_of_its_own_size():
     each."""
     block = buffers.Block(256 << 10)
     assert len(block.mm) == 256 << 10 and block.addr % 4096 == 0
+
+
+def test_address_is_the_data_pointer_of_every_kind_of_array():
+    """buffers.address reads the data pointer from the array object: it must agree with
+    numpy's own `.ctypes.data` on every way an array reaches a kernel."""
+    import ml_dtypes
+    x = np.arange(60, dtype=np.float32).reshape(6, 10)
+    ro = x.copy()
+    ro.flags.writeable = False
+    arrays = [x, x[2:], x[:, 3:], x.T, x[::2, ::3], ro, ro[1:], np.empty(0, np.int8), np.array(2.0),
+              np.zeros(5, ml_dtypes.bfloat16)[1:], np.frombuffer(bytearray(64), np.int32, 4, 16),
+              buffers.alloc(7, np.float32), buffers.alloc(1 << 17, np.float32)[5:],
+              x.view(type("Sub", (np.ndarray,), {}))]         # (a subclass: the same object layout)
+    assert buffers._DATA_AT, "the data pointer's offset was not found on this numpy"
+    for a in arrays:
+        assert buffers.address(a) == a.ctypes.data, (a.shape, a.dtype, a.strides)

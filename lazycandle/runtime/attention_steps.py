@@ -12,6 +12,7 @@ import numpy as np
 
 from ..codegen import attention as A
 from . import pool
+from .buffers import address
 from .steps import NodeStep, register
 
 
@@ -52,12 +53,12 @@ class FlashAttentionStep(NodeStep):
     def run_node(self, in_bufs, offsets, bufs):
         if self.fn is None:
             return
-        addrs = [bufs[self.out].ctypes.data]
+        addrs = [address(bufs[self.out])]
         for i in range(len(self.operands)):
             x, lx = self.operand(i, in_bufs, offsets, bufs)
-            addrs.append(x.ctypes.data + lx.offset * x.itemsize)
+            addrs.append(address(x) + lx.offset * x.itemsize)
         ptrs = (ctypes.c_void_p * len(addrs))(*addrs)
-        base, sizes, scalars = ctypes.addressof(ptrs), self.sizes.ctypes.data, self.scalars.ctypes.data
+        base, sizes, scalars = ctypes.addressof(ptrs), address(self.sizes), address(self.scalars)
         fn = self.fn
         pool.parallel_for(lambda a, b: fn(base, sizes, scalars, a, b), 0, self.units, cost_per_item=self.cost)
         del ptrs

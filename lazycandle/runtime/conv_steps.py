@@ -7,6 +7,7 @@ from __future__ import annotations
 from math import prod
 
 from ..codegen import conv_transpose as CT
+from .buffers import address
 from .index_steps import _Launch, _SizedStep, _addr
 from .steps import register
 
@@ -30,4 +31,4 @@ class Col2imStep(_SizedStep):
     def run_node(self, in_bufs, offsets, bufs, layouts=None):
         layouts = self.layouts(layouts)
         x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
-        self.prepare(layouts).run([bufs[self.out].ctypes.data, _addr(x, lx)])
+        self.prepare(layouts).run([address(bufs[self.out]), _addr(x, lx)])

@@ -12,6 +12,7 @@ import numpy as np
 from .. import config
 from ..layout import Layout
 from . import pool
+from .buffers import address
 from .steps import STEPS, NodeStep, run_step
 
 
@@ -56,10 +57,10 @@ class Step:
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
         base = ctypes.addressof(arr)
         scal = packed_scalars[self.scalar_index] if self.scalar_index is not None else None
-        scal_ptr = scal.ctypes.data if scal is not None else None
+        scal_ptr = address(scal) if scal is not None else None
         fn = self.fn
         sizes = np.array(sizes, np.int64)
-        sizes_ptr = sizes.ctypes.data
+        sizes_ptr = address(sizes)
         pool.parallel_for(lambda a, b: fn(base, sizes_ptr, scal_ptr, a, b), 0, extent,
                           cost_per_item=cost, align=self.align)
 
@@ -325,11 +326,11 @@ class Plan:
         for bind in k.inputs:
             if bind[0] == "slot":
                 buf = in_bufs[self.slots[bind[1]][0]]
-                addrs.append(buf.ctypes.data + offsets[bind[1]] * buf.itemsize)
+                addrs.append(address(buf) + offsets[bind[1]] * buf.itemsize)
             else:
                 buf = bufs[bind[1]]
-                addrs.append(buf.ctypes.data + read_offsets[r] * buf.itemsize)
+                addrs.append(address(buf) + read_offsets[r] * buf.itemsize)
                 r += 1
         for j in k.outputs:
-            addrs.append(bufs[j].ctypes.data)
+            addrs.append(address(bufs[j]))
         return addrs

@@ -15,16 +15,17 @@ from ..codegen import index as K
 from ..errors import IndexOutOfBounds
 from ..layout import contiguous_strides
 from . import pool
+from .buffers import address
 from .steps import NodeStep, register
 
 
 def _addr(buf, lay) -> int:
-    return buf.ctypes.data + lay.offset * buf.itemsize
+    return address(buf) + lay.offset * buf.itemsize
 
 
 def _run(fn, addrs, units, cost, sizes) -> None:
     arr = (ctypes.c_void_p * len(addrs))(*addrs)
-    base, sizes_ptr = ctypes.addressof(arr), sizes.ctypes.data
+    base, sizes_ptr = ctypes.addressof(arr), address(sizes)
     pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, units, cost_per_item=cost)
     del arr
 
@@ -158,7 +159,7 @@ class IndexStep(_SizedStep):
             return
         status = np.zeros(2, np.int64)
         ops = [self.operand(n, in_bufs, offsets, bufs, layouts) for n in self.kernel_operands]
-        addrs = [bufs[self.out].ctypes.data, _addr(*ops[0]), _addr(*ops[1]), status.ctypes.data]
+        addrs = [address(bufs[self.out]), _addr(*ops[0]), _addr(*ops[1]), address(status)]
         if len(ops) == 3:
             addrs.append(_addr(*ops[2]))
         launch.run(addrs)
@@ -201,7 +202,7 @@ class CatStep(_SizedStep):
         out = bufs[self.out]
         for k, off, launch in self.prepare(layouts):
             buf, lay = self.operand(k, in_bufs, offsets, bufs, layouts)
-            launch.run([out.ctypes.data + off * out.itemsize, _addr(buf, lay)])
+            launch.run([address(out) + off * out.itemsize, _addr(buf, lay)])
 
 
 @register("im2col")
@@ -219,7 +220,7 @@ class Im2colStep(_SizedStep):
     def run_node(self, in_bufs, offsets, bufs, layouts=None):
         layouts = self.layouts(layouts)
         x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
-        self.prepare(layouts).run([bufs[self.out].ctypes.data, _addr(x, lx)])
+        self.prepare(layouts).run([address(bufs[self.out]), _addr(x, lx)])
 
 
 @register("nonzero")
@@ -240,5 +241,5 @@ class NonzeroStep(NodeStep):
         spec, sizes = K.nonzero_kernel(self.operands[0][4].size_in_bytes, lm.shape[0], lm.strides[0], out.shape[0])
         _, fn = K.get_kernel(spec)
         params = np.array(sizes, np.int64)
-        ptrs = (ctypes.c_void_p * 2)(out.ctypes.data, _addr(m, lm))
-        fn(ctypes.addressof(ptrs), params.ctypes.data, None, 0, 1)
+        ptrs = (ctypes.c_void_p * 2)(address(out), _addr(m, lm))
+        fn(ctypes.addressof(ptrs), address(params), None, 0, 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import pool
+from .buffers import address
 
 
 def write_rows(dst, src, shape, dim: int, start: int, n: int) -> None:
@@ -20,8 +21,8 @@ def write_rows(dst, src, shape, dim: int, start: int, n: int) -> None:
     if nbytes == 0 or outer == 0:
         return
     fn = copy_blocks_fn()
-    d0 = dst.ctypes.data + start * inner
-    s0 = src.ctypes.data
+    d0 = address(dst) + start * inner
+    s0 = address(src)
     dst_stride, src_stride = shape[dim] * inner, nbytes
     pool.parallel_for(lambda a, b: fn(d0, s0, dst_stride, src_stride, nbytes, a, b), 0, outer,
                       cost_per_item=nbytes / 4)

@@ -132,7 +132,7 @@ def _workspace(nbytes: int) -> int:
     ws = getattr(_tls, "ws", None)
     if ws is None or ws[0] < nbytes:
         buf = np.empty(max(nbytes + 64, 1 << 16), np.uint8)
-        ws = _tls.ws = (buf.nbytes - 64, (buf.ctypes.data + 63) & ~63, buf)
+        ws = _tls.ws = (buf.nbytes - 64, (address(buf) + 63) & ~63, buf)
     return ws[1]
 
 
@@ -163,7 +163,7 @@ def _aligned(nelem: int, np_dtype, keep: list) -> int:
     """A fresh 64-byte aligned buffer of nelem elements (kept alive by `keep`)."""
     buf = np.empty(nelem + 64 // np.dtype(np_dtype).itemsize, np_dtype)
     keep.append(buf)
-    return (buf.ctypes.data + 63) & ~63
+    return (address(buf) + 63) & ~63
 
 
 # ---- tiled ------------------------------------------------------------------------------
@@ -511,7 +511,7 @@ class CopyPlan:
             return
         params = self.params.copy()
         params[0], params[1] = src, dst
-        fn, pptr = self.fn, params.ctypes.data
+        fn, pptr = self.fn, address(params)
         pool.parallel_for(lambda lo, hi: fn(pptr, lo, hi), 0, self.rows, cost_per_item=self.cols,
                           threads=self.threads)
 

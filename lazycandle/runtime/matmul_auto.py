@@ -21,6 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from .. import caches
+from .buffers import address
 
 CALIBRATE_MAX_FLOPS = 2.0 * 1024 ** 3    # larger problems are timed on a proxy ...
 PROXY_DIM = 1024                         # ... with m, n, k at most this
@@ -73,7 +74,7 @@ def measure(g, threads: int, make_plans) -> dict:
     sb = _span(p.k, p.n, p.rsb, p.csb, p.bshape, p.bsb)
     so = p.nbatch * p.m * p.n
     bufs = [np.zeros(s * esz + 64, np.uint8) for s in (sa, sb, so)]
-    addrs = [(x.ctypes.data + 63) & ~63 for x in bufs]
+    addrs = [(address(x) + 63) & ~63 for x in bufs]
     plans = make_plans(p)
     times = {}
     for name, plan in plans.items():          # untimed first call: compiles, faults pages in

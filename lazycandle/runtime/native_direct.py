@@ -201,7 +201,7 @@ def _native_binder(statements, written, prog, block, n_sizes, scope, results=Non
         exec(compile(src, "<direct settings>", "exec"), scope)
         settings_ok = scope["settings_ok"]
     args = np.zeros(3 + n_sizes, np.int64)     # arena base, arena bytes, the bytes needed, sizes
-    call_args = (ctypes.c_void_p(args.ctypes.data), ctypes.c_void_p(block.ctypes.data))
+    call_args = (ctypes.c_void_p(address(args)), ctypes.c_void_p(address(block)))
     pack = struct.Struct(f"={3 + n_sizes}q").pack_into
 
     def bind(key):
@@ -512,7 +512,7 @@ class DirectRunner:
                      block_type=block_type, addressof=_addressof, alloc=alloc, user_view=_user_view,
                      runner=self, prog=prog, scalars=scalars, packer=self.packer,
                      pack=struct.Struct(f"={threads_at + 1}q").pack_into, args=args, GROW=binder_ir.GROW,
-                     call=call, call_args=(ctypes.c_void_p(args.ctypes.data), ctypes.c_void_p(self.block_addr)),
+                     call=call, call_args=(ctypes.c_void_p(address(args)), ctypes.c_void_p(self.block_addr)),
                      tail=self._constant_tail, address=address)
         source = "\n".join(lines) + "\n"
         exec(compile(source, "<direct run>", "exec"), scope)

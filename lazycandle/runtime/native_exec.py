@@ -180,7 +180,7 @@ class NativePlan:
             if packer is None:
                 packer = struct.Struct("=" + "".join(_SCALAR_CODES[dt.kind] for _, dt in scalars))
                 packed = np.zeros(max(len(scalars), 1), np.int64)
-                prog.scalar_struct, prog.packed = packer, (packed, packed.ctypes.data)
+                prog.scalar_struct, prog.packed = packer, (packed, address(packed))
             try:
                 packer.pack_into(prog.packed[0], 0, *[v for v, _ in scalars])
             except struct.error:        # a value its slot's code does not take as it is

@@ -14,9 +14,9 @@ import weakref
 
 import numpy as np
 
-from .. import caches, config
+from .. import config
 from . import native_pool
-from .buffers import alloc
+from .buffers import address, alloc
 from ..codegen.program import PARALLEL, SERIAL, segment_names
 from .steps import MatmulStep, NodeStep
 
@@ -29,29 +29,7 @@ def _fn_address(fn) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
-def address(a: np.ndarray) -> int:
-    """The data address of an array, through a ctypes view of its buffer (C calls only, a third
-    of `a.ctypes.data`); a read-only, empty or strided array has no such view, and its
-    `.ctypes.data` (two Python calls) is cached per live array.  An in-place ndarray.resize,
-    the one way a live array's data can move, also changes its size, which is checked."""
-    try:
-        return _addressof(_char.from_buffer(a))
-    except (TypeError, ValueError, BufferError):
-        pass
-    hit = _addrs.get(id(a))
-    if hit is not None and hit[0]() is a and hit[2] == a.size:
-        return hit[1]
-    addr = a.ctypes.data
-    if len(_addrs) > 256:
-        _addrs.clear()
-    _addrs[id(a)] = (weakref.ref(a), addr, a.size)
-    return addr
-
-
-_addrs: dict = caches.register("array addresses", {})    # id -> (weakref, address, size): arrays `address` could not view
-
-
-_char, _addressof = ctypes.c_char, ctypes.addressof
+_addressof = ctypes.addressof
 
 
 def _lifetimes(plan):
@@ -237,7 +215,7 @@ class NativeProgram:
             if r[0] == "slot":
                 self.slot_pos.append((pos, r[1]))
             elif r[0] == "status":
-                self.words[pos] = self.status.ctypes.data + 16 * r[1]
+                self.words[pos] = address(self.status) + 16 * r[1]
             elif r[0] == "fixed":
                 self.words[pos] = r[1]
             else:
@@ -472,7 +450,7 @@ class NativeProgram:
         if got is None or got[0].size < nbytes:
             grow = 0 if got is None else got[0].size * 2
             arena = alloc(min(max(nbytes, grow), ARENA_KEEP_BYTES), np.uint8)
-            got = self.arena = (arena, arena.ctypes.data)
+            got = self.arena = (arena, address(arena))
         return got
 
 

@@ -19,7 +19,7 @@ from ..codegen import scan as SC, sort as SO
 from ..dtype import DType
 from ..layout import contiguous_strides, merge_dims
 from . import pool
-from .buffers import alloc
+from .buffers import address, alloc
 from .steps import NodeStep, register
 
 
@@ -99,18 +99,18 @@ class ArgsortStep(NodeStep):
         spec, fn, sizes, nrows = self.kernels(lx)
         if fn is None:
             return
-        out_addr = bufs[self.out].ctypes.data
-        in_addr = x.ctypes.data + lx.offset * x.itemsize
-        nbytes, sizes_ptr = spec.workspace_bytes, sizes.ctypes.data
+        out_addr = address(bufs[self.out])
+        in_addr = address(x) + lx.offset * x.itemsize
+        nbytes, sizes_ptr = spec.workspace_bytes, address(sizes)
         extra = []
         if self.values:
             vals = alloc(prod(lx.shape), self.operands[0][4])
             bufs[_values_key(self.out)] = vals
-            extra = [vals.ctypes.data]
+            extra = [address(vals)]
 
         def rows(a, b):
             ws = np.empty(nbytes + 64, np.uint8)
-            ptrs = [out_addr, in_addr, ws.ctypes.data + (-ws.ctypes.data) % 64] + extra
+            ptrs = [out_addr, in_addr, address(ws) + (-address(ws)) % 64] + extra
             addrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
             fn(ctypes.addressof(addrs), sizes_ptr, None, a, b)
 
@@ -150,9 +150,9 @@ class SortTakeStep(NodeStep):
         _, fn, sizes, nrows = self.kernels(lx)
         if fn is None:
             return
-        addrs = (ctypes.c_void_p * 3)(bufs[self.out].ctypes.data, x.ctypes.data + lx.offset * x.itemsize,
-                                      ids.ctypes.data + li.offset * ids.itemsize)
-        base, sizes_ptr = ctypes.addressof(addrs), sizes.ctypes.data
+        addrs = (ctypes.c_void_p * 3)(address(bufs[self.out]), address(x) + lx.offset * x.itemsize,
+                                      address(ids) + li.offset * ids.itemsize)
+        base, sizes_ptr = ctypes.addressof(addrs), address(sizes)
         pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, nrows, cost_per_item=float(lx.shape[-1]))
 
 
@@ -188,6 +188,6 @@ class CumsumStep(NodeStep):
         _, _, fn, sizes, lines, n = self._prepare(lx)
         if fn is None:
             return
-        addrs = (ctypes.c_void_p * 2)(bufs[self.out].ctypes.data, x.ctypes.data + lx.offset * x.itemsize)
-        base, sizes_ptr = ctypes.addressof(addrs), sizes.ctypes.data
+        addrs = (ctypes.c_void_p * 2)(address(bufs[self.out]), address(x) + lx.offset * x.itemsize)
+        base, sizes_ptr = ctypes.addressof(addrs), address(sizes)
         pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, lines, cost_per_item=n)

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import config
 from ..layout import Layout
+from .buffers import address
 
 STEPS: dict = {}
 
@@ -159,15 +160,15 @@ class MatmulStep(NodeStep):
         extras = []
         for kind, buf, slot, offset in self.ep_reads:
             arr = in_bufs[buf] if kind == "in" else bufs[buf]
-            extras.append(arr.ctypes.data + (offsets[slot] if kind == "in" else offset) * arr.itemsize)
+            extras.append(address(arr) + (offsets[slot] if kind == "in" else offset) * arr.itemsize)
         ek = self.kernel.epilogue.kernel
         if plan.backend in FUSED_BACKENDS:
             scal = scalars[np.array(ek.scalars, np.intp)] if ek.scalars else np.zeros(1, np.int64)
-            run_plan(plan, a, oa, b, ob, out, extras, scal.ctypes.data)
+            run_plan(plan, a, oa, b, ob, out, extras, address(scal))
             return
         run_plan(plan, a, oa, b, ob, out)
         step, sized = self._epilogue_step()
         if sized[1]:
             addrs = list(extras)
-            addrs.insert(self.kernel.epilogue.mm_input, out.ctypes.data)
-            step.run(addrs + [out.ctypes.data], scalars, sized)
+            addrs.insert(self.kernel.epilogue.mm_input, address(out))
+            step.run(addrs + [address(out)], scalars, sized)
