@@ -174,3 +174,33 @@ def test_concurrent_eager_realize_from_threads_is_right(monkeypatch, mode):
             np.testing.assert_allclose((t * 0.5 + t).sum(-1).numpy(), (a * np.float32(0.5) + a).sum(-1),
                                        rtol=1e-5, atol=1e-5)
     assert run_in_threads(work, 4) == []
+
+
+def test_an_op_on_a_realized_node_reuses_its_trace_and_keeps_the_node_collectable():
+    """ir/trace.py keeps the trace of a one-source op on the realized node it reads: built
+    again it equals a fresh trace (the same key, new scalar values of affine-like args kept
+    apart), the memo stays bounded, and it holds no reference to the node (which dies by
+    reference count alone, with its buffer)."""
+    import gc
+    import weakref
+    from lazycandle.ir import trace as T
+    x = lc.tensor(M).realize()
+    for _ in range(2):
+        for t, want in ((x.sum(-1), M.sum(-1)), (x.max(0), M.max(0)), (x.exp(), np.exp(M)),
+                        (x.clamp(0.2, 1.0), np.clip(M, 0.2, 1.0)), (x.clamp(0.3, 1.0), np.clip(M, 0.3, 1.0))):
+            n = t._node.base
+            assert n.trace == T._trace(n)
+            np.testing.assert_allclose(t.numpy(), want, rtol=1e-6)
+    assert 0 < len(x._node.traces) <= T.MAX_MEMO
+    for i in range(3 * T.MAX_MEMO):                 # new keys keep coming: the memo starts afresh
+        x.clamp(0.0, 1.0 + i)
+    assert len(x._node.traces) <= T.MAX_MEMO
+    gc.disable()
+    try:
+        y = lc.tensor(M).realize()
+        y.sum(-1).numpy()
+        alive = weakref.ref(y._node)
+        del y
+        assert alive() is None
+    finally:
+        gc.enable()

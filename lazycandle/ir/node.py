@@ -32,7 +32,7 @@ class Origin:
 
 class Node:
     __slots__ = ("op", "srcs", "arg", "shape", "dtype", "_base", "layout", "buffer", "label", "id", "origin", "trace",
-                 "__weakref__")
+                 "traces", "__weakref__")
 
     def __init__(self, op, srcs, arg, shape, dtype, layout=None, buffer=None, label=None):
         if op.__class__ is str:
@@ -52,6 +52,7 @@ class Node:
         self.label = label          # what the user called (for dumps): "transpose(0, 1)"
         self.id = next(_ids)
         self.origin = None
+        self.traces = None          # ir/trace.py: traces of ops built on this node once it is realized
         cat = op.category
         if cat is VIEW:
             src = srcs[0]

@@ -33,6 +33,7 @@ MAX_WATCH = 96          # nodes whose realize would change the capture (computed
 MAX_READS = 16          # buffer reads
 MAX_SCALARS = 16
 MAX_SIGS = 1 << 16      # interned sigs kept before the table starts afresh
+MAX_MEMO = 16           # traces kept on one realized node (ops built on it; then it starts afresh)
 
 # structural tuple -> sig; ids are never reused, so a sig names one structure even after the
 # table is cleared (the same structure built again gets a new sig: its first realize captures)
@@ -60,7 +61,32 @@ def argkey(a):
 
 
 def node_trace(n):
-    """The trace of computed node `n` (its sources already built), or None."""
+    """The trace of computed node `n` (its sources already built), or None.  An op on one
+    realized node (`x.sum(-1)`, `x.exp()` on a weight or an input) reads it the same way every
+    time it is built: its trace is kept on that node per (op, arg, shape, dtype), and found
+    again by one small lookup instead of rebuilding and interning the structural key."""
+    srcs = n.srcs
+    if len(srcs) == 1:
+        s = srcs[0]
+        if s.buffer is not None:
+            memo = s.traces
+            key = (n.op, n.arg, n.shape, n.dtype)
+            try:
+                got = memo.get(key) if memo is not None else None
+            except TypeError:           # an arg that is not hashable
+                return _trace(n)
+            if got is None:
+                tr = _trace(n)
+                if memo is None or len(memo) >= MAX_MEMO:
+                    memo = s.traces = {}
+                # kept without the node itself (no reference cycle keeps its buffer alive)
+                memo[key] = got = (tr[0], tr[1][0][1:], tr[2]) if tr is not None else False
+                return tr
+            return (got[0], ((s,) + got[1],), got[2], (), ()) if got else None
+    return _trace(n)
+
+
+def _trace(n):
     kind = n.op
     descs, reads, scalars, watch, inner = [], (), (), (), ()
     for s in n.srcs:
