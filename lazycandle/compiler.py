@@ -32,7 +32,7 @@ from .errors import UnboundPlaceholder
 from .ir.graph import Capture, Operand, capture, size_signature
 from .ir.node import Node
 from .ir.ops import OPS
-from .ir.trace import patterns
+from .ir.trace import patterns, trace_of
 from .ir.passes import optimize as _simplify, recompute_into_reductions
 from .ir.schedule import bind_kernels, schedule
 from .symbolic_plan import derive_binder
@@ -251,7 +251,7 @@ _eager = caches.register("eager plans", caches.LRU(config.plan_cache_size()))  #
 def trace_key(n):
     """The key a traced node's plan is filed under in `eager plans`: its sig and the patterns
     of its reads and scalars (None when it has no standing trace)."""
-    tr = n.trace
+    tr = trace_of(n)
     if tr is None or any(m.buffer is not None for m in tr[3]):      # (tr[3]: the watched nodes)
         return None
     return (tr[0],) + patterns(tr)
@@ -342,13 +342,13 @@ def realize_nodes(nodes) -> None:
     if n is not None and n.buffer is None:
         if n.op is _MATMUL and _realize_lone_matmul(n):
             return
-        tr = n.trace
+        tr = trace_of(n)
         if tr is not None and _realize_traced(n, tr):
             return
         base = n._base
         if base is not None and n.layout.is_contiguous():
-            tr = base.trace
-            if (base.op is _MATMUL and _realize_lone_matmul(base)) or (tr is not None and _realize_traced(base, tr)):
+            if (base.op is _MATMUL and _realize_lone_matmul(base)) or \
+                    ((tr := trace_of(base)) is not None and _realize_traced(base, tr)):
                 lay, buf, size = n.layout, base.buffer, prod(n.shape)   # a contiguous view of a computed
                 if lay.offset or size != buf.size:                    # node: it aliases the node's buffer
                     buf = buf[lay.offset: lay.offset + size]

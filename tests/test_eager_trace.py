@@ -204,3 +204,20 @@ def test_an_op_on_a_realized_node_reuses_its_trace_and_keeps_the_node_collectabl
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_a_matmul_builds_its_trace_only_when_asked():
+    """An eager `a @ b` realizes through its own path and never needs its trace: it is left
+    pending; a consumer built on it, or a matmul that must realize through its trace (an
+    unrealized operand), builds it then, and every result matches NumPy."""
+    from lazycandle.ir import trace as T
+    x = lc.tensor(M).realize()
+    mm = x @ x
+    assert mm._node.trace is T.PENDING
+    np.testing.assert_allclose(mm.numpy(), M @ M, rtol=1e-6)
+    y = (x @ x + 1.0).exp()                         # the consumer's trace holds the matmul's
+    assert y._node.trace is not None and y._node.srcs[0].trace not in (None, T.PENDING)
+    np.testing.assert_allclose(y.numpy(), np.exp(M @ M + np.float32(1)), rtol=1e-5)
+    z = (x * 2.0) @ x                               # an operand not realized: the traced realize
+    assert compiler.trace_key(z._node) is not None
+    np.testing.assert_allclose(z.numpy(), (M * np.float32(2)) @ M, rtol=1e-6)

@@ -9,7 +9,7 @@ import itertools
 from ..layout import CONTIGUOUS_LAYOUTS, contiguous_layout
 from ..named_dims import SYMBOLIC, sizes_of
 from .ops import OPS, SOURCE, VIEW
-from .trace import node_trace
+from .trace import PENDING, node_trace
 
 _ids = itertools.count()
 
@@ -19,6 +19,7 @@ KEEP_ORIGIN = None
 
 
 _BUFFER = OPS["buffer"]
+_MATMUL = OPS["matmul"]
 
 
 class Origin:
@@ -62,8 +63,9 @@ class Node:
         else:
             self._base = None          # itself (not stored: a self-reference would be a cycle)
             self.layout = CONTIGUOUS_LAYOUTS.get(shape) or contiguous_layout(shape)
-            # the eager realize's key of the expression (ir/trace.py), while it is unrealized
-            self.trace = None if cat is SOURCE or buffer is not None else node_trace(self)
+            # the eager realize's key of the expression (ir/trace.py), while it is unrealized; a
+            # matmul's is built when asked (an eager `a @ b` realizes by its own path, without it)
+            self.trace = None if cat is SOURCE or buffer is not None else PENDING if op is _MATMUL else node_trace(self)
 
     @property
     def base(self):

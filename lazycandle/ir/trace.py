@@ -60,6 +60,17 @@ def argkey(a):
     return a
 
 
+PENDING = ("pending",)   # a node's trace not built yet (a matmul: realized apart from it, usually)
+
+
+def trace_of(n):
+    """`n.trace`, built now if it was left PENDING."""
+    t = n.trace
+    if t is PENDING:
+        t = n.trace = node_trace(n)
+    return t
+
+
 def node_trace(n):
     """The trace of computed node `n` (its sources already built), or None.  An op on one
     realized node (`x.sum(-1)`, `x.exp()` on a weight or an input) reads it the same way every
@@ -106,6 +117,8 @@ def _trace(n):
             watch += (b, s) if s is not b else (b,)
         else:
             t = b.trace
+            if t is PENDING:
+                t = trace_of(b)
             if t is None:
                 return None
             descs.append(("n", t[0], lay.shape, lay.strides, lay.offset))

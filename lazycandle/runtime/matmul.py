@@ -719,7 +719,7 @@ def plan_for(a_layout: Layout, b_layout: Layout, dtype: DType, backend: str, thr
     `epilogue_spec`) and its other operands' layouts, a tiled or small-m plan applies it as it
     stores; a BLAS plan leaves it to the caller."""
     key = (dtype.name, a_layout.shape, a_layout.strides, b_layout.shape, b_layout.strides, backend, threads,
-           epilogue, tuple((e.shape, e.strides) for e in ep_layouts))
+           epilogue, tuple((e.shape, e.strides) for e in ep_layouts) if ep_layouts else ())
     plan = _plans.get(key)
     if plan is None:
         g = geometry(a_layout, b_layout, dtype, ep_layouts)
