@@ -16,6 +16,7 @@ import threading
 import time
 
 from .. import config
+from .buffers import address as data_address
 
 SPIN_US = 30.0       # how long an idle worker, or a caller waiting for workers, polls before parking
 
@@ -124,7 +125,7 @@ def parallel(fn: int, bufs: int, sizes: int, scalars: int, lo: int, hi: int, ali
     ensure(n)
     job = np.array([fn, bufs or 0, sizes or 0, scalars or 0, lo, hi, align, 1 << 40], np.int64)
     assert len(job) == JOB_WORDS
-    _state["run"](job.ctypes.data, 1, n)
+    _state["run"](data_address(job), 1, n)
 
 
 def run_jobs(jobs: int, njobs: int, nthreads: int) -> None:
