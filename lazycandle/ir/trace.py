@@ -90,8 +90,10 @@ def node_trace(n):
                 tr = _trace(n)
                 if memo is None or len(memo) >= MAX_MEMO:
                     memo = s.traces = {}
-                # kept without the node itself (no reference cycle keeps its buffer alive)
-                memo[key] = got = (tr[0], tr[1][0][1:], tr[2]) if tr is not None else False
+                # kept without the node itself (no reference cycle keeps its buffer alive); the
+                # one read is of `s`, nothing watched or inner (else it is not kept)
+                if tr is None or (len(tr[1]) == 1 and not tr[3] and not tr[4]):
+                    memo[key] = (tr[0], tr[1][0][1:], tr[2]) if tr is not None else False
                 return tr
             return (got[0], ((s,) + got[1],), got[2], (), ()) if got else None
     return _trace(n)

@@ -110,7 +110,7 @@ class ArgsortStep(NodeStep):
 
         def rows(a, b):
             ws = np.empty(nbytes + 64, np.uint8)
-            ptrs = [out_addr, in_addr, address(ws) + (-address(ws)) % 64] + extra
+            ptrs = [out_addr, in_addr, (address(ws) + 63) & ~63] + extra
             addrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
             fn(ctypes.addressof(addrs), sizes_ptr, None, a, b)
 
