@@ -330,7 +330,7 @@ def _realize_lone_matmul(n) -> bool:
     mm, buffers = _matmul_rt
     la, lb = sa.layout, sb.layout
     plan = mm.plan_for(la, lb, n.dtype, config._matmul_backend, config._num_threads)
-    out = buffers.alloc(prod(n.shape), n.dtype)
+    out = buffers.result(prod(n.shape), n.dtype)
     mm.run_plan(plan, ba.buffer, la.offset, bb.buffer, lb.offset, out)
     n.set_buffer(out)
     return True

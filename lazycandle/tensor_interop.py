@@ -22,21 +22,12 @@ import numpy as np
 
 from .compiler import realize_nodes
 from .errors import ShapeMismatch, UnboundPlaceholder
+from .runtime.buffers import readonly
 
 
 class NotOneElement(ShapeMismatch, TypeError):
     """A Python-scalar conversion of a tensor that does not hold exactly one element (a
     ShapeMismatch, and a TypeError like NumPy's)."""
-
-
-def readonly_array(buf: np.ndarray, shape) -> np.ndarray:
-    """`buf` (1-D, contiguous) as an array of `shape` whose base is a read-only memoryview:
-    `flags.writeable` is False and cannot be set True again."""
-    dt = buf.dtype
-    # (a dtype from outside numpy, such as bfloat16, has no buffer format: its bytes are shared)
-    view = memoryview(buf if dt.isbuiltin == 1 else buf.view(np.uint8)).toreadonly()
-    arr = np.frombuffer(view, dtype=dt)         # (its base is the read-only view)
-    return arr if len(shape) == 1 else arr.reshape(shape)
 
 
 class InteropMixin:
@@ -49,7 +40,7 @@ class InteropMixin:
         n = self._node
         if n.buffer is None:
             realize_nodes([n])
-        return readonly_array(n.buffer, n.shape)
+        return readonly(n.buffer, n.shape)
 
     def to_list(self):
         return self.numpy().tolist()

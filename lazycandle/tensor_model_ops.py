@@ -22,6 +22,7 @@ import sys
 from math import prod
 
 from .errors import DTypeMismatchBinaryOp, NarrowInvalidArgs, ShapeMismatchBinaryOp
+from .runtime.buffers import forget
 from .tensor_views import norm_dim
 
 
@@ -78,6 +79,10 @@ def _baseline(small: bool):
 def _donatable(t) -> bool:
     """Whether t's buffer can be written in place: a realized buffer node and its memory held
     by nothing but t."""
+    buf = t._node.buffer
+    if buf is not None:
+        forget(buf)                 # (a kept eager result: only its holders may see the write)
+    del buf
     counts = _ref_counts(t)
     return counts is not None and counts == _baseline(counts[0])
 

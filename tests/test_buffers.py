@@ -1,4 +1,5 @@
-"""runtime/buffers.alloc: alignment, recycling of large blocks, private huge-page mappings."""
+"""runtime/buffers: alloc (alignment, recycling of large blocks, private huge-page mappings), the data
+address, and results given out again (result / readonly)."""
 from __future__ import annotations
 
 import gc
@@ -118,3 +119,110 @@ def test_address_is_the_data_pointer_of_every_kind_of_array():
     assert buffers._DATA_AT, "the data pointer's offset was not found on this numpy"
     for a in arrays:
         assert buffers.address(a) == a.ctypes.data, (a.shape, a.dtype, a.strides)
+
+
+# ---- results handed out again (buffers.result / readonly) ----------------------------------
+
+def test_a_result_is_given_out_again_only_when_nothing_holds_it_or_its_views():
+    n = 1000
+    first = buffers.result(n, np.float32)
+    addr = first.ctypes.data
+    held = buffers.result(n, np.float32)            # `first` is held: a fresh one
+    assert held.ctypes.data != addr
+    del first, held
+    again = buffers.result(n, np.float32)           # (the kept one is the last given out)
+    view = buffers.readonly(again, (10, 100))
+    assert view.shape == (10, 100) and not view.flags.writeable
+    again_addr = again.ctypes.data
+    del again
+    busy = buffers.result(n, np.float32)            # the read-only view still holds it
+    assert busy.ctypes.data != again_addr
+    del busy, view
+    for big in (n, 1 << 18):        # a numpy view of a small result refers to its owner, of a large one to it
+        slice_of = buffers.result(big, np.float32)[3:]
+        assert buffers.result(big, np.float32).ctypes.data != slice_of.ctypes.data - 12
+
+
+def test_a_read_only_view_is_given_out_again_only_unchanged_and_unheld():
+    buf = buffers.result(64, np.float32)
+    a = buffers.readonly(buf, (8, 8))
+    b = buffers.readonly(buf, (8, 8))
+    assert a is not b                               # `a` is held
+    del b
+    c = buffers.readonly(buf, (8, 8))
+    assert c.shape == (8, 8)
+    with pytest.raises(ValueError):
+        c.flags.writeable = True
+    c.shape = (64,)                                 # what a caller may do to its own array
+    del c
+    d = buffers.readonly(buf, (8, 8))
+    assert d.shape == (8, 8) and d.strides == (32, 4) and d.dtype == np.float32
+    d.dtype = np.int32
+    del d
+    assert buffers.readonly(buf, (8, 8)).dtype == np.float32
+
+
+@pytest.mark.parametrize("n", [48, 1 << 17])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "uint16", "bfloat16", "bool"])
+def test_a_read_only_view_holds_its_result_for_every_dtype(dtype, n):
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    buf = buffers.result(n, dt)
+    addr = buf.ctypes.data
+    buffers.readonly(buf, (n // 16, 16))            # made and dropped
+    del buf
+    buf = buffers.result(n, dt)
+    assert buf.ctypes.data == addr
+    view = buffers.readonly(buf, (n // 16, 16))
+    del buf
+    assert buffers.result(n, dt).ctypes.data != addr
+    assert view.base is not None
+
+
+def test_forget_lets_a_kept_result_be_written_in_place():
+    """slice_set_ donates a dead tensor's buffer: an eager result (kept to be given out again)
+    is donated too, and the write never reaches a view a caller still holds."""
+    import lazycandle as lc
+    x = lc.tensor(np.arange(24, dtype=np.float32).reshape(4, 6))
+    t = (x * 2).realize()
+    t.numpy()                                       # a kept read-only view, dropped
+    before = t._node.buffer.ctypes.data
+    t.slice_set_(lc.tensor(np.full((1, 6), -1, np.float32)), 0, 1)
+    assert t._node.buffer.ctypes.data == before
+    want = np.arange(24, dtype=np.float32).reshape(4, 6) * 2
+    want[1] = -1
+    np.testing.assert_array_equal(t.numpy(), want)
+    held = t.numpy()
+    t.slice_set_(lc.tensor(np.full((1, 6), -2, np.float32)), 0, 2)
+    np.testing.assert_array_equal(held, want)       # held: t was rebound, not written
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["sum", "mul", "mm", "exp"]), st.sampled_from(["keep", "drop", "view"])),
+                min_size=1, max_size=24))
+def test_eager_results_held_in_any_pattern_keep_their_values(steps):
+    """Eager results of the same size, some held (the tensor, its .numpy() view, or a slice of
+    it) and some dropped, in any order: every held value still equals NumPy's at the end."""
+    import lazycandle as lc
+    rng = np.random.default_rng(len(steps))
+    xs = rng.standard_normal((16, 16)).astype(np.float32)
+    x = lc.from_dlpack(xs)
+    ops = {"sum": (lambda t: t.sum(-1), lambda a: a.sum(-1)), "mul": (lambda t: (t * 3).sum(0), lambda a: (a * 3).sum(0)),
+           "mm": (lambda t: t @ t, lambda a: a @ a), "exp": (lambda t: t.exp().sum(-1), lambda a: np.exp(a).sum(-1))}
+    held = []
+    for op, how in steps:
+        lc_fn, np_fn = ops[op]
+        t = lc_fn(x)
+        got = t.numpy()
+        want = np_fn(xs.astype(np.float64))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        if how == "keep":
+            held.append((t, want))
+        elif how == "view":
+            held.append((got[1:], want[1:]))
+        del t, got
+    for h, want in held:
+        np.testing.assert_allclose(h.numpy() if hasattr(h, "_node") else h, want, rtol=1e-4, atol=1e-4)

@@ -12,10 +12,12 @@ huge pages against ~11-15 ms with 4 KiB pages, and a recycled block nothing, nex
 add: reuse is what keeps an eager call at the memory limit."""
 from __future__ import annotations
 
+import atexit
 import ctypes
 import mmap
 import sys
 import threading
+from sys import getrefcount
 
 import numpy as np
 
@@ -145,7 +147,8 @@ def _hold(lease, block):
 
 
 def _give_back(lease):
-    _release(lease.block)
+    if _release is not None:        # (None: a lease outliving the module at interpreter exit)
+        _release(lease.block)
 
 
 def trim() -> None:
@@ -153,3 +156,130 @@ def trim() -> None:
     with _lock:
         _free.clear()
         _idle[0] = 0
+
+
+# ---- results handed out again ----------------------------------------------------------------
+# An eager call follows a kernel that streamed the caches out, where each fresh array costs
+# misses: a pooled lease and its frombuffer ~10-15 us, a read-only view for .numpy() ~5-10.
+# So the last result of each (count, dtype) is kept with the read-only views made of it, and
+# given out again once nothing else holds any of them (read from reference counts, against
+# counts measured at import on an entry nothing else holds).  A result is its caller's while
+# anything holds it or a view of it: then the next one of that size is fresh (and kept instead).
+KEEP_RESULTS = 64               # kept (count, dtype) entries before the table starts afresh
+KEEP_RESULT_BYTES = 1 << 22     # larger results are not kept (their alloc is small next to the kernel)
+KEEP_VIEWS = 4                  # read-only views kept per result (by shape)
+
+
+class _Kept:
+    __slots__ = ("buf", "views")
+
+    def __init__(self, buf):
+        self.buf = buf
+        self.views = {}             # shape -> (read-only view, its strides when made); replaced whole
+
+
+class _Results:
+    """The kept results by (count, numpy dtype) and by id of their array."""
+
+    def __init__(self):
+        self.by_size, self.by_id = {}, {}
+
+    def clear(self):
+        self.by_size, self.by_id = {}, {}
+
+    def __len__(self):
+        return len(self.by_size)
+
+
+_results = caches.register("kept results", _Results())
+atexit.register(_results.clear)     # (their leases go back while the module still stands)
+
+
+def _holders(kept) -> tuple:
+    """(references to the kept array and to its owner -- the array or lease it views -- beyond
+    one per view, the most references to one view).  Both counted: a numpy view refers to the
+    result or to its owner, depending on how numpy collapsed its base chain."""
+    most = 0
+    for view, _ in kept.views.values():
+        c = getrefcount(view)
+        if c > most:
+            most = c
+    buf = kept.buf
+    return getrefcount(buf) + getrefcount(buf.base) - len(kept.views) - 1, most
+
+
+def result(n: int, dtype) -> np.ndarray:
+    """`alloc(n, dtype)` for a result handed to a caller: the array given out last for
+    (n, dtype) when nothing holds it or its read-only views any more, else a fresh one."""
+    npdt = getattr(dtype, "numpy", None) or np.dtype(dtype)
+    key = (n, npdt)
+    table = _results
+    kept = table.by_size.get(key)
+    if kept is not None:
+        buf = kept.buf      # held while checking (+1 below): two threads checking at once see each other
+        refs, view_refs = _holders(kept)
+        if refs == _IDLE[0] + 1 and view_refs <= _IDLE[1]:
+            return buf
+    buf = alloc(n, npdt)
+    if n * npdt.itemsize <= KEEP_RESULT_BYTES:
+        if len(table.by_size) >= KEEP_RESULTS:
+            table.clear()
+        by_id = table.by_id
+        if kept is not None:
+            by_id.pop(id(kept.buf), None)
+        kept = table.by_size[key] = _Kept(buf)
+        by_id[id(buf)] = kept
+    return buf
+
+
+def readonly(buf: np.ndarray, shape) -> np.ndarray:
+    """`buf` (1-D, contiguous) as an array of `shape` whose base is a read-only memoryview:
+    `flags.writeable` is False and cannot be set True again.  For a kept result, the view made
+    before when nothing holds it any more and it still has that shape, strides and dtype."""
+    kept = _results.by_id.get(id(buf))
+    if kept is None or kept.buf is not buf:
+        return _readonly(buf, shape)
+    views = kept.views          # (replaced whole, never changed: other threads may be reading it)
+    got = views.get(shape)
+    if got is not None:
+        view, strides = got     # (held while checking, as in `result`)
+        if getrefcount(view) == _IDLE[1] and view.shape == shape and view.strides == strides \
+                and view.dtype == buf.dtype:
+            return view
+    view = _readonly(buf, shape)
+    views = dict(views) if len(views) < KEEP_VIEWS else {}
+    views[shape] = (view, view.strides)
+    kept.views = views
+    return view
+
+
+def forget(buf: np.ndarray) -> None:
+    """Stop keeping `buf` (it is about to be written in place: only its holders may see it)."""
+    table = _results
+    kept = table.by_id.pop(id(buf), None)
+    if kept is not None and kept.buf is buf:
+        key = (buf.size, buf.dtype)
+        if table.by_size.get(key) is kept:
+            del table.by_size[key]
+        kept.views = {}
+
+
+def _readonly(buf, shape):
+    dt = buf.dtype
+    # (a dtype from outside numpy, such as bfloat16, has no buffer format: its bytes are shared)
+    view = memoryview(buf if dt.isbuiltin == 1 else buf.view(np.uint8)).toreadonly()
+    arr = np.frombuffer(view, dtype=dt)         # (its base is the read-only view)
+    return arr if len(shape) == 1 else arr.reshape(shape)
+
+
+def _idle_counts() -> tuple:
+    """_holders of a kept result with one view and nothing else holding either (an owner is
+    held by its result alone, whether a small result's array or a large one's lease)."""
+    kept = _Kept(alloc(16, np.float32))
+    view = _readonly(kept.buf, (4, 4))
+    kept.views = {(4, 4): (view, view.strides)}
+    del view
+    return _holders(kept)
+
+
+_IDLE = _idle_counts()

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import config
 from . import native_pool
-from .buffers import alloc
+from .buffers import alloc, result
 from ..codegen.program import SERIAL, segment_names
 from .native_program import ALIGN, ARENA_KEEP_BYTES, _addressof, _fn_address, address, program_of
 from .native_program import NotNative, supports  # noqa: F401  (what executor.Plan asks of this module)
@@ -275,6 +275,7 @@ class NativePlan:
             return None
         (used, feeds, views, small_fill, _, _), stale, call = got
         block_type, returned, frombuffer = self._block, self.returned, np.frombuffer
+        one = views[0] if len(views) == 1 else None     # one result: buffers.result (kept, given out again)
 
         def run(in_bufs, offsets, scalars):
             if stale():
@@ -283,11 +284,16 @@ class NativePlan:
             for pos, k, i, s in feeds:
                 buf = in_bufs[i]
                 fill.append((pos, address(buf) + offsets[s] * buf.itemsize))
-            block = block_type()
-            base = _addressof(block)
-            skip = -base % ALIGN
-            base += skip
-            outs = [frombuffer(block, npdt, n, skip + off) for npdt, n, off in views]
+            if one is not None:
+                npdt, n, off = one
+                outs = [result(n, npdt)]
+                base = address(outs[0]) - off
+            else:
+                block = block_type()
+                base = _addressof(block)
+                skip = -base % ALIGN
+                base += skip
+                outs = [frombuffer(block, npdt, n, skip + off) for npdt, n, off in views]
             for pos, off in small_fill:
                 fill.append((pos, base + off))
             call(fill, scalars)
