@@ -42,6 +42,7 @@ def two_threads():
                                          (200, 3, 1000, ())])
 def test_parallel_tiled_gemm_is_one_native_section_and_matches_numpy(monkeypatch, two_threads, m, k, n, batch):
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     calls = []
     real = native_pool.run_jobs
     monkeypatch.setattr(native_pool, "run_jobs", lambda *a: (calls.append(a), real(*a)))
@@ -59,6 +60,7 @@ def test_parallel_tiled_gemm_is_one_native_section_and_matches_numpy(monkeypatch
 def test_concurrent_callers_of_one_parallel_plan(monkeypatch, two_threads):
     """Callers that find the plan busy run on copies of its parameter block and job words."""
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     p = _plan(96, 64, 130, 2)
     rng = np.random.default_rng(2)
     work = [_operands(rng, 96, 64, 130) for _ in range(4)]
@@ -75,6 +77,7 @@ def test_concurrent_callers_of_one_parallel_plan(monkeypatch, two_threads):
 
 def test_parallel_tiled_gemm_from_a_python_pool_worker_runs_inline(monkeypatch, two_threads):
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     real, on_worker = native_pool.run_jobs, []
     monkeypatch.setattr(native_pool, "run_jobs",
                         lambda *a: (on_worker.append(getattr(pool._in_worker, "flag", False)), real(*a)))
@@ -98,6 +101,7 @@ def test_parallel_tiled_gemm_from_a_python_pool_worker_runs_inline(monkeypatch, 
 @pytest.mark.parametrize("m", [130, 300])        # 300 rows: B packed once, shared by the threads
 def test_fused_bias_gelu_epilogue_on_the_native_parallel_path(monkeypatch, two_threads, m):
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     monkeypatch.setattr(MM, "_plans", {})
     rng = np.random.default_rng(4)
     x = rng.standard_normal((m, 70)).astype(np.float32)
@@ -138,6 +142,7 @@ def test_parallel_tiled_gemm_packs_b_once_and_matches_one_thread_bit_for_bit(mon
     """A parallel plan whose B is one matrix packs it once, shared by every thread (KC blocks
     x panel groups as tasks), then splits rows: the result is the 1-thread result exactly."""
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     real = MM._blocking
     monkeypatch.setattr(MM, "_blocking", lambda spec, ab, k: (real(spec, ab, k)[0], 64, real(spec, ab, k)[2]))
     (abuf, la, av), (bbuf, lb, bv) = _layouts(np.random.default_rng(5), dt, a_shape, b_shape, b_strides)
@@ -174,10 +179,19 @@ def _run_at_one_and_two_threads(g, dt, a, b, out_shape, check):
 
 def test_b_is_not_shared_when_it_differs_per_batch_or_the_rows_are_few(monkeypatch):
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     assert _plan(301, 77, 250, 2).shared_rows
     assert not _plan(96, 64, 130, 2).shared_rows            # 7 row tiles: the n split keeps both busy
     assert not _plan(301, 77, 250, 2, (3,)).shared_rows     # a B per batch element: tasks are batches
     assert not _plan(301, 77, 250, 1).shared_rows
+
+
+def test_b_is_shared_only_from_shared_b_min_flops():
+    """256^2 at 2 threads: the n split (each thread packs A and its half of B), 512^2 shared."""
+    assert MM.SHARED_B_MIN_FLOPS > 2 * 256 ** 3
+    p = _plan(256, 256, 256, 2)
+    assert not p.shared_rows and p.parallel and p.ntask == 2
+    assert _plan(512, 512, 512, 2).shared_rows
 
 
 def test_a_shared_b_plan_cuts_its_rows_into_about_8_tasks_per_thread():
@@ -191,6 +205,7 @@ def test_concurrent_callers_and_a_pool_worker_of_a_shared_b_plan(monkeypatch, tw
     """Concurrent callers get their own job words and counters, and each caller's thread its own
     shared-B scratch; on a Python pool worker the plan packs and runs inline."""
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     p = _plan(250, 64, 130, 2)
     assert p.shared_rows
     rng = np.random.default_rng(6)
@@ -244,6 +259,7 @@ def test_the_task_grid_of_a_large_problem_matches_one_thread_bit_for_bit(monkeyp
                                                                           b_shape, b_strides):
     """The grid split (forced on small odd shapes) gives the 1-thread result exactly."""
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     monkeypatch.setattr(MM, "BALANCED_MIN_FLOPS", 0)
     monkeypatch.setattr(MM, "SHARED_B_MAX_BYTES", 0)
     real = MM._blocking

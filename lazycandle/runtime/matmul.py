@@ -222,6 +222,11 @@ CACHES = jit.cache_bytes()    # {level: bytes} of the host's data caches
 # at 2048^2, 2 threads, rotating on a busy host: 64.8 ms best against 77.9 for the 2-task n
 # split (torch 65.2)
 SHARED_B_MAX_BYTES = 32 << 20
+# ... and when the problem has at least this many flops: below it the pack tasks' barrier and
+# the packed B moving between the cores cost more than packing A per thread (the n split).
+# Eager (a @ b).numpy() at 2 threads, rotating with NumPy, torch and JAX, alternating trees:
+# 256^2 139-147 -> 132-134 us, 320^2 232 -> 220-224; 384^2 and up equal
+SHARED_B_MIN_FLOPS = 100e6
 SHARED_TASKS_PER_THREAD = 8     # row tasks of a shared-B plan per thread
 
 
@@ -289,9 +294,10 @@ def _shared_b_rows(g: Geometry, spec: gemm.GemmSpec, mc: int, threads: int, w_us
     still reuses every B panel it streams from L3 over >= 5 row tiles at 1024^2).  Only
     when B is one matrix for every batch element, its packed copy fits SHARED_B_MAX_BYTES,
     there are row tiles for >= 8 tasks per thread (fewer: the n split keeps the threads busy
-    and duplicates only a small A) and no partial-sum scratch is used."""
+    and duplicates only a small A), the problem has SHARED_B_MIN_FLOPS and no partial-sum
+    scratch is used."""
     nb, mr = g.nbatch, spec.mr
-    if threads <= 1 or g.flops * nb < PARALLEL_MIN_FLOPS or w_used or min(g.m, g.n, g.k) <= 0 \
+    if threads <= 1 or g.flops * nb < SHARED_B_MIN_FLOPS or w_used or min(g.m, g.n, g.k) <= 0 \
             or (nb > 1 and any(g.bsb)) or len(g.bshape) > gemm.MAX_BATCH_RANK:
         return 0
     tiles = -(-g.m // mr)
