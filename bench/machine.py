@@ -16,8 +16,11 @@ BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OM
 
 METHOD = """\
 - **Timing**: like the seed: one warm-up call, then the median of {repeats} calls with min–max; every
-  implementation of a case is called once per round, in the same loop (rotating order), so the
-  noise of this shared machine hits all of them alike. A lazycandle call builds the graph afresh
+  implementation of a case is called once per round, in the same loop, so the noise of this
+  shared machine hits all of them alike; the order changes each round so that every
+  implementation runs right after every other one equally often (what ran just before --
+  a peer's threads still spinning, or a single-threaded call that left the other CPU idle --
+  changes the next call's time). A lazycandle call builds the graph afresh
   from input tensors and realizes it with `.numpy()` (graph capture, cached plan lookup,
   kernels and the output buffer are all inside the timing; compilation happens in the warm-up,
   shown as "1st call"). NumPy and the peers get their inputs ready-made (jax: already on device,

@@ -16,7 +16,7 @@ if ROOT not in sys.path:
 import bench  # noqa: E402
 from bench import cases as C  # noqa: E402
 from bench.runner import check, run_case  # noqa: E402
-from bench.timing import time_alternating  # noqa: E402
+from bench.timing import round_orders, time_alternating  # noqa: E402
 
 CHEAP = "add,fma_chain,sum_last"
 
@@ -95,6 +95,19 @@ def test_time_alternating_counts_and_warmup():
     st = time_alternating({"x": lambda: calls.append("x"), "y": lambda: calls.append("y")}, repeats=3, warmup=1)
     assert calls.count("x") == 4 and calls.count("y") == 4
     assert st["x"].n == 3 and st["x"].min <= st["x"].median <= st["x"].max
+
+
+def test_round_orders_put_every_implementation_after_every_other_equally_often():
+    for n in range(1, 8):
+        names = [f"i{k}" for k in range(n)]
+        orders = round_orders(names)
+        assert all(sorted(o) == names for o in orders)
+        follows = {}
+        for o in orders:
+            for a, b in zip(o, o[1:]):
+                follows[a, b] = follows.get(a, 0) + 1
+        if n > 1:
+            assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1, (n, follows)
 
 
 def test_time_alternating_runs_setup_untimed_right_before_each_call():
