@@ -8,6 +8,7 @@ import pytest
 import lazycandle as lc
 from lazycandle.codegen import jit
 from lazycandle.codegen.reduce import F32_BLOCK, UNROLL
+from lazycandle.ir.kernels import MIN_STRIP, output_strips
 
 rng = np.random.default_rng(7)
 E = jit.vector_bits() // 32          # f32 lanes of one register
@@ -66,12 +67,13 @@ def test_empty_last_dim_sum_is_zero():
     np.testing.assert_array_equal(lc.tensor(z).sum(-1).numpy(), np.zeros(4, np.float32))
 
 
-@pytest.mark.parametrize("m", [511, 512, 513, 1024, 2047, 2049, 4100])
+@pytest.mark.parametrize("m", [33, 63, 64, 65, 100, 128, 257, 511, 512, 513, 1024, 2047, 2049, 4100])
 @pytest.mark.parametrize("kind", ["sum", "mean", "max", "argmax"])
 def test_leading_dim_merged_strips_match_numpy_and_each_thread_count(m, kind):
     """A 1-thread call walks a row's strips as one, a 2-thread call one strip per thread: the
-    same values either way, and right at every width around the strip splits."""
-    x = rng.standard_normal((150, m)).astype(np.float32)    # big enough to run in parallel
+    same values either way, and right at every width around the strip splits (rows of 64
+    outputs and more split in two: 2 x MIN_STRIP)."""
+    x = rng.standard_normal((max(150, 80000 // m), m)).astype(np.float32)    # big enough to run in parallel
     res = []
     for n in (1, 2):
         with lc.num_threads(n):
@@ -83,6 +85,10 @@ def test_leading_dim_merged_strips_match_numpy_and_each_thread_count(m, kind):
         np.testing.assert_array_equal(res[0], x.max(0))
     else:
         _close(res[0], getattr(x.astype(np.float64), kind)(0))
+
+
+def test_rows_of_two_min_strips_split_in_two():
+    assert output_strips(2 * MIN_STRIP - 1) == 1 and output_strips(2 * MIN_STRIP) == 2 and MIN_STRIP <= 32
 
 
 def test_leading_dim_strips_of_a_rank3_reduction_cover_every_outer_row():

@@ -147,7 +147,10 @@ class EwSpec(KernelSpec):
 
 
 OUTPUT_STRIP = 2048       # inner-output reductions: at most this many outputs (of the last dim) per unit
-MIN_STRIP = 256           # rows of at least 2 x this many outputs split in two or more strips
+MIN_STRIP = 32            # rows of at least 2 x this many outputs split in two or more strips
+# (a narrow row unsplit is one unit: sum(0) of (16384, 256) f32 ran on one thread at any
+# setting, 578 us at 2 threads; split in two strips 394-414 us, and (65536, 64) 721 -> 455;
+# 1-thread times unchanged, since one call walks the strips of a row it runs as one)
 
 
 def output_strips(m: int) -> int:
