@@ -14,10 +14,10 @@ Two loop shapes, chosen by where the innermost input dim lands:
                 the strip's accumulators sit in a stack array while the reduced dims are
                 walked ROW_BLOCK rows at a time, so every step reads contiguous runs of the
                 input (argmax / argmin keep U vectors of outputs and indices in registers).
-                When input rows are one 4 KiB page (sum(0) of (4096, 1024) f32), two
-                threads each read half of every page and run ~25 % below the rate of whole
-                pages ((2048, 2048), 2 threads); a split over the rows would avoid it but
-                needs per-call scratch for the f64 partials, which kernels do not get.
+                A strip of at most ROW_PREFETCH_BYTES a row (narrow rows, or two
+                threads each reading half of every 4 KiB page) prefetches the same place of
+                the next block's rows: the hardware prefetcher starts a stream per page and
+                row and runs past a short strip into the other thread's half.
 Like elementwise kernels, reduce kernels are compiled per shape class (sizes and strides other
 than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors at a time while
 4 W elements remain, then one vector at a time, then a scalar tail, so one kernel serves every
@@ -30,9 +30,10 @@ values and a NaN seen is kept in a mask beside them, so each vector costs one co
 select); argmax/argmin keep the first index on ties (a NaN counts as
 the maximum / minimum, first one wins, like NumPy).
 At one thread every form reads a 16 MiB L3-resident input at the stream rate.  Measured and
-dropped: software prefetch of the next row block and walking the first strip backwards
-(inner-output); non-temporal prefetch and cldemote, meant to leave the caller's L2 to the
-interpreter, evict the input from the L3, so the next call reads DRAM (3x slower).
+dropped: the next row block's prefetch on strips of whole pages (3 % slower at 1 thread on
+4 KiB rows) and walking the first strip backwards (inner-output); non-temporal prefetch and
+cldemote, meant to leave the caller's L2 to the interpreter, evict the input from the L3, so
+the next call reads DRAM (3x slower).
 """
 from __future__ import annotations
 
@@ -53,6 +54,10 @@ from .loops import counted_loop, unit_range
 ROW_BLOCK = 8   # inner-output: reduced rows combined per trip of an accumulator through L1
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
 PREFETCH = 16384  # inner-reduce: bytes read ahead by software prefetch
+ROW_PREFETCH_BYTES = 2048     # inner-output: a strip of at most this many bytes a row prefetches the
+# same place of the next row block as it reads each row.  sum(0) f32, compiled, rotating:
+# 2 threads (4096, 1024) 310-316 -> 279-281 us, (8192, 512) 378 -> 314-317, (4000, 1000) 311 -> 254-259;
+# 1 thread (8192, 512) 635 -> 496-505, (32768, 128) 674-685 -> 503; (2048, 2048) unchanged
 ROWS = 4        # inner-reduce: rows read side by side (UNROLL / ROWS accumulators each)
 SUM_VECTORS = 2     # inner-reduce f32 sums: full-register f32 loads per row and step (each widened to f64)
 F32_BLOCK = 256     # row.py's blocked f32 sums over a row: elements per f32 partial (a multiple of U * 2W)
@@ -380,6 +385,14 @@ class _RedKernel(_Kernel):
                 p = b.bitcast(b.gep(self.in_ptr[k], [b.add(o, ahead)]), I8.as_pointer())
                 b.call(fn, [p, I32(0), I32(3), I32(1)])
 
+    def prefetch_at(self, offs):
+        """Prefetch the element at `offs[k]` of every input."""
+        b = self.b
+        fn = intrinsic(self.m, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+        for k, o in enumerate(offs):
+            p = b.bitcast(b.gep(self.in_ptr[k], [o]), I8.as_pointer())
+            b.call(fn, [p, I32(0), I32(3), I32(1)])
+
     def arg_inner(self, in_base, out_off, red_dims):
         """reduce_inner for argmax / argmin (one row): U W-lane accumulators and their indices,
         the first index winning ties."""
@@ -494,8 +507,10 @@ class _RedKernel(_Kernel):
             p = at(jj, w)
             acc = b.load(p, align=al)
             for offs in rows:
-                v = self.value([self.sadd(x, jj, s) for x, s in zip(offs, sj)], sj, w)
-                acc = self.combine(acc, v)
+                o = [self.sadd(x, jj, s) for x, s in zip(offs, sj)]
+                if w > 1:
+                    ahead(rows, o)
+                acc = self.combine(acc, self.value(o, sj, w))
             b.store(acc, p, align=al)
 
         narrow = self.red.combine == "add" and self.acc_t == F64 and self.val_dt.is_float
@@ -506,12 +521,26 @@ class _RedKernel(_Kernel):
                         for k in range(0, len(vals), 2)]
             return vals[0]
 
+        last = red_dims[-1]
+        sl = [s[last] for s in self.strides]
+        # a strip of at most ROW_PREFETCH_BYTES a row: prefetch the same place of the next
+        # block's rows (else the place itself, in L1 already: no branch in the loop)
+        widest = max((d.size_in_bytes for d in self.in_dt), default=1)      # (a reduction may read no buffer)
+        narrow_pf = b.icmp_unsigned("<=", n, I64(ROW_PREFETCH_BYTES // widest))
+
+        def ahead(rows, o):
+            """For a full block of rows: prefetch ROW_BLOCK rows on from the row read at `o`."""
+            if len(rows) == ROW_BLOCK:
+                self.prefetch_at([b.select(narrow_pf, self.sadd(x, I64(ROW_BLOCK), st), x) for x, st in zip(o, sl)])
+
         def step2(rows, jj):
             """Two accumulator vectors from one full-register (2W-lane) load per row of a value
             narrower than its f64 accumulator: each row's halves are widened, the block's rows
             added pairwise in f64 and then into the accumulators.  No f32 addition (an f32 sum
             of the ROW_BLOCK rows missed SPEC's rtol / atol 1e-5 on columns that cancel)."""
             o = [[self.sadd(x, jj, s) for x, s in zip(offs, sj)] for offs in rows]
+            for oo in o:
+                ahead(rows, oo)
             vals = [self.value(oo, sj, 2 * W, widen=False) for oo in o]
             for h in range(2):
                 sel = ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)])
@@ -535,10 +564,8 @@ class _RedKernel(_Kernel):
 
         # the last reduced dim runs ROW_BLOCK rows at a time: each accumulator is loaded and
         # stored once per block, not once per row
-        last = red_dims[-1]
         nl = self.dims[last]
         nlb = b.mul(b.udiv(nl, I64(ROW_BLOCK)), I64(ROW_BLOCK))
-        sl = [s[last] for s in self.strides]
         with self.red_loops(red_dims[:-1], base) as (offs, _):
             with counted_loop(b, I64(0), nlb, ROW_BLOCK, "rb") as i:
                 strip([[self.sadd(x, b.add(i, I64(r)), s) for x, s in zip(offs, sl)] for r in range(ROW_BLOCK)])
