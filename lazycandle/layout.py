@@ -183,6 +183,7 @@ _contiguous: dict = {}
 CONTIGUOUS_LAYOUTS = _contiguous     # the memo of contiguous_layout, read directly by Node() (a hot path)
 _scalar_broadcast: dict = {}
 _reshaped: dict = {}
+_broadcast: dict = {}
 
 
 def _memoize(memo: dict, shape: tuple, value):
@@ -208,6 +209,19 @@ def scalar_broadcast(shape: tuple) -> tuple:
     got = _scalar_broadcast.get(shape)
     if got is None:
         got = _memoize(_scalar_broadcast, shape, (Layout(shape, (0,) * len(shape), 0), f"broadcast_as{shape}"))
+    return got
+
+
+def broadcast_view(layout: Layout, shape: tuple) -> tuple:
+    """(layout, label) of `layout` broadcast to the (checked) shape tuple, labelled as
+    `broadcast_as` labels it; memoized per (layout, shape) like `contiguous_layout` (each eager
+    broadcasting op makes one: four of layer_norm's nine)."""
+    key = (layout, shape)
+    got = _broadcast.get(key)
+    if got is None:
+        got = (layout.broadcast_as(shape), f"broadcast_as{shape}")
+        if len(_broadcast) < MEMO_SHAPES and all(d.__class__ is int for d in shape + layout.shape):
+            _broadcast[key] = got
     return got
 
 

@@ -166,7 +166,7 @@ class MathMixin:
                     raise ShapeMismatchBinaryOp(f"{op}: shape mismatch lhs {a.shape} rhs {b.shape} "
                                                 f"(dtype {a.dtype.name})")
                 shape = broadcast_shapes(a.shape, b.shape, f"broadcast_{op}")
-                a, b = a.broadcast_as(shape), b.broadcast_as(shape)
+                a, b = a._broadcast_to(shape), b._broadcast_to(shape)
             a, b = a._node, b._node
         return T(Node(kind, (a, b), None, a.shape, D.u8 if kind.out_dtype == "u8" else a.dtype))
 

@@ -9,7 +9,8 @@ import numpy as np
 from .errors import (BroadcastIncompatibleShapes, DimOutOfRange, IndexOutOfBounds, NarrowInvalidArgs,
                      ShapeMismatch)
 from .ir.node import Node
-from .layout import as_index, as_shape
+from .ir.ops import OPS
+from .layout import MEMO_SHAPES, as_index, as_shape, broadcast_view
 
 
 def norm_dim(dim, rank, op, extra=0) -> int:
@@ -27,7 +28,11 @@ def norm_dim(dim, rank, op, extra=0) -> int:
 
 
 def broadcast_shapes(a, b, op) -> tuple:
-    """NumPy broadcasting of two shapes, or BroadcastIncompatibleShapes naming the op."""
+    """NumPy broadcasting of two shapes, or BroadcastIncompatibleShapes naming the op (results
+    memoized per pair of shape tuples, as the layout memos are)."""
+    got = _broadcast_pairs.get((a, b))
+    if got is not None:
+        return got
     out = []
     for i in range(max(len(a), len(b))):
         da = a[len(a) - 1 - i] if i < len(a) else 1
@@ -35,7 +40,15 @@ def broadcast_shapes(a, b, op) -> tuple:
         if da != db and da != 1 and db != 1:
             raise BroadcastIncompatibleShapes(f"{op}: cannot broadcast shapes {tuple(a)} and {tuple(b)}")
         out.append(db if da == 1 else da)
-    return tuple(reversed(out))
+    out = tuple(reversed(out))
+    if len(_broadcast_pairs) < MEMO_SHAPES and a.__class__ is tuple and b.__class__ is tuple \
+            and all(d.__class__ is int for d in a + b):
+        _broadcast_pairs[(a, b)] = out
+    return out
+
+
+_broadcast_pairs: dict = {}
+_VIEW = OPS["view"]
 
 
 class ViewMixin:
@@ -110,6 +123,15 @@ class ViewMixin:
         return self._view(self._node.layout.broadcast_as(shape), f"broadcast_as{shape}")
 
     expand = broadcast_as
+
+    def _broadcast_to(self, shape):
+        """broadcast_as to a shape `broadcast_shapes` made from this tensor's (so already
+        checked): the binary ops' fast path."""
+        node = self._node
+        if node.shape == shape:
+            return self
+        lay, label = broadcast_view(node.layout, shape)
+        return type(self)(Node(_VIEW, (node,), None, shape, node.dtype, layout=lay, label=label))
 
     def broadcast_left(self, *batch):
         if len(batch) == 1 and isinstance(batch[0], (tuple, list)):
