@@ -179,6 +179,26 @@ def test_a_read_only_view_holds_its_result_for_every_dtype(dtype, n):
     assert view.base is not None
 
 
+@pytest.mark.parametrize("shape", [(16, 16), (256,), (4, 4, 16), (512, 512), (1 << 17,)])
+def test_views_made_of_a_numpy_view_hold_the_result(shape):
+    """A row, a slice, a flattening or a transpose of t.numpy() refers to the 1-D array the
+    read-only view reshapes, not to the view: it holds the result as well, so the next eager
+    result of that size is a fresh array and the held values stay."""
+    import lazycandle as lc
+    a = lc.tensor(np.ones(shape, np.float32))
+    derive = (lambda v: v[0], lambda v: v[1:], lambda v: v.reshape(-1), lambda v: v.T, lambda v: v[..., ::2][:1])
+    for trial in range(3):
+        held = []
+        for k, f in enumerate(derive):
+            value = k + 2 + 10 * trial
+            view = (a * value).numpy()
+            held.append((f(view), value))
+            del view
+            (a * -1).numpy()                        # the next result of the same size
+        for h, value in held:
+            assert (h == value).all(), (shape, trial, value)
+
+
 def test_forget_lets_a_kept_result_be_written_in_place():
     """slice_set_ donates a dead tensor's buffer: an eager result (kept to be given out again)
     is donated too, and the write never reaches a view a caller still holds."""
@@ -201,7 +221,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["sum", "mul", "mm", "exp"]), st.sampled_from(["keep", "drop", "view"])),
+@given(st.lists(st.tuples(st.sampled_from(["sum", "mul", "mm", "exp"]), st.sampled_from(["keep", "drop", "view", "row"])),
                 min_size=1, max_size=24))
 def test_eager_results_held_in_any_pattern_keep_their_values(steps):
     """Eager results of the same size, some held (the tensor, its .numpy() view, or a slice of
@@ -223,6 +243,8 @@ def test_eager_results_held_in_any_pattern_keep_their_values(steps):
             held.append((t, want))
         elif how == "view":
             held.append((got[1:], want[1:]))
+        elif how == "row":                          # (a view of the 1-D array a 2-D view reshapes)
+            held.append((got.reshape(-1)[:5], want.reshape(-1)[:5]))
         del t, got
     for h, want in held:
         np.testing.assert_allclose(h.numpy() if hasattr(h, "_node") else h, want, rtol=1e-4, atol=1e-4)

@@ -197,15 +197,23 @@ atexit.register(_results.clear)     # (their leases go back while the module sti
 
 def _holders(kept) -> tuple:
     """(references to the kept array and to its owner -- the array or lease it views -- beyond
-    one per view, the most references to one view).  Both counted: a numpy view refers to the
-    result or to its owner, depending on how numpy collapsed its base chain."""
-    most = 0
+    one per view, the most references to one read-only view, the most to the 1-D array a
+    reshaped view views).  Each counted: a numpy view of the result refers to it or to its
+    owner, depending on how numpy collapsed its base chain, and a view made of a reshaped
+    read-only view (a row, a slice, a transpose) refers to that 1-D array, not to the view."""
+    most = most_base = 0
     for view, _ in kept.views.values():
         c = getrefcount(view)
         if c > most:
             most = c
+        base = view.base
+        if base.__class__ is np.ndarray:
+            c = getrefcount(base)
+            if c > most_base:
+                most_base = c
+        del base
     buf = kept.buf
-    return getrefcount(buf) + getrefcount(buf.base) - len(kept.views) - 1, most
+    return getrefcount(buf) + getrefcount(buf.base) - len(kept.views) - 1, most, most_base
 
 
 def result(n: int, dtype) -> np.ndarray:
@@ -217,8 +225,8 @@ def result(n: int, dtype) -> np.ndarray:
     kept = table.by_size.get(key)
     if kept is not None:
         buf = kept.buf      # held while checking (+1 below): two threads checking at once see each other
-        refs, view_refs = _holders(kept)
-        if refs == _IDLE[0] + 1 and view_refs <= _IDLE[1]:
+        refs, view_refs, base_refs = _holders(kept)
+        if refs == _IDLE[0] + 1 and view_refs <= _IDLE[1] and base_refs <= _IDLE[2]:
             return buf
     buf = alloc(n, npdt)
     if n * npdt.itemsize <= KEEP_RESULT_BYTES:
@@ -273,8 +281,8 @@ def _readonly(buf, shape):
 
 
 def _idle_counts() -> tuple:
-    """_holders of a kept result with one view and nothing else holding either (an owner is
-    held by its result alone, whether a small result's array or a large one's lease)."""
+    """_holders of a kept result with one reshaped view and nothing else holding either (an
+    owner is held by its result alone, whether a small result's array or a large one's lease)."""
     kept = _Kept(alloc(16, np.float32))
     view = _readonly(kept.buf, (4, 4))
     kept.views = {(4, 4): (view, view.strides)}
