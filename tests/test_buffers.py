@@ -199,6 +199,20 @@ def test_views_made_of_a_numpy_view_hold_the_result(shape):
             assert (h == value).all(), (shape, trial, value)
 
 
+@pytest.mark.parametrize("shape", [(16, 16), (256,)])
+def test_the_memoryview_under_a_numpy_view_holds_the_result(shape):
+    """`.base` (1-D) or `.base.base` (reshaped) of t.numpy() is the read-only memoryview over
+    the result: holding it alone holds the result."""
+    import lazycandle as lc
+    a = lc.tensor(np.ones(shape, np.float32))
+    view = (a * 2).numpy()
+    mv = view.base if view.ndim == 1 else view.base.base
+    assert isinstance(mv, memoryview)
+    del view
+    (a * 3).numpy()
+    assert (np.frombuffer(mv, np.float32) == 2).all()
+
+
 def test_forget_lets_a_kept_result_be_written_in_place():
     """slice_set_ donates a dead tensor's buffer: an eager result (kept to be given out again)
     is donated too, and the write never reaches a view a caller still holds."""

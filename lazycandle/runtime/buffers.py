@@ -197,23 +197,31 @@ atexit.register(_results.clear)     # (their leases go back while the module sti
 
 def _holders(kept) -> tuple:
     """(references to the kept array and to its owner -- the array or lease it views -- beyond
-    one per view, the most references to one read-only view, the most to the 1-D array a
-    reshaped view views).  Each counted: a numpy view of the result refers to it or to its
-    owner, depending on how numpy collapsed its base chain, and a view made of a reshaped
-    read-only view (a row, a slice, a transpose) refers to that 1-D array, not to the view."""
-    most = most_base = 0
+    one per view; the most references to one read-only view, to the 1-D array a reshaped view
+    views, and to the read-only memoryview under it).  Each counted: a numpy view of the result
+    refers to it or to its owner, depending on how numpy collapsed its base chain; a view made
+    of a reshaped read-only view (a row, a slice, a transpose) refers to that 1-D array, not to
+    the view; and `.base` hands out the memoryview itself."""
+    most = most_arr = most_mv = 0
     for view, _ in kept.views.values():
         c = getrefcount(view)
         if c > most:
             most = c
-        base = view.base
-        if base.__class__ is np.ndarray:
-            c = getrefcount(base)
-            if c > most_base:
-                most_base = c
-        del base
+        arr = view.base
+        if arr.__class__ is np.ndarray:         # a reshaped view: arr is the 1-D array under it
+            c = getrefcount(arr)
+            if c > most_arr:
+                most_arr = c
+            mv = arr.base
+        else:                                   # a 1-D view is that array: its base is the memoryview
+            mv = arr
+        del arr
+        c = getrefcount(mv)
+        if c > most_mv:
+            most_mv = c
+        del mv
     buf = kept.buf
-    return getrefcount(buf) + getrefcount(buf.base) - len(kept.views) - 1, most, most_base
+    return getrefcount(buf) + getrefcount(buf.base) - len(kept.views) - 1, most, most_arr, most_mv
 
 
 def result(n: int, dtype) -> np.ndarray:
@@ -225,8 +233,8 @@ def result(n: int, dtype) -> np.ndarray:
     kept = table.by_size.get(key)
     if kept is not None:
         buf = kept.buf      # held while checking (+1 below): two threads checking at once see each other
-        refs, view_refs, base_refs = _holders(kept)
-        if refs == _IDLE[0] + 1 and view_refs <= _IDLE[1] and base_refs <= _IDLE[2]:
+        refs, view_refs, arr_refs, mv_refs = _holders(kept)
+        if refs == _IDLE[0] + 1 and view_refs <= _IDLE[1] and arr_refs <= _IDLE[2] and mv_refs <= _IDLE[3]:
             return buf
     buf = alloc(n, npdt)
     if n * npdt.itemsize <= KEEP_RESULT_BYTES:
