@@ -186,11 +186,12 @@ _reshaped: dict = {}
 _broadcast: dict = {}
 
 
-def _memoize(memo: dict, shape: tuple, value):
-    """Keep `value` for `shape` while the memo has room, if the shape holds plain ints only (a
-    traced size of named dims, an int subclass, must stay in the layouts made for it)."""
+def _memoize(memo: dict, shape: tuple, value, key=None):
+    """Keep `value` for `shape` (or for `key`, made of it) while the memo has room, if the shape
+    holds plain ints only (a traced size of named dims, an int subclass, must stay in the
+    layouts made for it)."""
     if len(memo) < MEMO_SHAPES and all(d.__class__ is int for d in shape):
-        memo[shape] = value
+        memo[shape if key is None else key] = value
     return value
 
 
@@ -219,9 +220,7 @@ def broadcast_view(layout: Layout, shape: tuple) -> tuple:
     key = (layout, shape)
     got = _broadcast.get(key)
     if got is None:
-        got = (layout.broadcast_as(shape), f"broadcast_as{shape}")
-        if len(_broadcast) < MEMO_SHAPES and all(d.__class__ is int for d in shape + layout.shape):
-            _broadcast[key] = got
+        got = _memoize(_broadcast, shape + layout.shape, (layout.broadcast_as(shape), f"broadcast_as{shape}"), key)
     return got
 
 

@@ -377,19 +377,14 @@ class _RedKernel(_Kernel):
         """Prefetch PREFETCH bytes ahead of `offs` in every unit-stride input: the hardware
         prefetcher alone leaves a last-dim reduction a few percent under the stream rate from
         DRAM (each 4 KiB page of a row starts a new prefetch stream)."""
-        b = self.b
-        fn = intrinsic(self.m, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
-        for k, (o, s) in enumerate(zip(offs, strides)):
-            if s == 1:
-                ahead = I64(PREFETCH // self.in_dt[k].size_in_bytes)
-                p = b.bitcast(b.gep(self.in_ptr[k], [b.add(o, ahead)]), I8.as_pointer())
-                b.call(fn, [p, I32(0), I32(3), I32(1)])
+        self.prefetch_at({k: self.b.add(o, I64(PREFETCH // self.in_dt[k].size_in_bytes))
+                          for k, (o, s) in enumerate(zip(offs, strides)) if s == 1})
 
     def prefetch_at(self, offs):
-        """Prefetch the element at `offs[k]` of every input."""
+        """Prefetch the element at offset `offs[k]` of input k, for each k in the dict."""
         b = self.b
         fn = intrinsic(self.m, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
-        for k, o in enumerate(offs):
+        for k, o in offs.items():
             p = b.bitcast(b.gep(self.in_ptr[k], [o]), I8.as_pointer())
             b.call(fn, [p, I32(0), I32(3), I32(1)])
 
@@ -531,7 +526,8 @@ class _RedKernel(_Kernel):
         def ahead(rows, o):
             """For a full block of rows: prefetch ROW_BLOCK rows on from the row read at `o`."""
             if len(rows) == ROW_BLOCK:
-                self.prefetch_at([b.select(narrow_pf, self.sadd(x, I64(ROW_BLOCK), st), x) for x, st in zip(o, sl)])
+                self.prefetch_at({k: b.select(narrow_pf, self.sadd(x, I64(ROW_BLOCK), st), x)
+                                  for k, (x, st) in enumerate(zip(o, sl))})
 
         def step2(rows, jj):
             """Two accumulator vectors from one full-register (2W-lane) load per row of a value
