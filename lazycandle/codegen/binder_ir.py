@@ -267,13 +267,16 @@ class _Builder:
             return b.extract_value(r, 0)
         if isinstance(op, (ast.FloorDiv, ast.Mod)):
             self.check(b.icmp_signed("==", y, I64(0)))
-            self.check(b.and_(b.icmp_signed("==", x, I64(-_INT_MAX - 1)), b.icmp_signed("==", y, I64(-1))))
-            q, r = b.sdiv(x, y), b.srem(x, y)
+            minus_one = b.icmp_signed("==", y, I64(-1))
+            if isinstance(op, ast.FloorDiv):
+                self.check(b.and_(b.icmp_signed("==", x, I64(-_INT_MAX - 1)), minus_one))
+            # x % -1 is 0 for every x, and srem(INT_MIN, -1) traps: take it modulo 1 instead
+            r = b.srem(x, b.select(minus_one, I64(1), y))
             # floor semantics: a non-zero remainder of the other sign than y moves q down, r up by y
             adjust = b.and_(b.icmp_signed("!=", r, I64(0)),
                             b.icmp_signed("!=", b.icmp_signed("<", r, I64(0)), b.icmp_signed("<", y, I64(0))))
             if isinstance(op, ast.FloorDiv):
-                return b.sub(q, b.zext(adjust, I64))
+                return b.sub(b.sdiv(x, y), b.zext(adjust, I64))
             return b.select(adjust, b.add(r, y), r)
         if isinstance(op, ast.BitAnd):
             return b.and_(x, y)
