@@ -121,9 +121,38 @@ def test_last_dim_max_min_record_a_nan_anywhere_in_the_row(kind, dt):
 
 
 # ---- inner-reduce row blocks: ROWS rows read side by side, the rest one at a time -------------
+from lazycandle.codegen import reduce as red  # noqa: E402
 from lazycandle.codegen.reduce import ROWS  # noqa: E402
 
-ROW_COUNTS = sorted({1, ROWS - 1, ROWS, ROWS + 1, 2 * ROWS + 3})
+TUNINGS = {cpu: red._stream_tuning(cpu) for cpu in ("sapphirerapids", "znver4")}
+MAX_ROWS = max(t[0] for t in TUNINGS.values())
+ROW_COUNTS = sorted({1, MAX_ROWS - 1, MAX_ROWS, MAX_ROWS + 1, 2 * MAX_ROWS + 3})
+
+
+@pytest.fixture(params=sorted(TUNINGS))
+def stream_tuning(request, tmp_path, monkeypatch):
+    """Kernels built under each host's stream tuning (rows side by side, prefetches), whatever
+    this host is: in their own disk cache, and dropped from memory before and after."""
+    monkeypatch.setenv("LAZYCANDLE_CACHE_DIR", str(tmp_path))
+    lc.clear_caches()
+    for name, value in zip(("ROWS", "PREFETCH", "ROW_PREFETCH_BYTES"), TUNINGS[request.param]):
+        monkeypatch.setattr(red, name, value)
+    yield request.param
+    monkeypatch.undo()
+    lc.clear_caches()
+
+
+@pytest.mark.parametrize("shape", [(2 * MAX_ROWS + 3, F32_BLOCK + 5), (9, 3 * E + 1), (40, 2 * MIN_STRIP + 3)])
+def test_reductions_under_every_stream_tuning(stream_tuning, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    t = lc.tensor(x)
+    for n in (1, 2):
+        with lc.num_threads(n):
+            for axis in (-1, 0):
+                for kind in ("sum", "mean", "max", "min"):
+                    _close(getattr(t, kind)(axis).numpy(), getattr(x.astype(np.float64), kind)(axis))
+                np.testing.assert_array_equal(t.argmax(axis).numpy(), x.argmax(axis))
+            _close((t[:, ::2] * 2.0).sum(-1).numpy(), (x[:, ::2].astype(np.float64) * 2.0).sum(-1))
 ROW_LENGTHS = [1, E - 1, 2 * E + 3, F32_BLOCK + 5]
 
 

@@ -18,6 +18,7 @@ Two loop shapes, chosen by where the innermost input dim lands:
                 threads each reading half of every 4 KiB page) prefetches the same place of
                 the next block's rows: the hardware prefetcher starts a stream per page and
                 row and runs past a short strip into the other thread's half.
+How many streams run at once and what is prefetched depends on the host CPU (_stream_tuning).
 Like elementwise kernels, reduce kernels are compiled per shape class (sizes and strides other
 than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors at a time while
 4 W elements remain, then one vector at a time, then a scalar tail, so one kernel serves every
@@ -46,19 +47,34 @@ from ..ir.kernels import MIN_STRIP, OUTPUT_STRIP, RedSpec
 from ..ir.ops import reduction
 from .elementwise import _Kernel, _emit_instrs
 from .fused import red_lanes as lanes
+from .jit import host_info
 from .llvmutil import I8, I32, I64, F64, intrinsic, ltype, vec, splat, const, width_of, FM_REDUCE
 from .loops import counted_loop, unit_range
 
-
-
 ROW_BLOCK = 8   # inner-output: reduced rows combined per trip of an accumulator through L1
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
-PREFETCH = 16384  # inner-reduce: bytes read ahead by software prefetch
-ROW_PREFETCH_BYTES = 2048     # inner-output: a strip of at most this many bytes a row prefetches the
-# same place of the next row block as it reads each row.  sum(0) f32, compiled, rotating:
-# 2 threads (4096, 1024) 310-316 -> 279-281 us, (8192, 512) 378 -> 314-317, (4000, 1000) 311 -> 254-259;
-# 1 thread (8192, 512) 635 -> 496-505, (32768, 128) 674-685 -> 503; (2048, 2048) unchanged
-ROWS = 4        # inner-reduce: rows read side by side (UNROLL / ROWS accumulators each)
+
+
+def _stream_tuning(cpu: str) -> tuple:
+    """(ROWS, PREFETCH, ROW_PREFETCH_BYTES) on a host CPU (LLVM's name for it): how many
+    streams a reduction reads at once and what software prefetch helps the hardware's.
+    Intel cores: 4 rows side by side ran 20-25 % faster from DRAM than one row at a time, a
+    prefetch 16 KiB ahead took 6-9 % more off (sum(-1), 128 MiB), and the next row block's
+    prefetch on narrow strips took sum(0) f32 (2 threads) (4096, 1024) 310-316 -> 279-281 us,
+    (8192, 512) 378 -> 314-317, (1 thread) (32768, 128) 674-685 -> 503.  AMD Zen 4 runs the same
+    code at about half the stream rate; its own prefetchers follow one row at a time best, with
+    no software prefetch: sum(-1) f32, 1 thread, (16384, 1024) 16 -> 31-34 GB/s, (65536, 256)
+    8-10 -> 24-30, (4096, 1024) in the L3 31-38 -> 46-48, 2 threads 64-72 -> 81; sum(0)
+    (4096, 1024), 2 threads 35 -> 60 (python -m bench.reduce_streams, compiled, rotating)."""
+    return (1, 0, 0) if cpu.startswith("znver") else (4, 16384, 2048)
+
+
+# ROWS: inner-reduce rows read side by side (UNROLL / ROWS accumulators each); PREFETCH: bytes
+# inner-reduce reads ahead by software prefetch (0: none); ROW_PREFETCH_BYTES: an inner-output
+# strip of at most this many bytes a row prefetches the same place of the next row block as it
+# reads each row
+ROWS, PREFETCH, ROW_PREFETCH_BYTES = _stream_tuning(host_info()["cpu"])
+
 SUM_VECTORS = 2     # inner-reduce f32 sums: full-register f32 loads per row and step (each widened to f64)
 F32_BLOCK = 256     # row.py's blocked f32 sums over a row: elements per f32 partial (a multiple of U * 2W)
 
@@ -376,7 +392,10 @@ class _RedKernel(_Kernel):
     def prefetch(self, offs, strides):
         """Prefetch PREFETCH bytes ahead of `offs` in every unit-stride input: the hardware
         prefetcher alone leaves a last-dim reduction a few percent under the stream rate from
-        DRAM (each 4 KiB page of a row starts a new prefetch stream)."""
+        DRAM (each 4 KiB page of a row starts a new prefetch stream), where _stream_tuning
+        says so."""
+        if not PREFETCH:
+            return
         self.prefetch_at({k: self.b.add(o, I64(PREFETCH // self.in_dt[k].size_in_bytes))
                           for k, (o, s) in enumerate(zip(offs, strides)) if s == 1})
 
@@ -525,7 +544,7 @@ class _RedKernel(_Kernel):
 
         def ahead(rows, o):
             """For a full block of rows: prefetch ROW_BLOCK rows on from the row read at `o`."""
-            if len(rows) == ROW_BLOCK:
+            if len(rows) == ROW_BLOCK and ROW_PREFETCH_BYTES:
                 self.prefetch_at({k: b.select(narrow_pf, self.sadd(x, I64(ROW_BLOCK), st), x)
                                   for k, (x, st) in enumerate(zip(o, sl))})
 

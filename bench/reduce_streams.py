@@ -1,0 +1,62 @@
+"""Inner-reduce stream tuning (codegen/reduce.py _stream_tuning): last-dim reductions compiled
+with each (ROWS, PREFETCH) choice, timed in one rotating loop, in GB/s of input read.
+
+    python -m bench.reduce_streams [--threads 1] [--op sum] [--shapes 16384x1024,65536x256,4096x1024]
+
+Each variant is compiled in this process after clearing the kernel caches (the disk cache too,
+in a temporary LAZYCANDLE_CACHE_DIR), so each program holds its own kernel; every program reads
+the same input array.  The host's own choice is marked with *."""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+os.environ["LAZYCANDLE_CACHE_DIR"] = tempfile.mkdtemp(prefix="lc-streams-")
+
+import numpy as np  # noqa: E402
+
+import lazycandle as lc  # noqa: E402
+from bench.timing import time_alternating  # noqa: E402
+from lazycandle.codegen import reduce as red  # noqa: E402
+
+VARIANTS = [(1, 0), (1, 16384), (4, 0), (4, 16384)]
+
+
+def _programs(op: str, shape: tuple) -> dict:
+    host = (red.ROWS, red.PREFETCH)
+    progs = {}
+    try:
+        for rows, pf in VARIANTS:
+            lc.clear_caches(disk=True)
+            red.ROWS, red.PREFETCH = rows, pf
+            name = f"rows={rows} prefetch={pf}" + (" *" if (rows, pf) == host else "")
+            progs[name] = lc.compile(getattr(lc.placeholder("x", shape), op)(-1))
+            progs[name].run(x=np.zeros(shape, np.float32))     # compiled while the constants hold
+    finally:
+        red.ROWS, red.PREFETCH = host
+    return progs
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--op", default="sum", choices=["sum", "max", "min", "mean"])
+    ap.add_argument("--shapes", default="16384x1024,65536x256,4096x1024")
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args(argv)
+    lc.set_num_threads(args.threads)
+    print(f"host cpu {lc.codegen.jit.host_info()['cpu']}, {args.threads} thread(s), "
+          f"load {os.getloadavg()[0]:.2f}; {args.op}(-1) f32, GB/s of input (median of {args.repeats})")
+    for text in args.shapes.split(","):
+        shape = tuple(int(s) for s in text.split("x"))
+        x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+        progs = _programs(args.op, shape)
+        outs = [p.run(x=x)[0] for p in progs.values()]
+        assert all(np.array_equal(o, outs[0], equal_nan=True) for o in outs[1:]) or args.op in ("sum", "mean")
+        stats = time_alternating({k: (lambda p=p: p.run(x=x)) for k, p in progs.items()}, repeats=args.repeats, warmup=2)
+        print(f"  {text:>12}: " + ", ".join(f"{k} {x.nbytes / s.median / 1e9:.1f}" for k, s in stats.items()))
+
+
+if __name__ == "__main__":
+    main()
