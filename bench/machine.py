@@ -23,11 +23,13 @@ METHOD = """\
   changes the next call's time). A lazycandle call builds the graph afresh
   from input tensors and realizes it with `.numpy()` (graph capture, cached plan lookup,
   kernels and the output buffer are all inside the timing; compilation happens in the warm-up,
-  shown as "1st call"). NumPy and the peers get their inputs ready-made (jax: already on device,
-  its function `jax.jit`-compiled in the warm-up). lazycandle's inputs are `lc.from_dlpack` views
-  of the NumPy arrays, as torch's are `torch.from_numpy` views: NumPy, torch and lazycandle read
-  the same memory, so none gets an input that the previous call left in the last-level cache
-  while another reads a cold copy.
+  shown as "1st call"). NumPy and the peers get their inputs ready-made (jax's function
+  `jax.jit`-compiled in the warm-up). The inputs are 64-byte aligned NumPy arrays;
+  lazycandle's are `lc.from_dlpack` views of them, torch's `torch.from_numpy` views and jax's
+  `jax.dlpack.from_dlpack` views (a device copy only for a dtype DLPack does not carry):
+  every implementation reads the same memory, so none gets an input that the previous call
+  left in the last-level cache while another reads a cold copy, and none evicts the others'
+  input with a private copy.
 - **Fairness**: the suite runs with OMP_WAIT_POLICY=PASSIVE, KMP_BLOCKTIME=0 and
   OPENBLAS_THREAD_TIMEOUT=4 (set before any library loads; the command restarts itself to set them),
   so the peers' idle OpenMP / OpenBLAS threads sleep instead of spinning on a core the next timed

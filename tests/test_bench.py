@@ -15,7 +15,7 @@ if ROOT not in sys.path:
 
 import bench  # noqa: E402
 from bench import cases as C  # noqa: E402
-from bench.runner import check, run_case  # noqa: E402
+from bench.runner import _aligned, check, run_case  # noqa: E402
 from bench.timing import round_orders, time_alternating  # noqa: E402
 
 CHEAP = "add,fma_chain,sum_last"
@@ -44,6 +44,18 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
     assert md.read_text() == out
     assert err.count("[") >= len(rows)                               # one progress line per case
     assert set(data["peaks"]["bandwidth_gbs"]) == {"1", "2"}
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.uint8, "bfloat16"])
+@pytest.mark.parametrize("shape", [(), (0,), (7,), (33, 5)])
+def test_case_inputs_are_aligned_copies(dt, shape):
+    """Every implementation reads the same 64-byte aligned input (jax's DLPack view needs it)."""
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if dt == "bfloat16" else dt
+    a = (np.arange(int(np.prod(shape)), dtype=np.float64) % 200).reshape(shape).astype(dt)
+    out = _aligned(a[..., ::-1] if a.ndim else a)
+    assert (out.ctypes.data % 64 == 0 or not out.size) and out.flags.c_contiguous and out.dtype == a.dtype
+    np.testing.assert_array_equal(out, a[..., ::-1] if a.ndim else a)
 
 
 def test_wrong_result_is_reported_and_not_timed(capsys):
