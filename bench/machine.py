@@ -51,7 +51,7 @@ METHOD = """\
   {fma_r}×{fma_w}): {fma_p} independent chains of {fma_k} dependent `y = y*y + c` steps (each one
   vector FMA; there is no re-association, so nothing folds) summed; GFLOP/s counts 2 per FMA, best of
   {peak_reps}. Compute-bound cases (matmul) report GFLOP/s and "% peak" against this. The nominal
-  figure (clock × 2 FMA pipes × vector lanes × 2 × threads) is shown for comparison.
+  figure (clock × 2 FMA pipes × f32 lanes of an FMA unit × 2 × threads) is shown for comparison.
 - Peaks are measured at each thread count of the run, at its start and again at its end (the
   better figure is kept); "% peak" compares with the peak at the same thread count. Each case
   runs at all thread counts back to back, so its thread-scaling figures share machine conditions.
@@ -212,7 +212,14 @@ class Peaks:
                              fma_w=FMA_W, fma_r=self.fma_r, fma_p=self.fma_p, fma_k=self.fma_k)
 
 
+HALF_WIDTH_FMA = ("znver4",)     # LLVM CPU names whose FMA units are 256 bits wide under AVX-512
+
+
 def nominal_gflops(header: dict, threads: int) -> float:
-    """Clock × 2 FMA pipes × f32 lanes × 2 flops × threads (cores assumed not shared)."""
-    lanes = header["vector_bits"] // 32
+    """Clock × 2 FMA pipes × f32 lanes × 2 flops × threads (cores assumed not shared); Zen 4
+    runs a 512-bit FMA as two halves on 256-bit units, so its lanes per pipe are 8."""
+    bits = header["vector_bits"]
+    if header.get("llvm_cpu", "").startswith(HALF_WIDTH_FMA):
+        bits = min(bits, 256)
+    lanes = bits // 32
     return header["mhz"] * 1e-3 * 2 * lanes * 2 * min(threads, header["cpus"])
