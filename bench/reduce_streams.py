@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 import lazycandle as lc  # noqa: E402
 from bench.timing import time_alternating  # noqa: E402
 from lazycandle.codegen import reduce as red  # noqa: E402
+from lazycandle.codegen.jit import host_info  # noqa: E402
 
 VARIANTS = [(1, 0), (1, 16384), (4, 0), (4, 16384)]
 
@@ -46,7 +47,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args(argv)
     lc.set_num_threads(args.threads)
-    print(f"host cpu {lc.codegen.jit.host_info()['cpu']}, {args.threads} thread(s), "
+    print(f"host cpu {host_info()['cpu']}, {args.threads} thread(s), "
           f"load {os.getloadavg()[0]:.2f}; {args.op}(-1) f32, GB/s of input (median of {args.repeats})")
     for text in args.shapes.split(","):
         shape = tuple(int(s) for s in text.split("x"))
