@@ -53,8 +53,9 @@ def main(argv=None) -> None:
         shape = tuple(int(s) for s in text.split("x"))
         x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
         progs = _programs(args.op, shape)
-        outs = [p.run(x=x)[0] for p in progs.values()]
-        assert all(np.array_equal(o, outs[0], equal_nan=True) for o in outs[1:]) or args.op in ("sum", "mean")
+        if args.op in ("max", "min"):       # exact whatever the order (sums may differ in the last bit)
+            outs = [p.run(x=x)[0] for p in progs.values()]
+            assert all(np.array_equal(o, outs[0]) for o in outs[1:])
         stats = time_alternating({k: (lambda p=p: p.run(x=x)) for k, p in progs.items()}, repeats=args.repeats, warmup=2)
         print(f"  {text:>12}: " + ", ".join(f"{k} {x.nbytes / s.median / 1e9:.1f}" for k, s in stats.items()))
 

@@ -129,9 +129,9 @@ def _aligned(arr: np.ndarray) -> np.ndarray:
 
 def _lc_input(lc, arr):
     """lazycandle's view of a case input: zero-copy over the NumPy array (lc.from_dlpack), as
-    torch.from_numpy gives torch, so every implementation reads the same memory (with a 300 MB
-    LLC, a private copy would be the one input that is not cache-hot from the previous call);
-    a dtype DLPack does not carry is copied (lc.tensor)."""
+    torch.from_numpy gives torch, so every implementation reads the same memory (a private
+    copy would be the one input that is not cache-hot from the previous call); a dtype DLPack
+    does not carry is copied (lc.tensor)."""
     try:
         return lc.from_dlpack(arr)
     except (TypeError, BufferError, ValueError, lc.UnsupportedDType):

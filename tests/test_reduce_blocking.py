@@ -127,6 +127,7 @@ from lazycandle.codegen.reduce import ROWS  # noqa: E402
 TUNINGS = {cpu: red._stream_tuning(cpu) for cpu in ("sapphirerapids", "znver4")}
 MAX_ROWS = max(t[0] for t in TUNINGS.values())
 ROW_COUNTS = sorted({1, MAX_ROWS - 1, MAX_ROWS, MAX_ROWS + 1, 2 * MAX_ROWS + 3})
+ROW_LENGTHS = [1, E - 1, 2 * E + 3, F32_BLOCK + 5]
 
 
 @pytest.fixture(params=sorted(TUNINGS))
@@ -153,7 +154,6 @@ def test_reductions_under_every_stream_tuning(stream_tuning, shape):
                     _close(getattr(t, kind)(axis).numpy(), getattr(x.astype(np.float64), kind)(axis))
                 np.testing.assert_array_equal(t.argmax(axis).numpy(), x.argmax(axis))
             _close((t[:, ::2] * 2.0).sum(-1).numpy(), (x[:, ::2].astype(np.float64) * 2.0).sum(-1))
-ROW_LENGTHS = [1, E - 1, 2 * E + 3, F32_BLOCK + 5]
 
 
 @pytest.mark.parametrize("n", ROW_LENGTHS)
