@@ -1,8 +1,10 @@
 """Row normalisations (softmax, log_softmax, layer_norm, rms_norm, logsumexp over the last dim):
 values against NumPy across dtypes, layouts, odd row lengths and -inf/NaN rows; low precision
 bit for bit equal to op at a time (fusion never changes a low-precision value); and the kernel
-counts issue 10 asks for (ONE row kernel each), which are strict xfails until the row kernel lands."""
+counts issue 10 asks for (ONE row kernel each)."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -355,10 +357,25 @@ def test_row_kernel_prefetches_the_next_row_in_its_later_passes():
     np.testing.assert_allclose(y.numpy(), _softmax(x.transpose(1, 0, 2).astype(np.float64)), rtol=1e-6, atol=1e-7)
 
 
-def test_row_division_by_a_row_value_is_exactly_the_f32_division():
-    """The write pass multiplies by the divisor's f64 reciprocal instead of dividing: the f32
-    result must still be the correctly rounded quotient, bit for bit, also for zero, inf, NaN
-    and subnormal divisors and inf/NaN dividends."""
+@pytest.mark.parametrize("reciprocal", [True, False], ids=["f64-reciprocal", "vector-divide"])
+def test_row_division_by_a_row_value_is_exactly_the_f32_division(reciprocal, tmp_path, monkeypatch):
+    """The write pass divides, or (on hosts where that is faster, row.RECIPROCAL_DIVIDE)
+    multiplies by the divisor's f64 reciprocal: either way the f32 result is the correctly
+    rounded quotient, bit for bit, also for zero, inf, NaN and subnormal divisors and inf/NaN
+    dividends.  Both forms run here whatever the host picks (compiled in a cache of their own)."""
+    from lazycandle.codegen import row
+    monkeypatch.setattr(row, "RECIPROCAL_DIVIDE", reciprocal)
+    monkeypatch.setenv("LAZYCANDLE_CACHE_DIR", str(tmp_path))
+    lc.clear_caches()
+    try:
+        _check_row_division(reciprocal)
+    finally:
+        lc.clear_caches()
+
+
+def _check_row_division(reciprocal):
+    from lazycandle.compiler import get_plan
+    from lazycandle.ir.printer import render
     rng = rng_for("row_recip")
     x = rng.normal(size=(9, 333)).astype(np.float32) * np.float32(1e3)
     x[0, :5] = [np.inf, -np.inf, np.nan, 0.0, 1e-40]
@@ -368,6 +385,8 @@ def test_row_division_by_a_row_value_is_exactly_the_f32_division():
     y = lc.tensor(x) / lc.tensor(dcol).sum_keepdim(1).broadcast_as(x.shape)     # row value d (+0 for -0)
     kernels, _, _ = schedule_capture(capture([y._node]))
     assert [k.kind for k in kernels] == ["row"]
+    vector_divide = re.search(r"fdiv [^%]*<\d+ x float>", render("llvm", "text", get_plan(capture([y._node]))))
+    assert bool(vector_divide) is not reciprocal
     got = y.numpy()
     d = d + np.float32(0.0)
     with np.errstate(all="ignore"):
