@@ -450,6 +450,9 @@ class _RedKernel(_Kernel):
         Zen 4 the conversions bound the loop (sum(-1) f32 (4096, 1024), L3-resident, 1 thread:
         53 GB/s, torch's f32 sum 68); adding 4 loads pairwise in f32 before each widening ran
         70 GB/s but left 7e-4 on rows of +-[50, 150] that sum to 0 in f64, so it was dropped.
+        No exact form is faster there (bench/f32_sum_ceiling.c, hand-written AVX-512 from L2:
+        vcvtps2pd 58 GB/s, error-free TwoSum f32 pairs 57, f32 bits placed into f64 bits by
+        integer ops 40; inexact f32 sums 96-117).
         The f32 -> f64 conversion cost nothing measurable in the loop bound by memory on Intel."""
         b, W = self.b, self.W
         U, E = SUM_VECTORS, 2 * W
