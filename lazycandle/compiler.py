@@ -257,6 +257,19 @@ def trace_key(n):
     return (tr[0],) + patterns(tr)
 
 
+WAKE_MIN_ELEMENTS = 1 << 17   # elements an eager realize reads from which it wakes parked workers first
+_pool_rt = []                 # [runtime.native_pool] once a realize has woken it
+
+
+def _wake_pool() -> None:
+    """An eager realize about to run a parallel section: parked pool workers wake now, so
+    their wake-up (tens of us on a VM) overlaps the Python work before the section."""
+    if not _pool_rt:
+        from .runtime import native_pool
+        _pool_rt.append(native_pool)
+    _pool_rt[0].wake()
+
+
 def _realize_traced(n, tr) -> bool:
     """Realize computed node `n` from its trace `tr` (read once by the caller: another
     thread's realize of `n` may drop it meanwhile): the plan filed under its trace key runs on
@@ -271,6 +284,8 @@ def _realize_traced(n, tr) -> bool:
             n.trace = None          # it cannot stand again: let go of the nodes it holds
             return False
     reads, scalars = tr[1], tr[2]
+    if config._num_threads > 1 and sum(prod(r[0].shape) for r in reads) >= WAKE_MIN_ELEMENTS:
+        _wake_pool()
     key = (tr[0],) + patterns(tr)
     entry = _eager.get(key)
     if entry is None:
@@ -329,6 +344,8 @@ def _realize_lone_matmul(n) -> bool:
         _matmul_rt[:] = matmul, buffers
     mm, buffers = _matmul_rt
     la, lb = sa.layout, sb.layout
+    if config._num_threads > 1 and 2 * prod(n.shape) * la.shape[-1] >= mm.PARALLEL_MIN_FLOPS:
+        _wake_pool()
     plan = mm.plan_for(la, lb, n.dtype, config._matmul_backend, config._num_threads)
     out = buffers.result(prod(n.shape), n.dtype)
     mm.run_plan(plan, ba.buffer, la.offset, bb.buffer, lb.offset, out)
@@ -360,6 +377,8 @@ def realize_nodes(nodes) -> None:
         work, finish, aliases = _prepare_targets(nodes)
     if work:
         cap = capture(work)
+        if config._num_threads > 1 and sum(prod(i.shape) for i in cap.inputs) >= WAKE_MIN_ELEMENTS:
+            _wake_pool()
         for inp in cap.inputs:
             if inp.buffer is None:
                 raise UnboundPlaceholder(f"placeholder {inp.arg!r} {inp.shape} {inp.dtype.name} is not bound: "

@@ -1,8 +1,9 @@
 """The native pool's spin-then-park waits (codegen/pool_ir.py): back-to-back sections give
 every thread's chunk, complete, with no parking at all, with parking every time, and with a
 spin so short that spinning and parking race; sections from two Python threads at once;
-fork while the workers spin; and a hush that parks spinning workers at once.  Each case runs
-in a probe process with a timeout, so a lost wake-up fails the test instead of hanging."""
+fork while the workers spin; a hush that parks spinning workers at once; and a wake that sets
+parked workers spinning ahead of a section.  Each case runs in a probe process with a
+timeout, so a lost wake-up fails the test instead of hanging."""
 import os
 
 from conftest import run_probe
@@ -18,6 +19,11 @@ cm, addr = stamp_kernel()
 native_pool.ensure(3)
 while native_pool.ready() < 2:
     time.sleep(0.01)
+
+def cpu_seconds():
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 """
 
 BACK_TO_BACK = SETUP + """
@@ -90,11 +96,6 @@ def test_fork_while_workers_spin_gives_a_working_child_pool():
 
 
 HUSH = SETUP + """
-def cpu_seconds():
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 native_pool.set_spin_us(5e6)          # five seconds of spin: without the hush both workers poll
 run_sections(addr, 3, 5)
 native_pool.hush()
@@ -133,3 +134,37 @@ print("running", [running_threads() for _ in range(5)])
 def test_workers_a_section_leaves_out_park_instead_of_spinning():
     out = run_probe(LEFT_OUT, timeout=120)
     assert "running [1, 1, 1, 1, 1]" in out, out
+
+
+WAKE = SETUP + """
+import lazycandle as lc
+lc.set_num_threads(3)                 # wake() acts only above one thread
+native_pool.set_spin_us(0.0)          # workers park as soon as a section ends
+assert run_sections(addr, 3, 20)
+time.sleep(0.05)
+before = cpu_seconds()
+time.sleep(0.5)
+parked = cpu_seconds() - before
+native_pool.set_spin_us(5e6)          # ... and after a wake spin for seconds
+native_pool.wake()
+time.sleep(0.05)
+before = cpu_seconds()
+time.sleep(0.5)
+woken = cpu_seconds() - before
+native_pool.hush()
+native_pool.set_spin_us(native_pool.SPIN_US)
+for _ in range(200):                  # wakes before, between and after sections lose no chunk
+    native_pool.wake()
+    assert run_sections(addr, 3, 2)
+    native_pool.wake()
+print("parked", parked, "woken", woken)
+print("ok")
+"""
+
+
+def test_wake_sets_parked_workers_spinning_and_sections_stay_complete():
+    out = run_probe(WAKE, timeout=120)
+    parked, woken = (float(out.split(k)[1].split()[0]) for k in ("parked", "woken"))
+    assert parked < 0.1, f"parked workers used {parked:.3f} s of CPU in 0.5 s"
+    assert woken > 0.3, f"woken workers used only {woken:.3f} s of CPU in 0.5 s (spinning: ~1 s)"
+    assert "ok" in out

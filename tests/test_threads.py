@@ -68,3 +68,35 @@ def test_concurrent_realize_from_python_threads():
     for t in threads:
         t.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("case", ["traced", "captured", "matmul"])
+def test_eager_realize_wakes_parked_workers_only_ahead_of_big_parallel_work(case, monkeypatch):
+    """An eager realize that will run a parallel section wakes the pool's parked workers before
+    its Python work (compiler._wake_pool); a small one, or any at one thread, leaves them parked."""
+    from lazycandle.runtime import native_pool
+    woken = []
+    monkeypatch.setattr(native_pool, "wake", lambda: woken.append(1))
+    rng = np.random.default_rng(7)
+
+    def run(n):
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        t = lc.tensor(a)
+        if case == "traced":
+            got, want = t.sum(-1), a.astype(np.float64).sum(-1)
+        elif case == "captured":          # a computed node used twice: realized by the capture walk
+            y = t + 1
+            got, want = y * y, (a + 1) * (a + 1)
+        else:
+            got, want = t.matmul(t), a.astype(np.float64) @ a.astype(np.float64)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-3)
+
+    with lc.num_threads(2):
+        run(8)
+        assert not woken
+        run(512)
+        assert woken
+    woken.clear()
+    with lc.num_threads(1):
+        run(512)
+    assert not woken

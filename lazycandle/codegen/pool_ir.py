@@ -26,6 +26,11 @@ worker a section leaves out (a lower thread setting) parks at once.  Back-to-bac
 then never pay a futex sleep/wake (an IPI and a VM exit each on a VM), and an idle pool
 still parks and uses no CPU.
 `lc_pool_hush` makes spinning workers park at once (before a BLAS call that wants the cores).
+`lc_pool_wake` wakes parked workers into that spin ahead of a section: a caller that knows a
+big parallel section is coming (an eager realize, before its Python work) calls it, and the
+worker's wake-up (tens of microseconds on a VM: futex, IPI, the idle vCPU scheduled again)
+overlaps that work instead of delaying the section.  A worker parks on the section word and
+the `wake` counter, both read under the mutex the waker holds, so no wake is lost.
 
 Shared words:
 - `section` = sequence << 32 | CLOSED | nparts, written (release) under the mutex after the
@@ -61,13 +66,13 @@ PARTS_BITS = 31                  # low bits of the section word: the section's n
 CLOSED = 1 << PARTS_BITS         # ... below the closed flag; the sequence is in the high 32 bits
 SEQ_STEP = 1 << 32
 EXPORTS = ("lc_pool_init", "lc_pool_run", "lc_pool_start", "lc_pool_reset", "lc_pool_ready",
-           "lc_pool_set_spin", "lc_pool_spin", "lc_pool_hush")
+           "lc_pool_set_spin", "lc_pool_spin", "lc_pool_hush", "lc_pool_wake")
 
 I8P = I8.as_pointer()
 I64P = I64.as_pointer()
 KERNEL_T = ir.FunctionType(VOID, [I8P.as_pointer(), I64P, I64P, I64, I64])
 WORDS = ("section", "active", "waiting", "hush", "spin", "ready", "created", "jobs", "njobs",
-         "total", "probe")
+         "total", "probe", "wake")
 LINE_WORDS = 8                   # i64 words per cache line: one home counter per line
 
 
@@ -283,9 +288,11 @@ class _Pool:
         b.position_at_end(blocks["park"])
         parked_on = b.load(seen)
         b.call(self.lock, [mu])
+        woken_at = self.get(b, "wake")
         b.branch(blocks["park.check"])
         b.position_at_end(blocks["park.check"])
-        moved = b.icmp_signed("!=", self.get(b, "section", "acquire"), parked_on)
+        moved = b.or_(b.icmp_signed("!=", self.get(b, "section", "acquire"), parked_on),
+                      b.icmp_signed("!=", self.get(b, "wake"), woken_at))
         b.cbranch(moved, blocks["park.out"], blocks["park.wait"])
         b.position_at_end(blocks["park.wait"])
         b.call(self.wait, [self.ptr(b, "work_cv"), mu])
@@ -393,7 +400,9 @@ class _Pool:
     def build_spin_controls(self):
         """lc_pool_set_spin(polls): the spin budget of both waits.  lc_pool_spin(polls): one
         worker-style spin on a word that never moves (the runtime times it to calibrate).
-        lc_pool_hush(): spinning workers park now; the next section clears it."""
+        lc_pool_hush(): spinning workers park now; the next section clears it.
+        lc_pool_wake(): parked workers wake and spin once more, as after a section, so that
+        a section published within the spin finds them running (see the module docstring)."""
         setter = ir.Function(self.m, ir.FunctionType(VOID, [I64]), "lc_pool_set_spin")
         b = ir.IRBuilder(setter.append_basic_block("entry"))
         self.put(b, "spin", setter.args[0])
@@ -405,6 +414,14 @@ class _Pool:
         hush = ir.Function(self.m, ir.FunctionType(VOID, []), "lc_pool_hush")
         b = ir.IRBuilder(hush.append_basic_block("entry"))
         self.put(b, "hush", I64(1))
+        b.ret_void()
+        wake = ir.Function(self.m, ir.FunctionType(VOID, []), "lc_pool_wake")
+        b = ir.IRBuilder(wake.append_basic_block("entry"))
+        mu = self.ptr(b, "mutex")
+        b.call(self.lock, [mu])
+        self.put(b, "wake", b.add(self.get(b, "wake"), I64(1)))
+        b.call(self.broadcast, [self.ptr(b, "work_cv")])      # no syscall when nobody is parked
+        b.call(self.unlock, [mu])
         b.ret_void()
 
     def build_init_reset(self):

@@ -50,6 +50,7 @@ def _load() -> dict:
                               poll_ns=_poll_ns(POLLS_FN(fns["lc_pool_spin"])),
                               set_spin=POLLS_FN(fns["lc_pool_set_spin"]),
                               hush=ctypes.CFUNCTYPE(None)(fns["lc_pool_hush"]),
+                              wake=ctypes.CFUNCTYPE(None)(fns["lc_pool_wake"]),
                               run=RUN_FN(fns["lc_pool_run"]),
                               start=ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(fns["lc_pool_start"]),
                               ready=ctypes.CFUNCTYPE(ctypes.c_int64)(fns["lc_pool_ready"]),
@@ -69,6 +70,14 @@ def hush() -> None:
     work that wants every core, such as a multi-threaded BLAS call."""
     if _state:
         _state["hush"]()
+
+
+def wake() -> None:
+    """Parked workers wake and spin for a while, as after a section: call ahead of Python work
+    that ends in a parallel section, so their wake-up overlaps it.  A no-op before the pool
+    has workers, or at one thread."""
+    if _state and _state["started"] and config._num_threads > 1:
+        _state["wake"]()
 
 
 def address(name: str) -> int:
