@@ -2,7 +2,8 @@
 park on a condition variable (the IR is codegen/pool_ir.py, linked once per process on first
 use; the spin budget is calibrated here to SPIN_US).  Whole-program modules
 (codegen/program.py) call its `lc_pool_run(jobs, njobs, nthreads)` directly; Python calls it
-only through `parallel` (one kernel) and `ensure` (grow the pool).
+only through `parallel` (one kernel), `ensure` (grow the pool), `hush` (spinning workers park)
+and `wake` (parked workers spin, ahead of a section).
 
 Thread rule (SPEC): the caller passes lc.get_num_threads() to every section; the pool only
 grows (as runtime/pool.py), a smaller setting leaves workers parked.  In a forked child the
