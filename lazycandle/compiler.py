@@ -245,7 +245,7 @@ def _prepare_targets(nodes):
     return work, finish, aliases
 
 
-_eager = caches.register("eager plans", caches.LRU(config.plan_cache_size()))  # trace key -> (BoundPlan, picks)
+_eager = caches.register("eager plans", caches.LRU(config.plan_cache_size()))  # trace key -> (BoundPlan, picks, big: wake the pool first)
 
 
 def trace_key(n):
@@ -284,8 +284,6 @@ def _realize_traced(n, tr) -> bool:
             n.trace = None          # it cannot stand again: let go of the nodes it holds
             return False
     reads, scalars = tr[1], tr[2]
-    if config._num_threads > 1 and sum(prod(r[0].shape) for r in reads) >= WAKE_MIN_ELEMENTS:
-        _wake_pool()
     key = (tr[0],) + patterns(tr)
     entry = _eager.get(key)
     if entry is None:
@@ -293,8 +291,11 @@ def _realize_traced(n, tr) -> bool:
         picks = _picks(cap, reads, scalars)
         if picks is None:
             return False
-        entry = _eager.put(key, (get_plan(cap, [n]),) + picks)
-    plan, in_pick, slot_pick, scalar_pick = entry
+        big = sum(prod(i.shape) for i in cap.inputs) >= WAKE_MIN_ELEMENTS     # (the key fixes the shapes)
+        entry = _eager.put(key, (get_plan(cap, [n]),) + picks + (big,))
+    plan, in_pick, slot_pick, scalar_pick, big = entry
+    if big and config._num_threads > 1:
+        _wake_pool()
     bufs, offsets, values = [], [], ()     # (no scalars: the same empty tuple every run, which the
     for i in in_pick:                       # native runner sees as already packed)
         bufs.append(reads[i][0].buffer)
