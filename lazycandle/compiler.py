@@ -245,7 +245,8 @@ def _prepare_targets(nodes):
     return work, finish, aliases
 
 
-_eager = caches.register("eager plans", caches.LRU(config.plan_cache_size()))  # trace key -> (BoundPlan, picks, big: wake the pool first)
+# trace key -> (BoundPlan, picks, big: its realize wakes the pool first)
+_eager = caches.register("eager plans", caches.LRU(config.plan_cache_size()))
 
 
 def trace_key(n):
