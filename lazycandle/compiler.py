@@ -346,9 +346,10 @@ def _realize_lone_matmul(n) -> bool:
         _matmul_rt[:] = matmul, buffers
     mm, buffers = _matmul_rt
     la, lb = sa.layout, sb.layout
-    if config._num_threads > 1 and 2 * prod(n.shape) * la.shape[-1] >= mm.PARALLEL_MIN_FLOPS:
-        _wake_pool()
     plan = mm.plan_for(la, lb, n.dtype, config._matmul_backend, config._num_threads)
+    if plan.backend != "blas" and config._num_threads > 1 and \
+            2 * prod(n.shape) * la.shape[-1] >= mm.PARALLEL_MIN_FLOPS:
+        _wake_pool()            # (BLAS GEMMs run on the Python pool's threads: no native section)
     out = buffers.result(prod(n.shape), n.dtype)
     mm.run_plan(plan, ba.buffer, la.offset, bb.buffer, lb.offset, out)
     n.set_buffer(out)

@@ -70,11 +70,13 @@ def test_concurrent_realize_from_python_threads():
     assert errors == []
 
 
-@pytest.mark.parametrize("case", ["traced", "captured", "matmul"])
+@pytest.mark.parametrize("case", ["traced", "captured", "matmul", "blas matmul"])
 def test_eager_realize_wakes_parked_workers_only_ahead_of_big_parallel_work(case, monkeypatch):
     """An eager realize that will run a parallel section wakes the pool's parked workers before
-    its Python work (compiler._wake_pool); a small one, or any at one thread, leaves them parked."""
+    its Python work (compiler._wake_pool); a small one, one at one thread, or a BLAS GEMM (run on
+    the Python pool's threads) leaves them parked."""
     from lazycandle.runtime import native_pool
+    backend = lc.get_matmul_backend()
     woken = []
     monkeypatch.setattr(native_pool, "wake", lambda: woken.append(1))
     rng = np.random.default_rng(7)
@@ -91,12 +93,16 @@ def test_eager_realize_wakes_parked_workers_only_ahead_of_big_parallel_work(case
             got, want = t.matmul(t), a.astype(np.float64) @ a.astype(np.float64)
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-3)
 
-    with lc.num_threads(2):
-        run(8)
+    lc.set_matmul_backend("blas" if case == "blas matmul" else "tiled")
+    try:
+        with lc.num_threads(2):
+            run(8)
+            assert not woken
+            run(512)
+            assert bool(woken) is (case != "blas matmul")
+        woken.clear()
+        with lc.num_threads(1):
+            run(512)
         assert not woken
-        run(512)
-        assert woken
-    woken.clear()
-    with lc.num_threads(1):
-        run(512)
-    assert not woken
+    finally:
+        lc.set_matmul_backend(backend)
