@@ -264,7 +264,10 @@ _pool_rt = []                 # [runtime.native_pool] once a realize has woken i
 
 def _wake_pool() -> None:
     """An eager realize about to run a parallel section: parked pool workers wake now, so
-    their wake-up (tens of us on a VM) overlaps the Python work before the section."""
+    their wake-up (tens of us on a VM) overlaps the Python work before the section.  Not
+    under LAZYCANDLE_EXEC=python, whose kernels run on the Python pool's threads."""
+    if config.exec_flags()[0] == "python":
+        return
     if not _pool_rt:
         from .runtime import native_pool
         _pool_rt.append(native_pool)

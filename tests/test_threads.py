@@ -106,3 +106,15 @@ def test_eager_realize_wakes_parked_workers_only_ahead_of_big_parallel_work(case
         assert not woken
     finally:
         lc.set_matmul_backend(backend)
+
+
+def test_eager_realize_leaves_the_native_pool_parked_under_python_exec(monkeypatch):
+    """LAZYCANDLE_EXEC=python runs kernels on the Python pool: no native worker is woken."""
+    from lazycandle.runtime import native_pool
+    woken = []
+    monkeypatch.setattr(native_pool, "wake", lambda: woken.append(1))
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "python")
+    a = np.random.default_rng(3).standard_normal((512, 512)).astype(np.float32)
+    with lc.num_threads(2):
+        np.testing.assert_allclose(lc.tensor(a).sum(-1).numpy(), a.astype(np.float64).sum(-1), rtol=1e-5, atol=1e-4)
+    assert not woken
