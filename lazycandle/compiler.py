@@ -262,11 +262,17 @@ WAKE_MIN_ELEMENTS = 1 << 17   # elements an eager realize reads from which it wa
 _pool_rt = []                 # [runtime.native_pool] once a realize has woken it
 
 
+def _big(cap) -> bool:
+    """Whether a capture reads enough to run its kernels as parallel sections."""
+    return sum(prod(i.shape) for i in cap.inputs) >= WAKE_MIN_ELEMENTS
+
+
 def _wake_pool() -> None:
     """An eager realize about to run a parallel section: parked pool workers wake now, so
-    their wake-up (tens of us on a VM) overlaps the Python work before the section.  Not
-    under LAZYCANDLE_EXEC=python, whose kernels run on the Python pool's threads."""
-    if config.exec_flags()[0] == "python":
+    their wake-up (tens of us on a VM) overlaps the Python work before the section.  Only
+    above one thread, and not under LAZYCANDLE_EXEC=python, whose kernels run on the Python
+    pool's threads."""
+    if config._num_threads <= 1 or config.exec_flags()[0] == "python":
         return
     if not _pool_rt:
         from .runtime import native_pool
@@ -295,10 +301,9 @@ def _realize_traced(n, tr) -> bool:
         picks = _picks(cap, reads, scalars)
         if picks is None:
             return False
-        big = sum(prod(i.shape) for i in cap.inputs) >= WAKE_MIN_ELEMENTS     # (the key fixes the shapes)
-        entry = _eager.put(key, (get_plan(cap, [n]),) + picks + (big,))
+        entry = _eager.put(key, (get_plan(cap, [n]),) + picks + (_big(cap),))   # (the key fixes the shapes)
     plan, in_pick, slot_pick, scalar_pick, big = entry
-    if big and config._num_threads > 1:
+    if big:
         _wake_pool()
     bufs, offsets, values = [], [], ()     # (no scalars: the same empty tuple every run, which the
     for i in in_pick:                       # native runner sees as already packed)
@@ -350,8 +355,7 @@ def _realize_lone_matmul(n) -> bool:
     mm, buffers = _matmul_rt
     la, lb = sa.layout, sb.layout
     plan = mm.plan_for(la, lb, n.dtype, config._matmul_backend, config._num_threads)
-    if plan.backend != "blas" and config._num_threads > 1 and \
-            2 * prod(n.shape) * la.shape[-1] >= mm.PARALLEL_MIN_FLOPS:
+    if plan.backend != "blas" and 2 * prod(n.shape) * la.shape[-1] >= mm.PARALLEL_MIN_FLOPS:
         _wake_pool()            # (BLAS GEMMs run on the Python pool's threads: no native section)
     out = buffers.result(prod(n.shape), n.dtype)
     mm.run_plan(plan, ba.buffer, la.offset, bb.buffer, lb.offset, out)
@@ -383,7 +387,7 @@ def realize_nodes(nodes) -> None:
         work, finish, aliases = _prepare_targets(nodes)
     if work:
         cap = capture(work)
-        if config._num_threads > 1 and sum(prod(i.shape) for i in cap.inputs) >= WAKE_MIN_ELEMENTS:
+        if _big(cap):
             _wake_pool()
         for inp in cap.inputs:
             if inp.buffer is None:
