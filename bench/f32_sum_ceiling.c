@@ -11,6 +11,7 @@
                          FMAs x*1+y, on the other pipes), the sum and the f32 error sum widened
      exact   int_widen   f32 bits placed into f64 bits with integer ops (x 2^-896, scaled back
                          once): no conversion instruction at all
+     inexact pair2_f32   2 loads added in f32, then widened (f64 partials per 2 elements)
      inexact pair4_f32   4 loads added in f32, then widened (f64 partials per 4 elements)
      inexact plain_f32   4 f32 accumulators (torch's and NumPy's kind of sum)
 
@@ -99,6 +100,19 @@ static double pair4_f32(const float *x, long n) {
     return hsum(a0, a1);
 }
 
+static double pair2_f32(const float *x, long n) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    for (long i = 0; i < n; i += 64) {
+        __m512 p = _mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i + 16));
+        __m512 q = _mm512_add_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(x + i + 48));
+        a0 = _mm512_add_pd(a0, widen_lo(p));
+        a1 = _mm512_add_pd(a1, widen_hi(p));
+        a2 = _mm512_add_pd(a2, widen_lo(q));
+        a3 = _mm512_add_pd(a3, widen_hi(q));
+    }
+    return hsum(a0, a1) + hsum(a2, a3);
+}
+
 static double plain_f32(const float *x, long n) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (long i = 0; i < n; i += 64) {
@@ -113,7 +127,7 @@ static double plain_f32(const float *x, long n) {
 typedef double (*SumFn)(const float *, long);
 static const struct { const char *name; SumFn fn; int exact; } FORMS[] = {
     {"cvt_zmm", cvt_zmm, 1}, {"twosum4", twosum4, 1},
-    {"int_widen", int_widen, 1}, {"pair4_f32", pair4_f32, 0}, {"plain_f32", plain_f32, 0}};
+    {"int_widen", int_widen, 1}, {"pair2_f32", pair2_f32, 0}, {"pair4_f32", pair4_f32, 0}, {"plain_f32", plain_f32, 0}};
 #define NFORMS (sizeof FORMS / sizeof FORMS[0])
 
 int main(void) {

@@ -1,4 +1,4 @@
-"""Two per-host choices of issue 10, each timed against its alternative in one rotating loop.
+"""Choices of issue 10, each timed against its alternative in one rotating loop.
 
   --divide  row kernels (layer_norm, softmax, rms_norm over (rows, 1024) f32, compiled, 1 thread):
             an f32 division by a row value as a vector divide or as a multiply by its f64
@@ -6,8 +6,11 @@
   --wake    eager calls at 2 threads (matmul 256^2, sum(-1) and layer_norm of (4096, 1024)):
             the realize waking parked pool workers before its Python work or not
             (runtime/native_pool.wake made a no-op), rotating with NumPy, torch and jax.
+  --sum     f32 sum(-1) and sum(0) of (rows, 1024) (compiled, 1 and 2 threads): every element
+            widened to f64 (codegen/reduce.py PAIRED = 1) or PAIRED registers added in f32
+            before each widening, rotating with NumPy and torch.
 
-    python -m bench.host_choices --divide --wake
+    python -m bench.host_choices --divide --wake --sum
 
 Like `lazycandle bench` it runs with the peers' idle threads set to sleep (bench/peers.py
 FAIR_ENV, set before NumPy, torch or jax load).  Medians of --repeats after a warm-up."""
@@ -26,7 +29,7 @@ import numpy as np  # noqa: E402
 
 import lazycandle as lc  # noqa: E402
 from bench.timing import time_alternating  # noqa: E402
-from lazycandle.codegen import row  # noqa: E402
+from lazycandle.codegen import reduce, row  # noqa: E402
 from lazycandle.runtime import native_pool  # noqa: E402
 
 EPS = 1e-5
@@ -122,19 +125,53 @@ def wake(repeats: int) -> None:
         native_pool.wake = real
 
 
+def paired_sum(rows: int, repeats: int) -> None:
+    x = np.random.default_rng(0).standard_normal((rows, 1024)).astype(np.float32)
+    ph = lc.placeholder("x", x.shape)
+    host = reduce.PAIRED
+    progs = {}
+    try:
+        for paired in sorted({1, host}):
+            lc.clear_caches(disk=True)
+            reduce.PAIRED = paired
+            for dim in (-1, 0):
+                prog = lc.compile([ph.sum(dim)])
+                prog.run(x=x)                        # compiled while the setting holds
+                progs[dim, paired] = prog
+    finally:
+        reduce.PAIRED = host
+    torch = _optional("torch")
+    for threads in (1, 2):
+        for dim in (-1, 0):
+            fns = {f"PAIRED={p}" + (" *" if p == host else ""): (lambda pr=progs[dim, p]: pr.run(x=x))
+                   for (d, p) in progs if d == dim}
+            fns["numpy"] = lambda: x.sum(dim)
+            if torch is not None:
+                torch.set_num_threads(threads)
+                tx = torch.from_numpy(x)
+                fns["torch"] = lambda: tx.sum(dim)
+            with lc.num_threads(threads):
+                res = time_alternating(fns, repeats, 2)
+            print(f"sum({dim}) ({rows}, 1024) f32, {threads} thread(s), load {os.getloadavg()[0]:.1f}: "
+                  + "  ".join(f"{k} {v.median * 1e3:.3f} ms" for k, v in res.items()))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--divide", action="store_true")
     ap.add_argument("--wake", action="store_true")
+    ap.add_argument("--sum", action="store_true")
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=41)
     args = ap.parse_args(argv)
-    if not (args.divide or args.wake):
-        args.divide = args.wake = True
+    if not (args.divide or args.wake or args.sum):
+        args.divide = args.wake = args.sum = True
     if args.divide:
         divide(args.rows, args.repeats)
     if args.wake:
         wake(args.repeats)
+    if args.sum:
+        paired_sum(args.rows, args.repeats)
 
 
 if __name__ == "__main__":

@@ -24,15 +24,15 @@ than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors a
 4 W elements remain, then one vector at a time, then a scalar tail, so one kernel serves every
 length.
 Float sums and products accumulate in f64 (f32/f16/bf16 inputs: an f32-valued sum loads full
-registers of f32 and widens each half into f64 accumulators, never adding in f32, so the result
-is the f64 sum rounded once), integer ones wrap in their dtype;
+registers of f32, adds groups of PAIRED of them pairwise in f32 and widens each group into f64
+accumulators), integer ones wrap in their dtype;
 max/min propagate NaN like np.max (over the last dim the float accumulators take only ordered
 values and a NaN seen is kept in a mask beside them, so each vector costs one compare and
 select); argmax/argmin keep the first index on ties (a NaN counts as
 the maximum / minimum, first one wins, like NumPy).
 At one thread every form read a 16 MiB L3-resident input at the stream rate on an Intel host
-(Emerald Rapids); on AMD Zen 4 an f32 sum is bound by its f32 -> f64 conversions instead (one
-512-bit register per 2 cycles: an L2-resident sum(-1) runs at 55 GB/s).  Measured and
+(Emerald Rapids); on AMD Zen 4 an f32 sum that widened every value was bound by its f32 -> f64
+conversions instead (one 512-bit register per 2 cycles: 55 GB/s), hence PAIRED.  Measured and
 dropped: the next row block's prefetch on strips of whole pages (3 % slower at 1 thread on 4 KiB
 rows) and walking the first strip backwards (inner-output); non-temporal prefetch and cldemote,
 meant to leave the caller's L2 to the interpreter, evict the input from the L3, so the next call
@@ -77,7 +77,9 @@ def _stream_tuning(cpu: str) -> tuple:
 # reads each row
 ROWS, PREFETCH, ROW_PREFETCH_BYTES = _stream_tuning(host_info()["cpu"])
 
-SUM_VECTORS = 2     # inner-reduce f32 sums: full-register f32 loads per row and step (each widened to f64)
+PAIRED = 4          # f32-valued sums: full registers added pairwise in f32 before one widening to f64
+PAIR_FLAGS = ()      # the f32 adds of a group stay a tree (no reassoc): its bound holds, and it ran faster
+SUM_GROUPS = 1      # inner-reduce f32-valued sums: groups of PAIRED registers per row and step
 F32_BLOCK = 256     # row.py's blocked f32 sums over a row: elements per f32 partial (a multiple of U * 2W)
 
 
@@ -440,27 +442,34 @@ class _RedKernel(_Kernel):
         s, si = self.arg_pick(s, si, b.load(accs[U]), b.load(idxs[U]))
         self._store(out_off, si, 1)
 
+    def pairwise(self, vals, flags=FM_REDUCE):
+        """The sum of `vals` as a balanced tree of adds (an odd one out joins a level later)."""
+        while len(vals) > 1:
+            vals = [self.b.fadd(vals[k], vals[k + 1], flags=flags) if k + 1 < len(vals) else vals[k]
+                    for k in range(0, len(vals), 2)]
+        return vals[0]
+
     def sum_inner_widened(self, rows, outs, red_dims):
-        """reduce_inner for an f32-valued sum: the last reduced dim runs E = 2W f32 lanes (one
-        full-register load), each vector widened to f64 in two W-lane halves and added into
-        f64 accumulators (SUM_VECTORS vectors per step, so 2 SUM_VECTORS independent chains per
-        row, the same for a row run alone), then an E-wide step and a scalar tail.  There is no
-        f32 addition, so the result is the f64 sum rounded once: f32 partials over blocks of
-        256 elements missed SPEC's rtol / atol 1e-5 on rows of normal values that cancel.  On
-        Zen 4 the conversions bound the loop (sum(-1) f32 (4096, 1024), L3-resident, 1 thread:
-        53 GB/s, torch's f32 sum 68); adding 4 loads pairwise in f32 before each widening ran
-        70 GB/s but left 7e-4 on rows of +-[50, 150] that sum to 0 in f64, so it was dropped.
-        No exact form is faster there (bench/f32_sum_ceiling.c, hand-written AVX-512 from L2:
-        vcvtps2pd 58 GB/s, error-free TwoSum f32 pairs 57, f32 bits placed into f64 bits by
-        integer ops 40; inexact f32 sums 96-117).
-        The f32 -> f64 conversion cost nothing measurable in the loop bound by memory on Intel."""
+        """reduce_inner for an f32-valued sum: each step of the last reduced dim loads SUM_GROUPS
+        groups of PAIRED full registers (E = 2W f32 lanes) per row; a group is added pairwise
+        in f32 and its E lanes widened into two W-lane f64 accumulators (2 SUM_GROUPS chains
+        per row, the same for a row run alone); then E-wide steps and a scalar tail, widened
+        with no f32 addition.  A value meets at most log2(PAIRED) f32 roundings (error at most
+        log2(PAIRED) u sum|x|, u = 2^-24; on rows of normal values about 0.4x the error of
+        NumPy's pairwise f32 sum), and there are 2 conversions per PAIRED registers instead of
+        2 per register.  Widening every value was bound by the conversions on Zen 4 (one
+        512-bit register per 2 cycles); sum(-1) f32 (4096, 1024), L3-resident, compiled, 1
+        thread: widening every value 0.342-0.387 ms, PAIRED = 4 0.280-0.301, torch 0.281-0.295;
+        PAIRED = 8 or 2 groups a step were no faster, and a chain of adds (reassociated) was
+        slower than the tree (python -m bench.host_choices --sum)."""
         b, W = self.b, self.W
-        U, E = SUM_VECTORS, 2 * W
+        G, E = SUM_GROUPS, 2 * W
+        step_len = G * PAIRED * E
         last = red_dims[-1]
         n = self.dims[last]
-        nvec = b.mul(b.udiv(n, I64(U * E)), I64(U * E))
+        nvec = b.mul(b.udiv(n, I64(step_len)), I64(step_len))
         n1 = b.mul(b.udiv(n, I64(E)), I64(E))
-        accs = [[self.slot(vec(F64, W)) for _ in range(2 * U)] for _ in rows]
+        accs = [[self.slot(vec(F64, W)) for _ in range(2 * G)] for _ in rows]
         tails = [self.slot(F64) for _ in rows]
         for a in (a for row in accs for a in row):
             b.store(self.init(W), a)
@@ -471,20 +480,22 @@ class _RedKernel(_Kernel):
         def at(offs, j):
             return [self.sadd(x, j, s) for x, s in zip(offs, sl)]
 
-        def widen_into(r, k, v):
-            """Vector k of a step (E f32 lanes) into accumulators 2k and 2k + 1 of row r."""
+        def widen_into(r, g, v):
+            """E f32 lanes into accumulators 2g and 2g + 1 of row r."""
             for h in range(2):
-                a = accs[r][2 * k + h]
+                a = accs[r][2 * g + h]
                 half = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)]))
                 b.store(b.fadd(b.load(a), b.fpext(half, vec(F64, W)), flags=FM_REDUCE), a)
 
         with self.row_loops(rows, red_dims) as row_offs:
-            with counted_loop(b, I64(0), nvec, U * E, "rv") as i:
+            with counted_loop(b, I64(0), nvec, step_len, "rv") as i:
                 for offs in row_offs:
                     self.prefetch(at(offs, i), sl)
-                for k in range(U):
+                for g in range(G):
                     for r, offs in enumerate(row_offs):
-                        widen_into(r, k, self.value(at(offs, b.add(i, I64(k * E))), sl, E, widen=False))
+                        loads = [self.value(at(offs, b.add(i, I64((g * PAIRED + k) * E))), sl, E, widen=False)
+                                 for k in range(PAIRED)]
+                        widen_into(r, g, self.pairwise(loads, PAIR_FLAGS))
             with counted_loop(b, nvec, n1, E, "r1") as j:
                 for r, offs in enumerate(row_offs):
                     widen_into(r, 0, self.value(at(offs, j), sl, E, widen=False))
@@ -535,13 +546,7 @@ class _RedKernel(_Kernel):
                 acc = self.combine(acc, self.value(o, sj, w))
             b.store(acc, p, align=al)
 
-        narrow = self.red.combine == "add" and self.acc_t == F64 and self.val_dt.is_float
-
-        def pairwise(vals):
-            while len(vals) > 1:
-                vals = [b.fadd(vals[k], vals[k + 1], flags=FM_REDUCE) if k + 1 < len(vals) else vals[k]
-                        for k in range(0, len(vals), 2)]
-            return vals[0]
+        narrow = self.narrow_sum
 
         last = red_dims[-1]
         sl = [s[last] for s in self.strides]
@@ -556,34 +561,42 @@ class _RedKernel(_Kernel):
                 self.prefetch_at({k: b.select(narrow_pf, self.sadd(x, I64(ROW_BLOCK), st), x)
                                   for k, (x, st) in enumerate(zip(o, sl))})
 
-        def step2(rows, jj):
-            """Two accumulator vectors from one full-register (2W-lane) load per row of a value
-            narrower than its f64 accumulator: each row's halves are widened, the block's rows
-            added pairwise in f64 and then into the accumulators.  No f32 addition (an f32 sum
-            of the ROW_BLOCK rows missed SPEC's rtol / atol 1e-5 on columns that cancel)."""
+        def step_narrow(rows, jj, w):
+            """acc[jj:jj+w] (w = 1, W or 2W lanes) plus the rows of the block, for a value
+            narrower than its f64 accumulator: the rows are added pairwise in f32 by groups of
+            PAIRED (as sum_inner_widened adds a row's registers), each group widened (a 2W-lane
+            group in two halves), and the groups added pairwise in f64 and then into the
+            accumulators.  Every lane width does the same arithmetic, so a column's sum does
+            not depend on where a thread's strip starts."""
             o = [[self.sadd(x, jj, s) for x, s in zip(offs, sj)] for offs in rows]
-            for oo in o:
-                ahead(rows, oo)
-            vals = [self.value(oo, sj, 2 * W, widen=False) for oo in o]
-            for h in range(2):
-                sel = ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)])
-                p = at(b.add(jj, I64(h * W)), W)
+            if w > 1:
+                for oo in o:
+                    ahead(rows, oo)
+            vals = [self.value(oo, sj, w, widen=False) for oo in o]
+            groups = [self.pairwise(vals[g:g + PAIRED], PAIR_FLAGS) for g in range(0, len(vals), PAIRED)]
+            parts = [(jj, w, groups)]
+            if w == 2 * W:
+                sels = [ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)]) for h in range(2)]
+                parts = [(b.add(jj, I64(h * W)), W, [b.shuffle_vector(v, v, sel) for v in groups])
+                         for h, sel in enumerate(sels)]
+            for j0, wp, vs in parts:
+                p = at(j0, wp)
                 acc = b.load(p, align=al)
-                halves = [b.shuffle_vector(v, v, sel) for v in vals]
-                wide = [x if x.type == acc.type else b.fpext(x, acc.type) for x in halves]
-                b.store(b.fadd(acc, pairwise(wide), flags=FM_REDUCE), p, align=al)
+                wide = [b.fpext(v, acc.type) for v in vs]
+                b.store(b.fadd(acc, self.pairwise(wide), flags=FM_REDUCE), p, align=al)
 
         def strip(rows):
+            one = step_narrow if narrow else step
             with counted_loop(b, I64(0), nu, U * W, "su") as jj:
                 for k in range(0, U, 2) if narrow else range(U):
                     if narrow:
-                        step2(rows, b.add(jj, I64(k * W)))
+                        step_narrow(rows, b.add(jj, I64(k * W)), 2 * W)
                     else:
                         step(rows, b.add(jj, I64(k * W)), W)
             with counted_loop(b, nv, n, 1, "st") as jj:
-                step(rows, jj, 1)
+                one(rows, jj, 1)
             with counted_loop(b, nu, nv, W, "sv") as jj:
-                step(rows, jj, W)
+                one(rows, jj, W)
 
         # the last reduced dim runs ROW_BLOCK rows at a time: each accumulator is loaded and
         # stored once per block, not once per row
