@@ -51,7 +51,35 @@ def _builders():
         "affine clamp": lambda: (leaf().affine(2.0, 1.0).clamp(-1.0, 3.0), np.clip(A * 2 + 1, -1, 3)),
         "affine clamp others": lambda: (leaf().affine(0.5, -1.0).clamp(-2.0, 0.0), np.clip(A * 0.5 - 1, -2, 0)),
         "int wrap": lambda: (lc.tensor(np.arange(16, dtype=np.int32)) * 7 + 3, np.arange(16, dtype=np.int32) * 7 + 3),
+        "shared square": lambda: _square(True),
+        "two equal squares": lambda: _square(False),
+        "shared below both": lambda: _shared_below(True),
+        "equal below both": lambda: _shared_below(False),
+        "shared row centre": lambda: _centred(),
     }
+
+
+def _square(shared):
+    """d * d of one node d, or of two equal but separate nodes (the capture keeps both)."""
+    x = lc.tensor(A)
+    d = x - 0.5
+    return d * (d if shared else x - 0.5), (A - np.float32(0.5)) ** 2
+
+
+def _shared_below(shared):
+    """(e + 1) * (e * 2) with e = exp(x): e shared one level down, or built twice."""
+    x = lc.tensor(A)
+    e = x.exp()
+    return (e + 1.0) * ((e if shared else x.exp()) * 2.0), (np.exp(A) + 1) * (np.exp(A) * 2)
+
+
+def _centred():
+    """layer_norm's shape: the centred rows read by the variance and by the output."""
+    x = lc.tensor(M)
+    xc = x.broadcast_sub(x.mean_keepdim(-1))
+    r = (xc.sqr().mean_keepdim(-1) + 1e-5).sqrt()
+    mc = M - M.mean(-1, keepdims=True)
+    return xc.broadcast_div(r), mc / np.sqrt((mc ** 2).mean(-1, keepdims=True) + np.float32(1e-5))
 
 
 def _twice():
@@ -83,6 +111,8 @@ def test_trace_key_tells_apart_exactly_what_the_capture_key_does():
     assert keys["broadcast rows"][0] != keys["broadcast cols"][0]
     assert keys["transposed read"][0] != keys["contiguous read"][0]
     assert keys["slices apart"][0] != keys["same slice twice"][0]
+    assert keys["shared square"][0] != keys["two equal squares"][0]
+    assert keys["shared below both"][0] != keys["equal below both"][0]
 
 
 @pytest.mark.parametrize("mode", ["python", "native"])
@@ -137,12 +167,28 @@ def test_realized_tensor_reused_in_a_new_graph():
     np.testing.assert_allclose((y + x).numpy(), np.exp(A * np.float32(2) + np.float32(1)) + A, rtol=1e-6)
 
 
-def test_shared_subexpression_has_no_trace_and_realizes_right():
+def test_shared_subexpression_realizes_through_its_trace_without_capturing_again():
+    """A DAG (a computed node read twice) has a trace; the second realize of the same
+    structure on new data captures nothing and binds the new leaf."""
+    for data in (A, A[::-1].copy(), A * 3):
+        x = lc.tensor(data)
+        d = x - 0.5
+        sq = d * d
+        assert compiler.trace_key(sq._node) is not None
+        plans, eager = len(compiler._plans), len(compiler._eager)
+        np.testing.assert_allclose(sq.numpy(), (data - np.float32(0.5)) ** 2, rtol=1e-6)
+        if data is not A:
+            assert (len(compiler._plans), len(compiler._eager)) == (plans, eager)
+
+
+def test_shared_node_realized_after_the_consumer_was_built_is_read():
     x = lc.tensor(A)
-    d = x - 0.5
-    sq = d * d
-    assert sq._node.trace is None
-    np.testing.assert_allclose(sq.numpy(), (A - np.float32(0.5)) ** 2, rtol=1e-6)
+    e = x.exp()
+    y = (e + 1.0) * (e * 2.0)
+    assert compiler.trace_key(y._node) is not None
+    e.realize()
+    assert compiler.trace_key(y._node) is None
+    np.testing.assert_allclose(y.numpy(), (np.exp(A) + 1) * (np.exp(A) * 2), rtol=1e-6)
 
 
 def test_placeholder_in_an_eager_realize_still_raises():

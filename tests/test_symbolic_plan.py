@@ -38,9 +38,11 @@ def _sizes():
 
 
 def _fresh_plans(monkeypatch):
-    """Empty plan caches (the kernel cache stays): the next capture compiles its own plan."""
+    """Empty plan caches (the kernel cache stays): the next capture compiles its own plan, and
+    no eager realize finds a plan filed under its trace key."""
     monkeypatch.setattr(compiler, "_plans", caches.LRU(64))
     monkeypatch.setattr(compiler, "_bound", caches.LRU(64))
+    monkeypatch.setattr(compiler, "_eager", caches.LRU(64))
 
 
 def _count_compiles(monkeypatch):

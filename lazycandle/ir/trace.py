@@ -16,11 +16,13 @@ A trace is `(sig, reads, scalars, watch, inner)`:
   * watch    every node below that was unrealized when `n` was built -- computed nodes, views,
              constants: the trace stands only while none of them is realized (a realized one
              is an input of the capture instead);
-  * inner    the computed nodes below (no two the same: see below).
-Which reads are of the same buffer, the same operand slot, and which scalars are equal is left
-to the realize (`patterns`), with the capture's rules, so the sig plus those patterns determine
-the capture key.  A node whose tree shares a computed node (`y * y`), reads a placeholder or
-grows past the bounds below gets no trace (None): it realizes through the capture walk."""
+  * inner    the computed nodes below, each once, in a fixed order of the structure.
+A computed node shared by two sources (`y * y`, layer_norm's centred x) is one node of `inner`,
+and the sig says which of a source's nodes are an earlier source's; its reads and scalars are
+listed once per use.  Which reads are of the same buffer, the same operand slot, and which
+scalars are equal is left to the realize (`patterns`), with the capture's rules, so the sig
+plus those patterns determine the capture key.  A node that reads a placeholder or grows past
+the bounds below gets no trace (None): it realizes through the capture walk."""
 from __future__ import annotations
 
 import itertools
@@ -124,13 +126,17 @@ def _trace(n):
             if t is None:
                 return None
             descs.append(("n", t[0], lay.shape, lay.strides, lay.offset))
+            below = t[4] + (b,)
             if inner:
-                below = t[4] + (b,)
-                if not {id(m) for m in inner}.isdisjoint([id(m) for m in below]):
-                    return None             # a shared computed node: the capture walk dedups it
+                seen = {id(m): k for k, m in enumerate(inner)}
+                if any(id(m) in seen for m in below):
+                    # a computed node shared with an earlier source: the key says which of this
+                    # source's nodes are which earlier ones, as the capture walk dedups them
+                    descs.append(("shared", tuple(seen.get(id(m), -1) for m in below)))
+                    below = tuple(m for m in below if id(m) not in seen)
                 inner += below
             else:
-                inner = t[4] + (b,)
+                inner = below
             watch += t[3] + ((b, s) if s is not b else (b,))
             reads += t[1]
             scalars += t[2]
