@@ -1,18 +1,19 @@
-/* How fast can an exact f32 sum run on this core?  (issue 10, sum(-1) / sum(0) rows)
+/* How fast can an f32 sum run on this core, exact or nearly?  (issue 10, sum(-1) / sum(0) rows)
 
-   lazycandle's f32 sums are the f64 sum rounded once (codegen/reduce.py sum_inner_widened),
-   so every element is widened to f64.  This program times hand-written AVX-512 loops over
-   one f32 array, in GB/s of input, next to the inexact f32 loops the peers use:
+   lazycandle's f32 sums first widened every element to f64 (the f64 sum rounded once); on Zen 4
+   that was bound by the conversions, so codegen/reduce.py now adds PAIRED = 4 registers in f32
+   before each widening (pair4_f32 below).  This program times hand-written AVX-512 loops over
+   one f32 array, in GB/s of input:
 
-     exact   cvt_zmm     vcvtps2pd 8 -> 8 lanes, 4 f64 accumulators (what lazycandle emits;
-                         the 4 -> 4 lane form ran at the same rate: the conversion unit, not the
+     exact   cvt_zmm     vcvtps2pd 8 -> 8 lanes, 4 f64 accumulators (lazycandle's old loop; the
+                         4 -> 4 lane form ran at the same rate: the conversion unit, not the
                          register width, is the limit)
      exact   twosum4     4 loads added in f32 by error-free TwoSums (half of the adds as
                          FMAs x*1+y, on the other pipes), the sum and the f32 error sum widened
      exact   int_widen   f32 bits placed into f64 bits with integer ops (x 2^-896, scaled back
                          once): no conversion instruction at all
      inexact pair2_f32   2 loads added in f32, then widened (f64 partials per 2 elements)
-     inexact pair4_f32   4 loads added in f32, then widened (f64 partials per 4 elements)
+     inexact pair4_f32   4 loads added in f32 as a tree, then widened (lazycandle's loop now)
      inexact plain_f32   4 f32 accumulators (torch's and NumPy's kind of sum)
 
    Each "exact" line also checks its result against a long double sum.
