@@ -40,7 +40,7 @@ def test_last_dim_sum_of_large_offset_values_keeps_f64_accuracy_across_blocks():
 
 
 @pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16])
-def test_last_dim_low_precision_sums_are_the_f64_sum_rounded_once(dt):
+def test_last_dim_low_precision_sums_are_the_f64_sum_within_their_precision(dt):
     x = rng.uniform(-1, 1, (4, F32_BLOCK + 3 * E + 1)).astype(dt)
     got = lc.tensor(x).sum(-1).numpy()
     want = x.astype(np.float64).sum(-1).astype(dt)
@@ -174,7 +174,7 @@ def test_last_dim_row_blocks_match_numpy_around_the_block_size(kind, rows, n):
 @pytest.mark.parametrize("kind", ["sum", "max", "min"])
 def test_last_dim_row_blocks_of_other_dtypes(kind, dt):
     """Integer sums wrap in their dtype (NumPy's int sum of the same dtype), f16 / bf16 sums are
-    the f64 sum rounded once, max / min are exact."""
+    the f64 sum rounded to the dtype within its precision, max / min are exact."""
     rows, n = 2 * ROWS + 1, F32_BLOCK + 3 * E + 1
     if np.dtype(dt).kind in "iu":
         x = rng.integers(0, 100, (rows, n)).astype(dt)
