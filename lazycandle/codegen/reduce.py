@@ -546,8 +546,6 @@ class _RedKernel(_Kernel):
                 acc = self.combine(acc, self.value(o, sj, w))
             b.store(acc, p, align=al)
 
-        narrow = self.narrow_sum
-
         last = red_dims[-1]
         sl = [s[last] for s in self.strides]
         # a strip of at most ROW_PREFETCH_BYTES a row: prefetch the same place of the next
@@ -586,10 +584,10 @@ class _RedKernel(_Kernel):
                 b.store(b.fadd(acc, self.pairwise(wide), flags=FM_REDUCE), p, align=al)
 
         def strip(rows):
-            one = step_narrow if narrow else step
+            one = step_narrow if self.narrow_sum else step
             with counted_loop(b, I64(0), nu, U * W, "su") as jj:
-                for k in range(0, U, 2) if narrow else range(U):
-                    if narrow:
+                for k in range(0, U, 2) if self.narrow_sum else range(U):
+                    if self.narrow_sum:
                         step_narrow(rows, b.add(jj, I64(k * W)), 2 * W)
                     else:
                         step(rows, b.add(jj, I64(k * W)), W)
