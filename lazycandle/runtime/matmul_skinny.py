@@ -27,7 +27,8 @@ from .buffers import address
 
 RULE_M = 16         # up to this many rows: always the small-m kernel
 MEASURED_M = 128    # up to this many: where it measured fastest ...
-WIN_MARGIN = 0.25   # ... by this much (a close call on a busy machine keeps BLAS / tiled)
+WIN_MARGIN = 0.05   # ... by this much (a close call keeps BLAS / tiled; 0.25 kept x @ w at m = 128 off
+                    # the kernel where it measured 12-30 % faster, behind NumPy at 2 threads)
 UNITS = 16          # units (column blocks) a call aims at, so two threads share evenly
 
 
