@@ -222,6 +222,12 @@ def test_auto_runs_small_m_kernel_by_rule_then_where_it_measured_fastest(monkeyp
     timings.update(skinny=5.0)
     clear_caches()
     assert backend(40) == "blas" and len(calls) == 3                 # small-m lost, then blas vs tiled
+    timings.update(skinny=1.0, blas=1.0 + 2 * SK.WIN_MARGIN)
+    clear_caches()
+    assert backend(40) == "skinny"                                   # won by more than the margin
+    timings.update(blas=1.0 + SK.WIN_MARGIN / 2)
+    clear_caches()
+    assert backend(40) == "blas"                                     # a close call keeps BLAS
     clear_caches()
 
 
