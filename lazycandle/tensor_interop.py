@@ -60,6 +60,8 @@ class InteropMixin:
 
     # ---- DLPack -------------------------------------------------------------------------
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """NumPy's export of the read-only view (`dlpack.export` relabels it for the dtypes NumPy's
+        DLPack cannot carry)."""
         a = self.numpy()
         if max_version is None or tuple(max_version) < (1, 0):
             # DLPack < 1.0 cannot say "read-only": such a consumer gets its own copy
@@ -67,6 +69,9 @@ class InteropMixin:
                 raise BufferError(f"__dlpack__: a {self.dtype.name} tensor is exported read-only, which a "
                                   f"DLPack consumer older than 1.0 cannot be told; pass copy=None or True")
             a = a.copy()
+        from .dlpack import CODES, export
+        if self.dtype in CODES:             # bf16, float8, ...: NumPy's DLPack cannot carry them
+            return export(a, self.dtype, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
         return a.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self):
@@ -158,12 +163,17 @@ def _buffer_tensor(buf, dtype, shape):
 def from_dlpack(x):
     """A tensor over the memory of any DLPack producer (`__dlpack__`), without a copy when the
     data is row-major; otherwise (or for big-endian data) the data is copied.  Like every
-    zero-copy import, later writes by the producer show in the tensor."""
+    zero-copy import, later writes by the producer show in the tensor.  NumPy reads the capsule;
+    the dtypes it cannot (bf16, float8, ...) are read by `dlpack.to_numpy`."""
+    from .dlpack import to_numpy
     from .dtype import DType
     from .tensor import Tensor, tensor
     if isinstance(x, Tensor):
         return x
-    arr = np.from_dlpack(x)
+    try:
+        arr = np.from_dlpack(x)
+    except (RuntimeError, BufferError):     # a dtype NumPy's DLPack cannot carry (bf16, float8, ...)
+        arr = to_numpy(x)
     dtype = DType.from_numpy(arr.dtype)
     if arr.dtype == np.bool_:
         arr = arr.view(np.uint8)
