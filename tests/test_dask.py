@@ -116,6 +116,19 @@ def test_numpy_feeds_and_conversions():
     np.testing.assert_array_equal(back.numpy(), X * 2)
 
 
+def test_named_dims_are_bound_to_the_feeds_sizes():
+    x = lc.placeholder("x", ("n", 37), lc.f32)
+    y = lc.placeholder("y", ("n", 37), lc.f32)
+    prog = lc.compile([x * 2.0, (x + y).sum(0), x.var(0)])
+    for rows in (50, 17):
+        xs = X[:rows]
+        got = lc.dask.run(prog, x=da.from_array(xs, chunks=(8, 20)), y=xs)
+        for g, e in zip(got, [xs * 2, (xs + xs).sum(0), xs.var(0, ddof=1)]):
+            _close(g.compute(), e)
+    with pytest.raises(lc.FeedError, match="'n' is 50 in input 'x' but 17 in input 'y'"):
+        lc.dask.run(prog, x=X, y=X[:17])
+
+
 def test_feed_errors_are_feed_errors():
     prog, _ = PROGRAMS["sum0"]
     xd = da.from_array(X, chunks=10)

@@ -19,6 +19,7 @@ except ImportError as e:   # pragma: no cover - depends on the environment
 
 import numpy as np
 
+from .. import named_dims
 from ..dtype import DType
 from ..errors import Error, FeedError
 from ..graph_api import check_feed_names
@@ -34,6 +35,7 @@ def run(prog, **feeds) -> list:
     from ..graph_api import Program
     if not isinstance(prog, Program):
         raise TypeError(f"lc.dask.run: expected an lc.Program, got {type(prog).__name__}")
+    prog = _bound(prog, feeds)
     desc = describe(prog)
     an = Analysis(desc)
     arrays = _check_feeds(prog, feeds)
@@ -42,6 +44,28 @@ def run(prog, **feeds) -> list:
     dims = _dims(an)
     chunks, arrays = _plan_chunks(desc, an, dims, arrays)
     return Planner(desc, dims, chunks, arrays).outputs()
+
+
+def _bound(prog, feeds):
+    """`prog` with its named dims bound to the feeds' sizes, as a program of fixed shapes (the
+    chunk plan needs every size); `prog` itself when it has none."""
+    from ..graph_api import Program
+    from ..tensor import Tensor
+    if not any(isinstance(d, str) for _, spec, _ in prog.inputs for d in spec):
+        return prog
+    check_feed_names("lc.dask.run", prog.inputs, feeds)
+    sizes, seen = {}, {}
+    for name, spec, _ in prog.inputs:
+        shape = tuple(np.shape(feeds[name]) if not hasattr(feeds[name], "shape") else feeds[name].shape)
+        if len(shape) != len(spec):
+            raise FeedError(f"lc.dask.run: input {name!r} expects shape {spec}, given {shape}")
+        for d, g in zip(spec, shape):
+            if isinstance(d, str):
+                if sizes.setdefault(d, g) != g:
+                    raise FeedError(f"lc.dask.run: named dim {d!r} is {sizes[d]} in input {seen[d]!r} "
+                                    f"but {g} in input {name!r} (shape {shape})")
+                seen.setdefault(d, name)
+    return Program([Tensor(n) for n in named_dims.bind(prog._user_nodes, sizes)])
 
 
 def _check_feeds(prog, feeds) -> dict:
