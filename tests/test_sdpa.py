@@ -19,7 +19,7 @@ sdpa = lc.nn.scaled_dot_product_attention
 
 
 def ref_sdpa(q, k, v, mask=None, causal=False, scale=None):
-    """torch's semantics in float64 (a fully masked row is NaN)."""
+    """torch's semantics in float64 (a fully masked row is 0, as torch >= 2.5 gives)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     s = q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
     L, S = s.shape[-2:]
@@ -30,7 +30,8 @@ def ref_sdpa(q, k, v, mask=None, causal=False, scale=None):
         s = s + mask if mask.dtype.kind == "f" else np.where(mask != 0, s, -np.inf)
     with np.errstate(invalid="ignore"):
         p = np.exp(s - s.max(-1, keepdims=True))
-        return (p / p.sum(-1, keepdims=True)) @ v
+        p = np.where(s.max(-1, keepdims=True) == -np.inf, 0.0, p / p.sum(-1, keepdims=True))
+        return p @ v
 
 
 def rand(rng, shape, dt):
@@ -101,18 +102,25 @@ def test_fused_sdpa_masks_and_scale(dt, L):
     close(sdpa(tq, tk, tv, is_causal=True, scale=2.5).numpy(), ref_sdpa(q, k, v, causal=True, scale=2.5), dt)
 
 
-def test_fully_masked_rows_are_nan_like_the_graph():
+def test_fully_masked_rows_are_zero_like_torch_and_the_graph():
     rng = rng_for("sdpa-nan")
     q, k, v = (rand(rng, (1, 1, 4, 8), np.float64) for _ in range(3))
     keep = np.ones((4, 4), bool)
     keep[2] = False
     got = sdpa(lc.tensor(q), lc.tensor(k), lc.tensor(v), mask=keep).numpy()
     graph = _graph_sdpa(lc.tensor(q), lc.tensor(k), lc.tensor(v), lc.tensor(keep), False, 1 / np.sqrt(8)).numpy()
-    assert np.isnan(got[0, 0, 2]).all() and np.isnan(graph[0, 0, 2]).all()
-    close(np.delete(got, 2, axis=2), np.delete(ref_sdpa(q, k, v, keep), 2, axis=2), np.float64)
+    assert (got[0, 0, 2] == 0).all() and (graph[0, 0, 2] == 0).all()
+    close(got, ref_sdpa(q, k, v, keep), np.float64)
+    additive = np.where(keep, 0.0, -np.inf)
+    close(sdpa(lc.tensor(q), lc.tensor(k), lc.tensor(v), mask=additive).numpy(), ref_sdpa(q, k, v, keep), np.float64)
     q[0, 0, 1, 3] = np.nan
     got = sdpa(lc.tensor(q), lc.tensor(k), lc.tensor(v)).numpy()
     assert np.isnan(got[0, 0, 1]).all() and not np.isnan(np.delete(got, 1, axis=2)).any()
+    torch = pytest.importorskip("torch")
+    q[0, 0, 1, 3] = 0.5
+    want = torch.nn.functional.scaled_dot_product_attention(*(torch.from_numpy(x) for x in (q, k, v)),
+                                                           attn_mask=torch.from_numpy(keep)).numpy()
+    close(sdpa(lc.tensor(q), lc.tensor(k), lc.tensor(v), mask=keep).numpy(), want, np.float64)
 
 
 def test_fused_sdpa_strided_and_broadcast_operands():

@@ -12,7 +12,7 @@ torch's top-left triangle; additive float; or integer "attend where nonzero") is
 then per row vector (the softmax statistics are vectors over query rows, so no horizontal
 reductions): m' = max(m, max_j s), alpha = e^(m - m'), p = e^(s - m'), l = l alpha + sum p;
 finally ACC = ACC alpha + p v_blk by a tile of (4 rows x 4 vectors over Ev).  The output row
-is ACC / l (a fully masked row is 0 / 0 = NaN, like the graph of softmax).  Causal units stop
+is ACC / l; a fully masked row (l = 0, ACC = 0) is 0, as torch's (>= 2.5) attention gives.  Causal units stop
 at their last row's diagonal.
 
 With few query rows (L <= W / 2, e.g. one decoding step) the unit is 4 rows (1 when L = 1) and the vectors run
@@ -173,7 +173,8 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
             _accumulate(b, spec, ct, VV, v, v_base, sz, j0, nk, nr, PT, ACC, AL, oacc, al)
         o_base = b.mul(b.add(b.mul(bh, L), r0), I64(EV))
         with counted_loop(b, I64(0), nr, 1, "o") as r:
-            den = splat(b, b.load(_at(b, LS, r), align=al), WV)
+            ls = b.load(_at(b, LS, r), align=al)      # 0 only for a row with every key masked: torch's 0 output
+            den = splat(b, b.select(b.fcmp_ordered("==", ls, const(ct, 0.0)), const(ct, 1.0), ls), WV)
             with counted_loop(b, I64(0), I64(EV), WV, "oe") as e:
                 off = b.add(b.mul(r, I64(EV)), e)
                 _vstore(b, b.fdiv(_vload(b, ACC, off, VV, al), den), out, b.add(o_base, off), al)
