@@ -105,14 +105,16 @@ def linspace(start, end, steps, dtype=D.f32) -> Tensor:
     return _from_array(vals, dtype)
 
 
-def meshgrid(*ts, indexing="ij"):
+def meshgrid(*ts, indexing="ij", xy_indexing=None):
     """torch.meshgrid: 1-D (or 0-D) tensors of one dtype -> a tuple of broadcast views of shape
     (n0, n1, ...) ("ij") or with the first two dims swapped ("xy").  candle's form
     meshgrid([a, b], xy_indexing) is accepted too."""
     if len(ts) == 2 and isinstance(ts[0], (list, tuple)) and isinstance(ts[1], bool):
-        ts, indexing = ts[0], ("xy" if ts[1] else "ij")
+        ts, xy_indexing = ts[0], ts[1]
     elif len(ts) == 1 and isinstance(ts[0], (list, tuple)):
         ts = ts[0]
+    if xy_indexing is not None:
+        indexing = "xy" if xy_indexing else "ij"
     if indexing not in ("ij", "xy"):
         raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
     ts = [_as_tensor(t) for t in ts]

@@ -128,9 +128,10 @@ def test_meshgrid_matches_numpy(indexing):
     got = lc.meshgrid(lc.tensor(a), lc.tensor(b), lc.tensor(c), indexing=indexing)
     for g, w in zip(got, np.meshgrid(a, b, c, indexing=indexing)):
         np.testing.assert_array_equal(g.numpy(), w)
-    cand = lc.meshgrid([lc.tensor(a), lc.tensor(b)], indexing == "xy")
-    for g, w in zip(cand, np.meshgrid(a, b, indexing=indexing)):
-        np.testing.assert_array_equal(g.numpy(), w)
+    for cand in (lc.meshgrid([lc.tensor(a), lc.tensor(b)], indexing == "xy"),
+                 lc.meshgrid([lc.tensor(a), lc.tensor(b)], xy_indexing=indexing == "xy")):
+        for g, w in zip(cand, np.meshgrid(a, b, indexing=indexing)):
+            np.testing.assert_array_equal(g.numpy(), w)
 
 
 @pytest.mark.parametrize("dim,start,n", [(1, 0, 1), (1, 2, 3), (1, 4, 1), (0, 1, 1), (2, 0, 2), (1, 0, 5)])
