@@ -60,3 +60,22 @@ class SerializationError(Error, ValueError):
 
 class SchedulerError(Error):
     """Internal: the scheduler's kernels are not a valid execution order (a bug, never bad input)."""
+
+
+def names_op(op: str):
+    """Decorator for an op built from other ops: a typed error raised inside it names `op`
+    first ("layer_norm: broadcast_mul: shape mismatch ..."), so the message starts with the
+    call the user made; the class stays the inner error's."""
+    import functools
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def named(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Error as e:
+                if str(e).startswith(op + ":"):
+                    raise
+                raise type(e)(f"{op}: {e}") from e
+        return named
+    return wrap

@@ -3,7 +3,7 @@ like any user expression (no hand-written kernels here).  Rotary embeddings and 
 in nn_attention.py and are re-exported here."""
 from __future__ import annotations
 
-from .errors import (DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp)
+from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp, names_op
 from .tensor_extras import _float_only as _float
 from .tensor_views import norm_dim
 
@@ -34,6 +34,7 @@ def _empty_along(t, dim, op) -> bool:
 
 
 # ---- activations ------------------------------------------------------------------------
+@names_op("softmax")
 def softmax(t, dim):
     """exp(t - max) / sum(exp(t - max)) along `dim` (numerically stable)."""
     _float("softmax", t)
@@ -43,10 +44,12 @@ def softmax(t, dim):
     return e.broadcast_div(e.sum_keepdim(dim))
 
 
+@names_op("softmax_last_dim")
 def softmax_last_dim(t):
     return softmax(t, -1)
 
 
+@names_op("log_softmax")
 def log_softmax(t, dim):
     _float("log_softmax", t)
     if _empty_along(t, dim, "log_softmax"):
@@ -55,18 +58,22 @@ def log_softmax(t, dim):
     return x.broadcast_sub(x.exp().sum_keepdim(dim).log())
 
 
+@names_op("sigmoid")
 def sigmoid(t):
     return t.sigmoid()
 
 
+@names_op("silu")
 def silu(t):
     return t.silu()
 
 
+@names_op("relu")
 def relu(t):
     return t.relu()
 
 
+@names_op("gelu")
 def gelu(t, approximate="none"):
     """torch.nn.functional.gelu: the exact erf form by default, the tanh form with
     approximate="tanh" (Tensor.gelu is the tanh form, as in candle)."""
@@ -77,6 +84,7 @@ def gelu(t, approximate="none"):
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
+@names_op("dropout")
 def dropout(x, p, train=False, seed=None):
     """Identity unless `train`; when training, each element is kept with probability 1 - p
     (a Bernoulli mask drawn like lc.rand, seeded by `seed`) and scaled by 1 / (1 - p)."""
@@ -94,6 +102,7 @@ def dropout(x, p, train=False, seed=None):
 
 
 # ---- normalisation ----------------------------------------------------------------------
+@names_op("rms_norm")
 def rms_norm(x, alpha, eps=1e-5):
     """x / sqrt(mean(x^2, -1) + eps) * alpha (alpha over the last dim)."""
     _float("rms_norm", x)
@@ -102,6 +111,7 @@ def rms_norm(x, alpha, eps=1e-5):
     return y if alpha is None else y.broadcast_mul(alpha)
 
 
+@names_op("layer_norm")
 def layer_norm(x, gamma, beta, eps=1e-5):
     """(x - mean) / sqrt(var + eps) * gamma + beta over the last dim (gamma / beta may be None)."""
     _float("layer_norm", x)
@@ -125,6 +135,7 @@ def _channel_affine(op, y, weight, bias):
     return y if bias is None else y.broadcast_add(bias.reshape(per_channel))
 
 
+@names_op("group_norm")
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     """torch.nn.functional.group_norm: x (N, C, *) normalised over each group of C / num_groups
     channels (biased variance), then the per-channel affine."""
@@ -142,6 +153,7 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     return _channel_affine(op, y, weight, bias)
 
 
+@names_op("batch_norm")
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, eps=1e-5):
     """torch.nn.functional.batch_norm in inference: (x - mean) / sqrt(var + eps) * weight + bias
     with the running statistics, per channel along dim 1."""
@@ -161,6 +173,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, eps=1e-5):
 
 
 # ---- lookups and losses -----------------------------------------------------------------
+@names_op("embedding")
 def embedding(ids, table):
     """Rows of the (vocab, hidden) table at `ids` (any shape) -> ids.shape + (hidden,).
     An id out of range raises IndexOutOfBounds (when realized at the latest)."""
@@ -181,6 +194,7 @@ def _class_ids(op, scores, targets):
     return targets
 
 
+@names_op("nll")
 def nll(log_probs, targets):
     """Negative log likelihood averaged over the batch: -mean(log_probs[i, targets[i]])
     (candle's nll, torch's nll_loss with reduction="mean")."""
@@ -191,6 +205,7 @@ def nll(log_probs, targets):
     return -picked.mean_all()
 
 
+@names_op("cross_entropy")
 def cross_entropy(logits, targets):
     """torch.nn.functional.cross_entropy with class-id targets: nll of log_softmax over dim 1."""
     op = "cross_entropy"
@@ -199,12 +214,14 @@ def cross_entropy(logits, targets):
     return nll(log_softmax(logits, 1), targets)
 
 
+@names_op("mse_loss")
 def mse_loss(a, b):
     """mean((a - b)^2) over every element (same shapes, torch's reduction="mean")."""
     _float("mse_loss", a)
     return a.sub(b).sqr().mean_all()
 
 
+@names_op("linear")
 def linear(x, w, b=None):
     """x @ w.T (+ b): w has candle's (out_features, in_features) layout."""
     y = x.broadcast_matmul(w.t())

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
+from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnboundPlaceholder, UnsupportedDTypeForOp, names_op
+from .named_dims import is_symbolic
 
 
 def _rope_check(op, x, cos, sin, t_dim):
@@ -42,17 +43,20 @@ def _rotate_halves(op, x, cos, sin, t_dim):
     return cat([x1.broadcast_mul(c) - x2.broadcast_mul(s), x2.broadcast_mul(c) + x1.broadcast_mul(s)], -1)
 
 
+@names_op("rope")
 def rope(x, cos, sin):
     """candle-nn rope: x (b, h, t, d) with the two halves of d rotated as pairs (x[i], x[i + d/2])
     by cos / sin (t, d/2): out = x * [cos, cos] + [-x2, x1] * [sin, sin]."""
     return _rotate_halves("rope", x, cos, sin, 2)
 
 
+@names_op("rope_thd")
 def rope_thd(x, cos, sin):
     """rope for x laid out (b, t, h, d)."""
     return _rotate_halves("rope_thd", x, cos, sin, 1)
 
 
+@names_op("rope_i")
 def rope_i(x, cos, sin):
     """candle-nn rope_i: x (b, h, t, d) with interleaved pairs (x[2i], x[2i+1]) rotated by
     cos[t, i] / sin[t, i]."""
@@ -86,6 +90,7 @@ def _check_sdpa(op, q, k, v, mask, is_causal):
                                     f"{q.dtype.name} (mask {mask.shape}, q {q.shape})")
 
 
+@names_op("scaled_dot_product_attention")
 def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None):
     """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v.
     q (..., L, E), k (..., S, E), v (..., S, Ev), batch dims broadcast.  A u8 / u32 / i64 mask
@@ -100,6 +105,9 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None
     if mask is not None and not isinstance(mask, Tensor):
         mask = tensor(mask)
     _check_sdpa(op, q, k, v, mask, is_causal)
+    if scale is None and is_symbolic(q.shape[-1]):
+        raise UnboundPlaceholder(f"{op}: the head dim of q {q.shape} is a size named at run, so the default "
+                                 f"scale 1/sqrt(E) is not known before it; pass scale=")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     fused = _flash_attention(q, k, v, mask, bool(is_causal), scale)
     if fused is not None:
@@ -108,7 +116,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None
 
 
 def _graph_sdpa(q, k, v, mask, is_causal, scale):
-    """The graph version: matmul, mask, softmax, matmul."""
+    """The graph version: matmul, mask, softmax, matmul; a row with every key masked gives 0
+    (torch's attention since 2.5), not the NaN of a softmax over -inf."""
     from . import nn
     L, S = q.shape[-2], k.shape[-2]
     scores = q.broadcast_matmul(k.transpose(-2, -1)) * scale
@@ -120,7 +129,8 @@ def _graph_sdpa(q, k, v, mask, is_causal, scale):
             scores = scores + mask
         else:
             scores = scores.masked_fill(mask == 0, float("-inf"))
-    return nn.softmax(scores, -1).broadcast_matmul(v)
+    p = nn.softmax(scores, -1).masked_fill(scores.max_keepdim(-1) == float("-inf"), 0.0)
+    return p.broadcast_matmul(v)
 
 
 def _broadcast_batch(shapes):

@@ -183,7 +183,20 @@ def arange(start, end=None, step=1, dtype=D.i64) -> Tensor:
     dtype = as_dtype(dtype)
     if step == 0:
         raise ValueError("arange: step must be nonzero")
+    if any(named_dims.is_symbolic(v) for v in (start, end, step)):
+        return _named_arange(start, end, step, dtype)
     return _from_array(np.arange(start, end, step).astype(dtype.numpy), dtype)
+
+
+def _named_arange(start, end, step, dtype) -> Tensor:
+    """arange over a size named at run (`lc.arange(x.shape[0])` of a placeholder): the
+    program computes it, as a running count of ones.  Its length must be a size: end - start
+    with step 1."""
+    n = end - start
+    if step != 1 or named_dims.is_symbolic(start) or not (named_dims.is_symbolic(n) or n >= 0):
+        raise UnboundPlaceholder(f"arange({start!r}, {end!r}, {step!r}): over a size named at run, only "
+                                 f"arange(start, end) with a fixed start and step 1 is known before the run")
+    return _full(1, (n,), dtype, "arange").cumsum(0) + (start - 1)
 
 
 def randn(mean, std, shape, dtype=D.f32, seed=None) -> Tensor:

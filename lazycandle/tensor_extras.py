@@ -9,8 +9,9 @@ import math
 import numpy as np
 
 from . import dtype as D
-from .errors import BroadcastIncompatibleShapes, DimOutOfRange, IndexOutOfBounds, UnsupportedDTypeForOp
+from .errors import BroadcastIncompatibleShapes, DimOutOfRange, IndexOutOfBounds, UnsupportedDTypeForOp, names_op
 from .layout import as_index
+from .named_dims import is_symbolic
 from .tensor_math import as_scalar
 from .tensor_reduce import _pick
 from .tensor_views import norm_dim
@@ -136,7 +137,11 @@ class ExtrasMixin:
         if self.rank == 0:
             raise IndexOutOfBounds(f"index: a rank-0 tensor cannot be indexed by ids (ids shape {idx.shape})")
         if idx.dtype is D.i64:      # negative ids count from the end, like NumPy
-            idx = (idx < 0).where_cond(idx + self.shape[0], idx)
+            n = self.shape[0]
+            if is_symbolic(n):      # a size named at run: the program counts it
+                from .tensor import ones
+                n = ones((n,), D.i64).sum(0)
+            idx = (idx < 0).where_cond(idx + n, idx)
         flat = idx.flatten_all() if idx.rank != 1 else idx
         return self.index_select(flat, 0).reshape(idx.shape + self.shape[1:])
 
@@ -184,20 +189,26 @@ class ExtrasMixin:
         return mask.where_cond(self, self._scalar_like(0))
 
     # ---- statistics ----------------------------------------------------------------------
+    @names_op("var")
     def var(self, dim=None, keepdim=False, unbiased=True, *, axis=None, correction=None):
         """Variance over `dim` (None: everything); n - 1 in the denominator when unbiased
-        (torch: NaN when that is <= 0)."""
+        (torch: the sum of squares over max(0, n - correction))."""
         _float_only("var", self)
         dims = _pick(dim, axis, None, "var")
         ddof = (1 if unbiased else 0) if correction is None else as_index(correction, "var", "correction")
         n = _reduced_count(self.shape, dims)
         xc = self.broadcast_sub(self.mean(dims, keepdim=True))
         ss = xc.sqr().sum(dims, keepdim=keepdim)
-        return ss / float(n - ddof) if n - ddof > 0 else ss * math.nan
+        if is_symbolic(n):          # a size named at run: the program counts the elements
+            count = self._scalar_like(1).sum(dims, keepdim=keepdim)
+            return ss / (count - ddof).maximum(0)
+        return ss / float(max(n - ddof, 0))     # (0: inf or NaN, as torch and NumPy)
 
+    @names_op("std")
     def std(self, dim=None, keepdim=False, unbiased=True, *, axis=None, correction=None):
         return self.var(dim, keepdim, unbiased, axis=axis, correction=correction).sqrt()
 
+    @names_op("logsumexp")
     def logsumexp(self, dim=None, keepdim=False, *, axis=None):
         """log(sum(exp(x))) over `dim`, shifted by the max; a row of -inf gives -inf, a +inf
         gives inf, NaN propagates (torch)."""
@@ -214,15 +225,18 @@ class ExtrasMixin:
         """max with keepdim over any set of dims (max itself takes one dim)."""
         return self._reduce("max", dims, True)
 
+    @names_op("norm")
     def norm(self, dim=None, keepdim=False, *, axis=None):
         """Frobenius / L2 norm: sqrt(sum(x^2)) over `dim` (None: everything)."""
         _float_only("norm", self)
         return self.sqr().sum(_pick(dim, axis, None, "norm"), keepdim=keepdim).sqrt()
 
+    @names_op("all")
     def all(self, dim=None, keepdim=False, *, axis=None):
         """u8: 1 where every element along `dim` (None: all) is nonzero (true for none)."""
         return self._count(self == 0, _pick(dim, axis, None, "all"), keepdim) == 0
 
+    @names_op("any")
     def any(self, dim=None, keepdim=False, *, axis=None):
         return self._count(self != 0, _pick(dim, axis, None, "any"), keepdim) != 0
 

@@ -382,8 +382,24 @@ def test_var_std_like_torch(dt):
 def test_var_of_one_element_is_nan_and_ints_raise():
     assert math.isnan(lc.tensor(np.float32([2.0])).var().item())
     assert lc.tensor(np.float32([2.0])).var(unbiased=False).item() == 0.0
-    with pytest.raises(lc.UnsupportedDTypeForOp):
+    with pytest.raises(lc.UnsupportedDTypeForOp, match="^var"):
         lc.tensor(np.int32([1, 2])).var()
+    # a correction past the count divides by max(0, n - correction), as torch and NumPy: inf here
+    assert lc.tensor(np.float32([1.0, 2.0])).var(correction=2).item() == math.inf
+
+
+@pytest.mark.parametrize("call, op", [
+    (lambda a: a.var(3), "var"), (lambda a: a.std(3), "std"), (lambda a: a.logsumexp(3), "logsumexp"),
+    (lambda a: a.norm(dim=3), "norm"), (lambda a: a.all(3), "all"), (lambda a: a.any(3), "any"),
+    (lambda a: lc.nn.layer_norm(a, lc.ones((4,)), None), "layer_norm"),
+    (lambda a: lc.nn.rms_norm(a, lc.ones((3,), lc.f64)), "rms_norm"),
+    (lambda a: lc.nn.linear(a, lc.ones((4, 5))), "linear"),
+    (lambda a: lc.nn.mse_loss(a, lc.ones((4,))), "mse_loss"),
+    (lambda a: lc.nn.scaled_dot_product_attention(a[None], a[None], a[None], mask=lc.ones((5, 5))),
+     "scaled_dot_product_attention")])
+def test_errors_inside_composite_ops_name_the_op_called(call, op):
+    with pytest.raises(lc.Error, match=f"^{op}: "):
+        call(lc.ones((2, 3)))
 
 
 def _logsumexp(x, axis, keepdims=False):

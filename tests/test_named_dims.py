@@ -254,3 +254,47 @@ def test_new_bindings_of_a_named_dim_compile_no_new_kernels(compiled_counter):
         np.testing.assert_allclose(prog(x=xs)[0], e / e.sum(1, keepdims=True) + xs.sum(1, keepdims=True),
                                    rtol=1e-5, atol=1e-5)
     assert compiled_counter() == before
+
+
+@pytest.mark.filterwarnings("ignore:Degrees of freedom")
+@pytest.mark.parametrize("n", [0, 1, 2, 5])
+def test_statistics_over_a_named_dim_count_the_bound_size(n):
+    """var / std divide by the bound size less the correction (not the probe's), as NumPy's ddof."""
+    x = lc.placeholder("x", ("n", 3), lc.f32)
+    prog = lc.compile([x.var(0), x.std(0), x.var(0, unbiased=False), x.var(), x.std(1, correction=2)])
+    xs = _rand(n, 3, seed=n) * 4 + 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = [xs.var(0, ddof=1), xs.std(0, ddof=1), xs.var(0), xs.var(ddof=1), xs.std(1, ddof=2)]
+    for g, e in zip(prog(x=xs), want):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    jitted = lc.jit(lambda t: t.var(0), dynamic=True)
+    np.testing.assert_allclose(jitted(xs), want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_triangles_arange_and_negative_ids_over_a_named_dim():
+    x = lc.placeholder("x", ("n", 4), lc.f32)
+    sq = lc.placeholder("s", ("n", "n"), lc.f32)
+    prog = lc.compile([x.tril(), x.triu(1), lc.tril(sq, -1), x * lc.arange(x.shape[0]).to_dtype(lc.f32).reshape((-1, 1)),
+                       x[[0, -1]], lc.arange(2, x.shape[0])])
+    for n in (2, 3, 6):
+        xs, ss = _rand(n, 4, seed=n), _rand(n, n, seed=n + 1)
+        want = [np.tril(xs), np.triu(xs, 1), np.tril(ss, -1), xs * np.arange(n, dtype=np.float32)[:, None],
+                xs[[0, -1]], np.arange(2, n)]
+        for g, e in zip(prog(x=xs, s=ss), want):
+            np.testing.assert_array_equal(g, e)
+    with pytest.raises(lc.FeedError, match="negative"):      # arange(2, n) has n - 2 elements
+        prog(x=_rand(1, 4), s=_rand(1, 1))
+
+
+def test_causal_attention_over_a_named_length_and_a_named_head_dim():
+    x = lc.placeholder("x", (1, "t", 8), lc.f32)
+    prog = lc.compile([lc.nn.scaled_dot_product_attention(x, x, x, is_causal=True)])
+    for t in (1, 5):
+        xs = _rand(1, t, 8, seed=t)
+        want = lc.nn.scaled_dot_product_attention(lc.tensor(xs), lc.tensor(xs), lc.tensor(xs), is_causal=True)
+        np.testing.assert_allclose(prog(x=xs)[0], want.numpy(), rtol=1e-5, atol=1e-6)
+    e = lc.placeholder("e", (1, 4, "e"), lc.f32)
+    with pytest.raises(lc.UnboundPlaceholder, match="scale"):
+        lc.nn.scaled_dot_product_attention(e, e, e)
+    with pytest.raises(lc.UnboundPlaceholder, match="arange"):
+        lc.arange(0, x.shape[1], 2)
