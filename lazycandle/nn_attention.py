@@ -129,7 +129,8 @@ def _graph_sdpa(q, k, v, mask, is_causal, scale):
             scores = scores + mask
         else:
             scores = scores.masked_fill(mask == 0, float("-inf"))
-    p = nn.softmax(scores, -1).masked_fill(scores.max_keepdim(-1) == float("-inf"), 0.0)
+    dead = scores.max_keepdim(-1) == float("-inf")      # rows with every key masked: 0, and no NaN
+    p = nn.softmax(scores.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)   # in their gradient
     return p.broadcast_matmul(v)
 
 

@@ -237,3 +237,20 @@ def test_sdpa_errors():
         sdpa(q, k, k, mask=lc.zeros((4, 6)), is_causal=True)
     with pytest.raises(lc.Error):
         sdpa(q, k, k, mask=lc.zeros((3, 6))).numpy()
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_gradients_with_a_fully_masked_row_match_torch(additive):
+    """The masked row's 0 output has 0 gradient, and no NaN leaks into dk / dv through it."""
+    torch = pytest.importorskip("torch")
+    rng = rng_for("sdpa-dead-grad")
+    q, k, v = (rand(rng, (1, 2, 4, 8), np.float64) for _ in range(3))
+    keep = np.ones((4, 4), bool)
+    keep[2] = False
+    mask = np.where(keep, 0.0, -np.inf) if additive else keep
+    vs = [lc.Var(x) for x in (q, k, v)]
+    grads = sdpa(*vs, mask=lc.tensor(mask)).sqr().sum().backward()
+    ts = [torch.tensor(x, requires_grad=True) for x in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*ts, attn_mask=torch.from_numpy(mask)).square().sum().backward()
+    for var, t in zip(vs, ts):
+        close(grads[var].numpy(), t.grad.numpy(), np.float64)
