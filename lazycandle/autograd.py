@@ -162,10 +162,11 @@ def gradients(loss: Tensor, wrt=(), grad: Tensor | None = None, keep_all: bool =
     if grad is None:
         if loss.elem_count != 1:
             raise ShapeMismatch(f"backward: the loss must be a scalar (one element) without a seed gradient, "
-                                f"got shape {loss.shape}")
+                                f"got shape {loss.shape} ({loss.dtype.name})")
         grad = ones(loss.shape, loss.dtype)
     elif grad.shape != loss.shape:
-        raise ShapeMismatch(f"backward: seed gradient shape {grad.shape} differs from the loss's {loss.shape}")
+        raise ShapeMismatch(f"backward: seed gradient shape {grad.shape} differs from the loss's {loss.shape} "
+                            f"(dtypes {grad.dtype.name} and {loss.dtype.name})")
     targets = {t._node.id for t in wrt} | {n.id for n in _TRAINABLE}
     order = _topological(root)
     needs = {}

@@ -314,7 +314,7 @@ def bind(targets, sizes: dict) -> list:
             arg = n.arg if keep_arg else _value(n.arg, sizes, what)
             if n.op.name in _EMPTY_FAILS and any(srcs[0].shape[d] == 0 for d in arg):
                 raise EmptyReduction(f"{n.op.name}: with sizes {sizes}, a reduction over a zero-length dim "
-                                     f"(shape {srcs[0].shape}, dims {arg})")
+                                     f"(shape {srcs[0].shape}, {srcs[0].dtype.name}, dims {arg})")
             done[id(n)] = Node(n.op, srcs, arg, shape, n.dtype, layout=layout, label=n.label)
     return [done[id(t)] for t in targets]
 

@@ -30,7 +30,7 @@ def _same_dtype(op, *ts):
 def _empty_along(t, dim, op) -> bool:
     """True when `dim` of t has no elements: the result is t's own (empty) shape and no row
     needs a max, so there is nothing to reduce (not an EmptyReduction)."""
-    return bool(t.shape) and t.shape[norm_dim(dim, t.shape, op)] == 0
+    return bool(t.shape) and t.shape[norm_dim(dim, t.shape, op, dtype=t.dtype)] == 0
 
 
 # ---- activations ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from .errors import ShapeMismatch, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
 from .ir import ops_index  # noqa: F401  (registers col2im)
 from .ir.node import Node
 from .tensor_index import _int_arg, _pair
+from .tensor_views import shape_desc
 
 
 def im2col(x, kh, kw, ph, pw, sh, sw, dh, dw):
@@ -52,7 +53,7 @@ def _conv_transpose(op, x, kernel, padding, out_padding, stride, dilation, group
     (ph, pw), (oph, opw), (sh, sw), (dh, dw) = padding, out_padding, stride, dilation
     if oph >= max(sh, dh) or opw >= max(sw, dw):
         raise ShapeMismatchBinaryOp(f"{op}: output_padding {out_padding} must be smaller than the stride "
-                                    f"{stride} or the dilation {dilation} (input {xs}, kernel {ks})")
+                                    f"{stride} or the dilation {dilation} (input {xs}, kernel {ks}, {x.dtype.name})")
     oh = (ih - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
     ow = (iw - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
     if ih < 1 or iw < 1 or oh < 1 or ow < 1:
@@ -119,17 +120,18 @@ class ConvTransposeMixin:
         size = (_int_arg(op, "h", h, 0), _int_arg(op, "w", w, 0))
         x = self.to_dtype(D.f32) if self.dtype.codec else self
         for dim, dst in zip((2, 3), size):
-            x = _bilinear_dim(op, x, dim, dst, bool(align_corners))
+            x = _bilinear_dim(op, x, dim, dst, bool(align_corners), self.dtype)
         return x.to_dtype(self.dtype) if self.dtype.codec else x
 
 
-def _bilinear_dim(op, x, dim, dst, align_corners):
+def _bilinear_dim(op, x, dim, dst, align_corners, dtype):
+    """Resize `dim` of x to `dst` (`dtype`: the caller's, for the error message; x may be its f32 copy)."""
     src = x.shape[dim]
     if dst == src:
         return x
     if src == 0 or dst == 0:
         if src == 0:
-            raise ShapeMismatch(f"{op}: cannot upsample an empty dim {dim} (shape {x.shape}) to {dst}")
+            raise ShapeMismatch(f"{op}: cannot upsample an empty dim {dim} ({shape_desc(x.shape, dtype)}) to {dst}")
         return x.narrow(dim, 0, 0)
     i0, i1, w0, w1 = _bilinear_taps(src, dst, align_corners)
     at = (1,) * dim + (dst,) + (1,) * (x.rank - dim - 1)

@@ -14,7 +14,7 @@ from .layout import as_index
 from .named_dims import is_symbolic
 from .tensor_math import as_scalar
 from .tensor_reduce import _pick
-from .tensor_views import norm_dim
+from .tensor_views import norm_dim, shape_desc
 
 MASK_DTYPES = (D.u8, D.u32, D.i64)
 
@@ -35,12 +35,12 @@ def _as_mask(mask, op):
     return mask
 
 
-def _reduced_count(shape, dims) -> int:
+def _reduced_count(shape, dims, *, dtype=None) -> int:
     """How many elements each output of a reduction over `dims` (None: all) combines."""
     if dims is None:
         return math.prod(shape)
     dims = [dims] if not isinstance(dims, (tuple, list)) else dims
-    return math.prod(shape[norm_dim(d, shape, "reduce")] for d in dims) if shape else 1
+    return math.prod(shape[norm_dim(d, shape, "reduce", dtype=dtype)] for d in dims) if shape else 1
 
 
 def triangle_mask(n: int, m: int, k: int, lower: bool):
@@ -66,7 +66,7 @@ class ExtrasMixin:
     def mT(self):
         """The last two dims swapped (a batch of matrices transposed)."""
         if self.rank < 2:
-            raise DimOutOfRange(f"mT: needs rank >= 2, got shape {self.shape}")
+            raise DimOutOfRange(f"mT: needs rank >= 2, got shape {self.shape} ({self.dtype.name})")
         return self.transpose(-2, -1)
 
     def swapaxes(self, a, b):
@@ -82,7 +82,7 @@ class ExtrasMixin:
         """The shape as a tuple, or the size of one dim (negative dims count from the end)."""
         if dim is None:
             return self.shape
-        return self.shape[norm_dim(dim, self.shape, "size")]
+        return self.shape[norm_dim(dim, self.shape, "size", dtype=self.dtype)]
 
     def astype(self, dtype):
         return self.to_dtype(dtype)
@@ -114,7 +114,8 @@ class ExtrasMixin:
             mask = mask.broadcast_as(self.shape)
         except BroadcastIncompatibleShapes:
             raise BroadcastIncompatibleShapes(f"masked_fill: mask shape {mask.shape} does not broadcast to "
-                                              f"the tensor's shape {self.shape}") from None
+                                              f"the tensor's shape {self.shape} (mask {mask.dtype.name}, "
+                                              f"tensor {self.dtype.name})") from None
         s = as_scalar(value)
         fill = self._scalar_like(s) if s is not None else value.broadcast_as(self.shape)
         return mask.where_cond(fill, self)
@@ -167,9 +168,9 @@ class ExtrasMixin:
         lay = self._node.layout
         seen = set()
         for d in dims:
-            d = norm_dim(d, self.shape, "flip")
+            d = norm_dim(d, self.shape, "flip", dtype=self.dtype)
             if d in seen:
-                raise DimOutOfRange(f"flip: dim {d} given twice (shape {self.shape})")
+                raise DimOutOfRange(f"flip: dim {d} given twice ({shape_desc(self.shape, self.dtype)})")
             seen.add(d)
             lay = lay.flip(d)
         return self._view(lay, f"flip{tuple(sorted(seen))}")
@@ -183,7 +184,7 @@ class ExtrasMixin:
 
     def _triangle(self, k, lower, op):
         if self.rank < 2:
-            raise DimOutOfRange(f"{op}: needs rank >= 2, got shape {self.shape}")
+            raise DimOutOfRange(f"{op}: needs rank >= 2, got shape {self.shape} ({self.dtype.name})")
         k = as_index(k, op, "diagonal k")
         mask = triangle_mask(self.shape[-2], self.shape[-1], k, lower).broadcast_as(self.shape)
         return mask.where_cond(self, self._scalar_like(0))
@@ -196,7 +197,7 @@ class ExtrasMixin:
         _float_only("var", self)
         dims = _pick(dim, axis, None, "var")
         ddof = (1 if unbiased else 0) if correction is None else as_index(correction, "var", "correction")
-        n = _reduced_count(self.shape, dims)
+        n = _reduced_count(self.shape, dims, dtype=self.dtype)
         xc = self.broadcast_sub(self.mean(dims, keepdim=True))
         ss = xc.sqr().sum(dims, keepdim=keepdim)
         if is_symbolic(n):          # a size named at run: the program counts the elements

@@ -16,12 +16,12 @@ kernel (every id is checked) and raised as IndexOutOfBounds when the tensor is r
 from __future__ import annotations
 
 from . import dtype as D
-from .errors import (DimOutOfRange, DTypeMismatchBinaryOp, NarrowInvalidArgs, ShapeMismatch, ShapeMismatchBinaryOp,
+from .errors import (DTypeMismatchBinaryOp, NarrowInvalidArgs, ShapeMismatch, ShapeMismatchBinaryOp,
                      UnsupportedDTypeForOp)
 from .ir import ops_index  # noqa: F401  (registers the op kinds)
 from .ir.node import Node
 from .layout import Layout, as_index
-from .tensor_views import norm_dim
+from .tensor_views import norm_dim, shape_desc
 
 ID_DTYPES = (D.u8, D.u32, D.i64)
 
@@ -50,14 +50,6 @@ def _ids(ids, op):
     return ids
 
 
-def _dim(dim, shape, op, extra=0):
-    """norm_dim with the tensor's shape in the message."""
-    try:
-        return norm_dim(dim, len(shape), op, extra)
-    except DimOutOfRange as e:
-        raise DimOutOfRange(f"{e} (shape {tuple(shape)})") from None
-
-
 def _no_storage_only(op, dt, shape):
     if dt.storage_only:
         raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is storage-only (no arithmetic) (shape {tuple(shape)})")
@@ -67,11 +59,13 @@ def _same_except(a, b, dim) -> bool:
     return len(a) == len(b) and all(x == y for i, (x, y) in enumerate(zip(a, b)) if i != dim)
 
 
-def _int_arg(op, name, v, lo, error=ShapeMismatch):
-    """An int argument >= lo (TypeError for floats and bools, `error` when too small)."""
+def _int_arg(op, name, v, lo, error=ShapeMismatch, *, of=None):
+    """An int argument >= lo (TypeError for floats and bools, `error` when too small, naming
+    the tensor `of` when given)."""
     iv = as_index(v, op, name)
     if iv < lo:
-        raise error(f"{op}: {name} must be an int >= {lo}, got {v!r}")
+        where = f" ({shape_desc(of.shape, of.dtype)})" if of is not None else ""
+        raise error(f"{op}: {name} must be an int >= {lo}, got {v!r}{where}")
     return iv
 
 
@@ -92,7 +86,7 @@ class IndexMixin:
         """out[.., i, ..] = self[.., ids[i], ..] along `dim`; ids is 1-D (u8, u32 or i64)."""
         op = "index_select"
         ids = _ids(ids, op)
-        dim = _dim(dim, self.shape, op)
+        dim = norm_dim(dim, self.shape, op, dtype=self.dtype)
         if ids.rank != 1:
             raise ShapeMismatchBinaryOp(f"{op}: ids must be 1-D, got ids shape {ids.shape} for tensor shape "
                                         f"{self.shape} ({self.dtype.name})")
@@ -112,7 +106,7 @@ class IndexMixin:
         """out[.., i, ..] = self[.., ids[.., i, ..], ..]; ids has self's shape except along `dim`."""
         op = "gather"
         ids = _ids(ids, op)
-        dim = _dim(dim, self.shape, op)
+        dim = norm_dim(dim, self.shape, op, dtype=self.dtype)
         if not _same_except(self.shape, ids.shape, dim):
             raise ShapeMismatchBinaryOp(f"{op}: ids shape {ids.shape} must equal tensor shape {self.shape} except "
                                         f"along dim {dim} ({self.dtype.name})")
@@ -123,7 +117,7 @@ class IndexMixin:
     def _scatter(self, op, ids, src, dim, arith):
         ids = _ids(ids, op)
         src = _as_tensor(src, op, "src")
-        dim = _dim(dim, self.shape, op)
+        dim = norm_dim(dim, self.shape, op, dtype=self.dtype)
         if src.dtype is not self.dtype:
             raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch self {self.dtype.name} src {src.dtype.name} "
                                         f"(shapes {self.shape} and {src.shape})")
@@ -158,8 +152,9 @@ class IndexMixin:
 
     # ---- padding ------------------------------------------------------------------------
     def _pad_args(self, op, dim, left, right):
-        dim = _dim(dim, self.shape, op)
-        return dim, _int_arg(op, "left", left, 0, NarrowInvalidArgs), _int_arg(op, "right", right, 0, NarrowInvalidArgs)
+        dim = norm_dim(dim, self.shape, op, dtype=self.dtype)
+        return (dim, _int_arg(op, "left", left, 0, NarrowInvalidArgs, of=self),
+                _int_arg(op, "right", right, 0, NarrowInvalidArgs, of=self))
 
     def pad_with_zeros(self, dim, left, right):
         """Pad `dim` with `left` zeros before and `right` zeros after."""
@@ -183,7 +178,8 @@ class IndexMixin:
             return self
         size = self.shape[dim]
         if size == 0:
-            raise NarrowInvalidArgs(f"{op}: cannot repeat the edge of an empty dim {dim} (shape {self.shape})")
+            raise NarrowInvalidArgs(f"{op}: cannot repeat the edge of an empty dim {dim} "
+                                    f"({shape_desc(self.shape, self.dtype)})")
         parts = []
         for n, at in ((left, 0), (None, None), (right, size - 1)):
             if n is None:
@@ -272,7 +268,8 @@ class IndexMixin:
             return self
         if src == 0 or size == 0:
             if src == 0 and size:
-                raise ShapeMismatch(f"{op}: cannot upsample an empty dim {dim} (shape {self.shape}) to {size}")
+                raise ShapeMismatch(f"{op}: cannot upsample an empty dim {dim} ({shape_desc(self.shape, self.dtype)}) "
+                                    f"to {size}")
             return self.narrow(dim, 0, 0)
         if src % size == 0:        # integer down-sampling: every (src/size)-th element, a view
             idx = [slice(None)] * self.rank
@@ -348,7 +345,7 @@ def cat(ts, dim=0):
     T = _tensor_type()
     ts = _tensor_list(ts, "cat")
     t0 = ts[0]
-    dim = _dim(dim, t0.shape, op)
+    dim = norm_dim(dim, t0.shape, op, dtype=t0.dtype)
     for t in ts[1:]:
         if t.dtype is not t0.dtype:
             raise DTypeMismatchBinaryOp(f"cat: dtype mismatch {t0.dtype.name} and {t.dtype.name} "
@@ -367,7 +364,7 @@ def stack(ts, dim=0):
     """Stack tensors of one shape along a new dim `dim` (unsqueeze + cat)."""
     ts = _tensor_list(ts, "stack")
     t0 = ts[0]
-    dim = _dim(dim, t0.shape, "stack", extra=1)
+    dim = norm_dim(dim, t0.shape, "stack", extra=1, dtype=t0.dtype)
     for t in ts[1:]:
         if t.dtype is not t0.dtype:
             raise DTypeMismatchBinaryOp(f"stack: dtype mismatch {t0.dtype.name} and {t.dtype.name} "

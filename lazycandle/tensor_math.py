@@ -10,22 +10,23 @@ import numpy as np
 
 from . import dtype as D
 from .dtype import as_dtype
-from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnboundPlaceholder, UnsupportedDTypeForOp
+from .errors import (DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnboundPlaceholder, UnsupportedDType,
+                     UnsupportedDTypeForOp)
 from .ir.node import Node, broadcast_scalar
 from .ir.ops import OPS
 from .layout import scalar_broadcast
 from .named_dims import Size
-from .tensor_views import broadcast_shapes
+from .tensor_views import broadcast_shapes, shape_desc
 
 
-def check_dtype(op: str, dt, shape=None) -> None:
+def check_dtype(op: str, dt, shape=None, *, name=None) -> None:
     """Raise UnsupportedDTypeForOp when `op` cannot compute in `dt` (the message names the
-    operand's shape when given)."""
+    operand's shape when given, and the op as `name` when the user called it so: broadcast_add)."""
     if dt.storage_only:
-        raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is storage-only (no arithmetic){_where(shape)}")
+        raise UnsupportedDTypeForOp(f"{name or op}: dtype {dt.name} is storage-only (no arithmetic){_where(shape)}")
     kind = OPS.get(op)
     if kind is not None and kind.float_only and not dt.is_float:
-        raise UnsupportedDTypeForOp(f"{op}: not supported for integer dtype {dt.name}{_where(shape)}")
+        raise UnsupportedDTypeForOp(f"{name or op}: not supported for integer dtype {dt.name}{_where(shape)}")
 
 
 def _where(shape) -> str:
@@ -142,14 +143,15 @@ class MathMixin:
         node = self._node
         return type(self)(_scalar_node(value, node.dtype, node.shape))
 
-    def _binary(self, op, other, broadcast: bool, reflected=False):
+    def _binary(self, op, other, broadcast: bool, reflected=False, name=None):
+        """`name`: the op as the user called it (broadcast_add), for error messages."""
         T, kind = type(self), OPS[op]
         scalar = as_scalar(other)
         if scalar is not None:          # the constant takes this tensor's shape and dtype
             node = self._node
             dt = node.dtype
             if dt.storage_only or (kind.float_only and not dt.is_float):
-                check_dtype(op, dt, node.shape)     # raises
+                check_dtype(op, dt, node.shape, name=name)      # raises
             c = _scalar_node(scalar, dt, node.shape)
             a, b = (c, node) if reflected else (node, c)
         else:
@@ -158,14 +160,14 @@ class MathMixin:
                 return NotImplemented
             a, b = (other, self) if reflected else (self, other)
             if a.dtype is not b.dtype:
-                raise DTypeMismatchBinaryOp(f"{op}: dtype mismatch lhs {a.dtype.name} rhs {b.dtype.name} "
+                raise DTypeMismatchBinaryOp(f"{name or op}: dtype mismatch lhs {a.dtype.name} rhs {b.dtype.name} "
                                             f"(shapes {a.shape} and {b.shape})")
-            check_dtype(op, a.dtype, a.shape)
+            check_dtype(op, a.dtype, a.shape, name=name)
             if a.shape != b.shape:
                 if not broadcast:
                     raise ShapeMismatchBinaryOp(f"{op}: shape mismatch lhs {a.shape} rhs {b.shape} "
                                                 f"(dtype {a.dtype.name})")
-                shape = broadcast_shapes(a.shape, b.shape, f"broadcast_{op}")
+                shape = broadcast_shapes(a.shape, b.shape, name or f"broadcast_{op}", dtype=a.dtype)
                 a, b = a._broadcast_to(shape), b._broadcast_to(shape)
             a, b = a._node, b._node
         return T(Node(kind, (a, b), None, a.shape, D.u8 if kind.out_dtype == "u8" else a.dtype))
@@ -210,7 +212,10 @@ class MathMixin:
         return self._unary("elu", float(alpha))
 
     def to_dtype(self, dtype):
-        dtype = as_dtype(dtype)
+        try:
+            dtype = as_dtype(dtype)
+        except UnsupportedDType as e:
+            raise UnsupportedDType(f"to_dtype: {e} ({shape_desc(self.shape, self.dtype)})") from None
         if dtype is self.dtype:
             return self
         return type(self)(Node("cast", (self._node,), dtype, self.shape, dtype))
@@ -225,12 +230,12 @@ class MathMixin:
     def pow(self, e): return self._binary("pow", e, True)
     def maximum(self, o): return self._binary("maximum", o, False)
     def minimum(self, o): return self._binary("minimum", o, False)
-    def broadcast_add(self, o): return self._binary("add", o, True)
-    def broadcast_sub(self, o): return self._binary("sub", o, True)
-    def broadcast_mul(self, o): return self._binary("mul", o, True)
-    def broadcast_div(self, o): return self._binary("div", o, True)
-    def broadcast_maximum(self, o): return self._binary("maximum", o, True)
-    def broadcast_minimum(self, o): return self._binary("minimum", o, True)
+    def broadcast_add(self, o): return self._binary("add", o, True, name="broadcast_add")
+    def broadcast_sub(self, o): return self._binary("sub", o, True, name="broadcast_sub")
+    def broadcast_mul(self, o): return self._binary("mul", o, True, name="broadcast_mul")
+    def broadcast_div(self, o): return self._binary("div", o, True, name="broadcast_div")
+    def broadcast_maximum(self, o): return self._binary("maximum", o, True, name="broadcast_maximum")
+    def broadcast_minimum(self, o): return self._binary("minimum", o, True, name="broadcast_minimum")
 
     def eq(self, o): return self._binary("eq", o, False)
     def ne(self, o): return self._binary("ne", o, False)
@@ -238,12 +243,12 @@ class MathMixin:
     def le(self, o): return self._binary("le", o, False)
     def gt(self, o): return self._binary("gt", o, False)
     def ge(self, o): return self._binary("ge", o, False)
-    def broadcast_eq(self, o): return self._binary("eq", o, True)
-    def broadcast_ne(self, o): return self._binary("ne", o, True)
-    def broadcast_lt(self, o): return self._binary("lt", o, True)
-    def broadcast_le(self, o): return self._binary("le", o, True)
-    def broadcast_gt(self, o): return self._binary("gt", o, True)
-    def broadcast_ge(self, o): return self._binary("ge", o, True)
+    def broadcast_eq(self, o): return self._binary("eq", o, True, name="broadcast_eq")
+    def broadcast_ne(self, o): return self._binary("ne", o, True, name="broadcast_ne")
+    def broadcast_lt(self, o): return self._binary("lt", o, True, name="broadcast_lt")
+    def broadcast_le(self, o): return self._binary("le", o, True, name="broadcast_le")
+    def broadcast_gt(self, o): return self._binary("gt", o, True, name="broadcast_gt")
+    def broadcast_ge(self, o): return self._binary("ge", o, True, name="broadcast_ge")
 
     def where_cond(self, on_true, on_false):
         """Pick on_true where this mask (u8/u32/i64, nonzero = true) is set, else on_false."""
@@ -266,7 +271,8 @@ class MathMixin:
                                         f"on_false {on_false.dtype.name} (shapes {on_true.shape} and {on_false.shape})")
         if not (self.shape == on_true.shape == on_false.shape):
             raise ShapeMismatchBinaryOp(f"where_cond: shape mismatch mask {self.shape} on_true {on_true.shape} "
-                                        f"on_false {on_false.shape}")
+                                        f"on_false {on_false.shape} (mask {self.dtype.name}, values "
+                                        f"{on_true.dtype.name})")
         if on_true.dtype.storage_only:
             raise UnsupportedDTypeForOp(f"where_cond: dtype {on_true.dtype.name} is storage-only "
                                         f"(shape {on_true.shape})")

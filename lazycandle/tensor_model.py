@@ -35,7 +35,7 @@ class ModelMixin:
 
     def _argsort(self, op, descending: bool, id_dtype: D.DType):
         _computable(op, self)
-        norm_dim(-1, self.shape, op)
+        norm_dim(-1, self.shape, op, dtype=self.dtype)
         src = self.materializable()
         return type(self)(Node("argsort", (src._node,), (bool(descending), id_dtype.name), self.shape, id_dtype,
                                label=f"{op}({'desc' if descending else 'asc'})"))
@@ -57,7 +57,7 @@ class ModelMixin:
         equal values come in input order and NaN counts as the largest."""
         op = "topk"
         _computable(op, self)
-        dim = norm_dim(dim, self.shape, op)
+        dim = norm_dim(dim, self.shape, op, dtype=self.dtype)
         try:
             k = operator.index(k) if not isinstance(k, bool) else None
         except TypeError:
@@ -81,6 +81,6 @@ class ModelMixin:
         f32 accumulates in f64 and rounds each output once."""
         op = "cumsum"
         _computable(op, self)
-        dim = norm_dim(dim, self.shape, op)
+        dim = norm_dim(dim, self.shape, op, dtype=self.dtype)
         src = self.materializable()
         return type(self)(Node("cumsum", (src._node,), dim, self.shape, self.dtype, label=f"cumsum(dim={dim})"))

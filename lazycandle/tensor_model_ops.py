@@ -23,7 +23,7 @@ from math import prod
 
 from .errors import DTypeMismatchBinaryOp, NarrowInvalidArgs, ShapeMismatchBinaryOp
 from .runtime.buffers import forget
-from .tensor_views import norm_dim
+from .tensor_views import norm_dim, shape_desc
 
 
 def _int(op, name, v):
@@ -120,7 +120,7 @@ class ModelOpsMixin:
         """slice_set's arguments checked (typed errors at the call): (dim, start, whether start
         is a runtime tensor); an int start is in range."""
         op = "slice_set"
-        dim = norm_dim(dim, self.shape, op)
+        dim = norm_dim(dim, self.shape, op, dtype=self.dtype)
         runtime_start = hasattr(start, "_node")
         if runtime_start:
             start = _position(op, start)
@@ -199,12 +199,13 @@ class ModelOpsMixin:
         op = "slice_assign"
         ranges = list(ranges)
         if len(ranges) > self.rank:
-            raise NarrowInvalidArgs(f"{op}: {len(ranges)} ranges for shape {self.shape}")
+            raise NarrowInvalidArgs(f"{op}: {len(ranges)} ranges for shape {self.shape} ({self.dtype.name})")
         bounds = []
         for d, r in enumerate(ranges):
             if isinstance(r, slice):
                 if r.step not in (None, 1):
-                    raise NarrowInvalidArgs(f"{op}: range {r} for dim {d} must have step 1 (shape {self.shape})")
+                    raise NarrowInvalidArgs(f"{op}: range {r} for dim {d} must have step 1 "
+                                            f"({shape_desc(self.shape, self.dtype)})")
                 lo, hi = r.start, r.stop
             else:
                 lo, hi = r

@@ -14,7 +14,7 @@ from .errors import DimOutOfRange, EmptyReduction, ShapeMismatch, UnsupportedDTy
 from .ir.node import Node
 from .ir.ops import OPS
 from .layout import as_index, reshape_view
-from .tensor_views import norm_dim
+from .tensor_views import norm_dim, shape_desc
 
 # argmax / argmin return u32 indices, so the dim they reduce can hold at most this many elements
 MAX_ARG_DIM = 2 ** 32 - 1
@@ -23,9 +23,9 @@ EMPTY_OK_KINDS = ("sum", "mean", "prod")
 _VIEW = OPS["view"]
 
 
-def _dims(dims, shape, op):
+def _dims(dims, shape, op, *, dtype=None):
     """The reduced dims as a sorted tuple of non-negative ints (a rank-0 tensor takes 0 or -1,
-    like torch); NumPy's rules for the type of each dim."""
+    like torch); NumPy's rules for the type of each dim.  `dtype` is for the error messages."""
     if dims.__class__ is int:   # the common case, without the TypeError below
         n = len(shape)
         if -n <= dims < n:
@@ -41,9 +41,10 @@ def _dims(dims, shape, op):
     if not shape:
         for d in dims:
             if as_index(d, op, "dim") not in (0, -1):
-                raise DimOutOfRange(f"{op}: dim {d} out of range for a rank-0 tensor (only 0 and -1)")
+                raise DimOutOfRange(f"{op}: dim {d} out of range for a rank-0 tensor (only 0 and -1)"
+                                    + (f" ({dtype.name})" if dtype is not None else ""))
         return (0,)
-    return tuple(sorted({norm_dim(d, shape, op) for d in dims}))
+    return tuple(sorted({norm_dim(d, shape, op, dtype=dtype) for d in dims}))
 
 
 class ReduceMixin:
@@ -57,12 +58,12 @@ class ReduceMixin:
         dt, in_shape = node.dtype, node.shape
         op = f"{kind}_keepdim" if keepdim else kind
         if dt.storage_only:
-            raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is storage-only (no arithmetic)")
+            raise UnsupportedDTypeForOp(f"{op}: dtype {dt.name} is storage-only (no arithmetic) (shape {in_shape})")
         if kind == "mean" and not dt.is_float:
-            raise UnsupportedDTypeForOp(f"{op}: mean needs a float dtype, got {dt.name}")
+            raise UnsupportedDTypeForOp(f"{op}: mean needs a float dtype, got {dt.name} (shape {in_shape})")
         if dims is None:
             dims = tuple(range(len(in_shape))) or (0,)
-        dims = _dims(dims, in_shape, op)
+        dims = _dims(dims, in_shape, op, dtype=dt)
         scalar = not in_shape
         x_shape = (1,) if scalar else in_shape
         shape = list(x_shape)
@@ -71,7 +72,7 @@ class ReduceMixin:
         shape = tuple(shape)
         # max / min / arg* need an element of the reduced dims for every output element
         if kind not in EMPTY_OK_KINDS and prod(shape) and any(x_shape[d] == 0 for d in dims):
-            raise EmptyReduction(f"{op}: reduction over a zero-length dim (shape {in_shape}, dims {dims})")
+            raise EmptyReduction(f"{op}: reduction over a zero-length dim ({shape_desc(in_shape, dt)}, dims {dims})")
         arg_kind = kind.startswith("arg")
         if arg_kind and x_shape[dims[0]] > MAX_ARG_DIM:
             raise ShapeMismatch(f"{op}: dim {dims[0]} of shape {in_shape} ({dt.name}) is longer than "

@@ -13,23 +13,28 @@ from .ir.ops import OPS
 from .layout import MEMO_SHAPES, as_index, as_shape, broadcast_view
 
 
-def norm_dim(dim, rank, op, extra=0) -> int:
+def shape_desc(shape, dtype=None) -> str:
+    """How an error message names a tensor: "shape (2, 3), f32" ("shape (2, 3)" without a dtype)."""
+    return f"shape {tuple(shape)}" + (f", {dtype.name}" if dtype is not None else "")
+
+
+def norm_dim(dim, rank, op, extra=0, *, dtype=None) -> int:
     """Dim index with negatives counting from the end; `extra` widens the range (unsqueeze).
-    `rank` may be the shape itself (then the error message names it)."""
+    `rank` may be the shape itself (then the error message names it, and `dtype` if given)."""
     shape = tuple(rank) if isinstance(rank, (tuple, list)) else None
     if shape is not None:
         rank = len(shape)
     n = rank + extra
     d = as_index(dim, op, "dim")
     if d < -n or d >= n or n == 0:
-        where = f"rank {rank}" + (f" (shape {shape})" if shape is not None else "")
+        where = f"rank {rank}" + (f" ({shape_desc(shape, dtype)})" if shape is not None else "")
         raise DimOutOfRange(f"{op}: dim {dim} out of range for {where}")
     return d + n if d < 0 else d
 
 
-def broadcast_shapes(a, b, op) -> tuple:
-    """NumPy broadcasting of two shapes, or BroadcastIncompatibleShapes naming the op (results
-    memoized per pair of shape tuples, as the layout memos are)."""
+def broadcast_shapes(a, b, op, *, dtype=None) -> tuple:
+    """NumPy broadcasting of two shapes, or BroadcastIncompatibleShapes naming the op (and the
+    operands' `dtype` if given); results memoized per pair of shape tuples, as the layout memos are."""
     got = _broadcast_pairs.get((a, b))
     if got is not None:
         return got
@@ -38,7 +43,8 @@ def broadcast_shapes(a, b, op) -> tuple:
         da = a[len(a) - 1 - i] if i < len(a) else 1
         db = b[len(b) - 1 - i] if i < len(b) else 1
         if da != db and da != 1 and db != 1:
-            raise BroadcastIncompatibleShapes(f"{op}: cannot broadcast shapes {tuple(a)} and {tuple(b)}")
+            raise BroadcastIncompatibleShapes(f"{op}: cannot broadcast shapes {tuple(a)} and {tuple(b)}"
+                                              + (f" (dtype {dtype.name})" if dtype is not None else ""))
         out.append(db if da == 1 else da)
     out = tuple(reversed(out))
     if len(_broadcast_pairs) < MEMO_SHAPES and a.__class__ is tuple and b.__class__ is tuple \
@@ -65,15 +71,17 @@ class ViewMixin:
         shape = list(as_index(d, "reshape", "a size in a shape") for d in shape)
         n = self.elem_count
         if shape.count(-1) > 1:
-            raise ShapeMismatch(f"reshape: at most one -1 allowed, got {tuple(shape)}")
+            raise ShapeMismatch(f"reshape: at most one -1 allowed, got {tuple(shape)} "
+                                f"(tensor {shape_desc(self.shape, self.dtype)})")
         if -1 in shape:
             rest = prod(d for d in shape if d != -1)
             if rest == 0 or n % rest:
-                raise ShapeMismatch(f"reshape: cannot reshape {self.shape} ({n} elements) to {tuple(shape)}")
+                raise ShapeMismatch(f"reshape: cannot reshape {self.shape} ({n} elements) to {tuple(shape)} "
+                                    f"({self.dtype.name})")
             shape[shape.index(-1)] = n // rest
         shape = tuple(shape)
         if any(d < 0 for d in shape) or prod(shape) != n:
-            raise ShapeMismatch(f"reshape: cannot reshape {self.shape} ({n} elements) to {shape}")
+            raise ShapeMismatch(f"reshape: cannot reshape {self.shape} ({n} elements) to {shape} ({self.dtype.name})")
         if shape == self.shape:
             return self
         lay = self._node.layout.reshape(shape)
@@ -82,33 +90,36 @@ class ViewMixin:
         return self._view(lay, f"reshape{shape}")
 
     def transpose(self, d0, d1):
-        d0, d1 = norm_dim(d0, self.shape, "transpose"), norm_dim(d1, self.shape, "transpose")
+        d0 = norm_dim(d0, self.shape, "transpose", dtype=self.dtype)
+        d1 = norm_dim(d1, self.shape, "transpose", dtype=self.dtype)
         perm = list(range(self.rank))
         perm[d0], perm[d1] = d1, d0
         return self._view(self._node.layout.permute(perm), f"transpose({d0}, {d1})")
 
     def t(self):
         if self.rank < 2:
-            raise DimOutOfRange(f"t: needs rank >= 2, got shape {self.shape}")
+            raise DimOutOfRange(f"t: needs rank >= 2, got shape {self.shape} ({self.dtype.name})")
         return self.transpose(-2, -1)
 
     def permute(self, *dims):
         if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
             dims = dims[0]
         if len(dims) != self.rank:
-            raise DimOutOfRange(f"permute: {len(dims)} dims given for rank {self.rank} (shape {self.shape})")
-        dims = [norm_dim(d, self.shape, "permute") for d in dims]
+            raise DimOutOfRange(f"permute: {len(dims)} dims given for rank {self.rank} "
+                                f"({shape_desc(self.shape, self.dtype)})")
+        dims = [norm_dim(d, self.shape, "permute", dtype=self.dtype) for d in dims]
         if sorted(dims) != list(range(self.rank)):
-            raise DimOutOfRange(f"permute: {tuple(dims)} is not a permutation of the dims of shape {self.shape}")
+            raise DimOutOfRange(f"permute: {tuple(dims)} is not a permutation of the dims of shape {self.shape} "
+                                f"({self.dtype.name})")
         return self._view(self._node.layout.permute(dims), f"permute{tuple(dims)}")
 
     def narrow(self, dim, start, length):
-        dim = norm_dim(dim, self.shape, "narrow")
+        dim = norm_dim(dim, self.shape, "narrow", dtype=self.dtype)
         size = self.shape[dim]
         start, length = as_index(start, "narrow", "start"), as_index(length, "narrow", "length")
         if start < 0 or length < 0 or start + length > size:
             raise NarrowInvalidArgs(f"narrow: start {start} + length {length} out of range for dim {dim} "
-                                    f"of size {size} (shape {self.shape})")
+                                    f"of size {size} ({shape_desc(self.shape, self.dtype)})")
         return self._view(self._node.layout.narrow(dim, start, length), f"narrow({dim}, {start}, {length})")
 
     def broadcast_as(self, *shape):
@@ -117,7 +128,8 @@ class ViewMixin:
         shape = as_shape(shape, "broadcast_as", BroadcastIncompatibleShapes)
         if len(shape) < self.rank or any(
                 s != d and s != 1 for s, d in zip(self.shape, shape[len(shape) - self.rank:])):
-            raise BroadcastIncompatibleShapes(f"broadcast_as: cannot broadcast shape {self.shape} to {shape}")
+            raise BroadcastIncompatibleShapes(f"broadcast_as: cannot broadcast shape {self.shape} to {shape} "
+                                              f"({self.dtype.name})")
         if shape == self.shape:
             return self
         return self._view(self._node.layout.broadcast_as(shape), f"broadcast_as{shape}")
@@ -139,11 +151,11 @@ class ViewMixin:
         return self.broadcast_as(as_shape(batch, "broadcast_left", BroadcastIncompatibleShapes) + self.shape)
 
     def unsqueeze(self, dim):
-        dim = norm_dim(dim, self.shape, "unsqueeze", extra=1)
+        dim = norm_dim(dim, self.shape, "unsqueeze", extra=1, dtype=self.dtype)
         return self._view(self._node.layout.unsqueeze(dim), f"unsqueeze({dim})")
 
     def squeeze(self, dim):
-        dim = norm_dim(dim, self.shape, "squeeze")
+        dim = norm_dim(dim, self.shape, "squeeze", dtype=self.dtype)
         if self.shape[dim] != 1:
             return self
         return self._view(self._node.layout.select(dim, 0), f"squeeze({dim})")
@@ -151,10 +163,11 @@ class ViewMixin:
     def flatten(self, start_dim=0, end_dim=-1):
         if self.rank == 0:
             return self.reshape((1,))
-        s = norm_dim(start_dim, self.shape, "flatten")
-        e = norm_dim(end_dim, self.shape, "flatten")
+        s = norm_dim(start_dim, self.shape, "flatten", dtype=self.dtype)
+        e = norm_dim(end_dim, self.shape, "flatten", dtype=self.dtype)
         if s > e:
-            raise DimOutOfRange(f"flatten: start_dim {start_dim} > end_dim {end_dim} for shape {self.shape}")
+            raise DimOutOfRange(f"flatten: start_dim {start_dim} > end_dim {end_dim} for shape {self.shape} "
+                                f"({self.dtype.name})")
         return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
 
     def flatten_all(self):
@@ -163,10 +176,10 @@ class ViewMixin:
     def chunk(self, n, dim=0):
         """Split `dim` into n pieces like candle: sizes differ by at most one, the larger
         first (7 in 3 -> 3, 2, 2); fewer elements than n gives pieces of one."""
-        dim = norm_dim(dim, self.shape, "chunk")
+        dim = norm_dim(dim, self.shape, "chunk", dtype=self.dtype)
         n = as_index(n, "chunk", "the number of chunks")
         if n < 1:
-            raise ShapeMismatch(f"chunk: need n >= 1 chunks, got {n} (shape {self.shape})")
+            raise ShapeMismatch(f"chunk: need n >= 1 chunks, got {n} ({shape_desc(self.shape, self.dtype)})")
         size = self.shape[dim]
         if size == 0:
             return [self]

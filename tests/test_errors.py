@@ -349,6 +349,41 @@ def test_feed_error():
         check_msg(ei, *needles)
 
 
+# ---- every message names the op, a shape and the dtype (SPEC "Errors") ---------------------
+NAMED = [   # (op the message starts with, class, bad call, a shape and the dtype it must name)
+    ("broadcast_add", lc.BroadcastIncompatibleShapes, lambda: _lazy(2, 3) + _lazy(4), "(2, 3)", "f32"),
+    ("broadcast_add", lc.DTypeMismatchBinaryOp, lambda: _lazy(2, 3).broadcast_add(_lazy(3, dt=lc.f64)),
+     "(2, 3)", "f64"),
+    ("broadcast_as", lc.BroadcastIncompatibleShapes, lambda: _lazy(3, dt=lc.i64).broadcast_as((4,)), "(3,)", "i64"),
+    ("masked_fill", lc.BroadcastIncompatibleShapes, lambda: _lazy(2, 3).masked_fill(t_of(lc.u8, 4), 0.0),
+     "(2, 3)", "f32"),
+    ("reshape", lc.ShapeMismatch, lambda: _lazy(2, 3).reshape((4, 2)), "(2, 3)", "f32"),
+    ("sum", lc.DimOutOfRange, lambda: _lazy(2, 3, dt=lc.i32).sum(3), "(2, 3)", "i32"),
+    ("transpose", lc.DimOutOfRange, lambda: _lazy(2, 3, dt=lc.bf16).transpose(0, 2), "(2, 3)", "bf16"),
+    ("narrow", lc.NarrowInvalidArgs, lambda: _lazy(4, 6).narrow(1, 2, 5), "(4, 6)", "f32"),
+    ("mT", lc.DimOutOfRange, lambda: _lazy(3, dt=lc.f64).mT, "(3,)", "f64"),
+    ("index_select", lc.DimOutOfRange, lambda: _lazy(2, 3).index_select(t_of(lc.i64, 1), 2), "(2, 3)", "f32"),
+    ("pad_with_zeros", lc.NarrowInvalidArgs, lambda: _lazy(2, 3).pad_with_zeros(0, -1, 1), "(2, 3)", "f32"),
+    ("softmax", lc.DimOutOfRange, lambda: _lazy(2, 3).softmax(2), "(2, 3)", "f32"),
+    ("topk", lc.DimOutOfRange, lambda: _lazy(2, 3, dt=lc.i32).topk(1, 5), "(2, 3)", "i32"),
+    ("slice_assign", lc.NarrowInvalidArgs, lambda: _lazy(2, 3).slice_assign([slice(0, 2, 2)], _lazy(1, 3)),
+     "(2, 3)", "f32"),
+    ("max", lc.EmptyReduction, lambda: _lazy(0, 3).max(0), "(0, 3)", "f32"),
+    ("where_cond", lc.ShapeMismatchBinaryOp, lambda: t_of(lc.u8, 2, 3).where_cond(_lazy(2, 3), _lazy(3, 2)),
+     "(3, 2)", "f32"),
+    ("mean", lc.UnsupportedDTypeForOp, lambda: _lazy(3, 4, dt=lc.i32).mean(0), "(3, 4)", "i32"),
+    ("to_dtype", lc.UnsupportedDType, lambda: _lazy(2, 3).to_dtype("x"), "(2, 3)", "f32"),
+]
+
+
+@pytest.mark.parametrize("op,cls,call,shape,dt", NAMED, ids=[f"{c[0]}-{c[1].__name__}" for c in NAMED])
+def test_message_names_op_shape_and_dtype(op, cls, call, shape, dt):
+    with pytest.raises(cls) as ei:
+        call()
+    assert str(ei.value).startswith(op + ":"), str(ei.value)
+    check_msg(ei, shape, dt)
+
+
 # ---- errors never leave partial state ------------------------------------------------------
 def test_errors_do_not_realize_or_break_the_graph():
     a = _lazy(2, 3)
