@@ -224,11 +224,9 @@ CACHES = jit.cache_bytes()    # {level: bytes} of the host's data caches
 SHARED_B_MAX_BYTES = 32 << 20
 # ... and when the problem has at least this many flops: below it the pack tasks' barrier and
 # the packed B moving between the cores cost more than packing A per thread (the n split).
-# Measured on the Zen 4 host, the two plans of one problem at 2 threads rotating with NumPy, torch
-# and JAX (a late worker then holds up the 2-task split's second half, not a shared-B counter):
-# 256^2 0.202-0.350 ms shared against 0.203-0.353 split (better in 5 rounds of 6), 320^2 0.401-0.413
-# against 0.428-0.454, 384^2 equal.  (On the Xeon host of the first figures the split won at 256^2.)
-SHARED_B_MIN_FLOPS = 30e6
+# Eager (a @ b).numpy() at 2 threads, rotating with NumPy, torch and JAX, alternating trees:
+# 256^2 139-147 -> 132-134 us, 320^2 232 -> 220-224; 384^2 and up equal
+SHARED_B_MIN_FLOPS = 100e6
 SHARED_TASKS_PER_THREAD = 8     # row tasks of a shared-B plan per thread
 
 
