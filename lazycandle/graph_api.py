@@ -155,6 +155,25 @@ def _view_nodes(roots) -> list:
     return out
 
 
+def named_sizes(op: str, inputs, shapes) -> dict:
+    """The size of each named dim given by the feeds' `shapes` (by input name) for `inputs`
+    ((name, shape spec, dtype) triples, as Program.inputs); FeedError for a rank or fixed size
+    that differs, or a name given two sizes."""
+    sizes, where = {}, {}
+    for name, spec, _ in inputs:
+        shape = tuple(shapes[name])
+        if len(shape) != len(spec) or any(isinstance(d, int) and d != g for d, g in zip(spec, shape)):
+            raise FeedError(f"{op}: input {name!r} expects shape {spec}, given {shape}")
+        for d, g in zip(spec, shape):
+            if isinstance(d, str):
+                if d in sizes and sizes[d] != g:
+                    other, other_shape = where[d]
+                    raise FeedError(f"{op}: named dim {d!r} is {sizes[d]} in input {other!r} (shape {other_shape}) "
+                                    f"but {g} in input {name!r} (shape {shape})")
+                sizes[d], where[d] = g, (name, shape)
+    return sizes
+
+
 def check_feed_names(op: str, inputs, feeds) -> None:
     """FeedError when `feeds` (by name) has a name no input has, or lacks one of `inputs`
     ((name, shape, dtype) triples, as Program.inputs)."""
@@ -252,22 +271,14 @@ class Program:
     def _check_feeds(self, feeds):
         """Flat arrays by input name, and the sizes of the named dims (FeedError on any mismatch)."""
         check_feed_names("run", self.inputs, feeds)
-        arrays, sizes, where = {}, {}, {}
+        arrays = {}
         for name, spec, dt in self.inputs:
             v = _feed_array(feeds[name], dt)
             if v.dtype != dt.numpy:
                 raise FeedError(f"run: input {name!r} expects dtype {dt.name} ({dt.numpy}), given {v.dtype}")
-            if len(v.shape) != len(spec) or any(isinstance(d, int) and d != g for d, g in zip(spec, v.shape)):
-                raise FeedError(f"run: input {name!r} expects shape {spec}, given {tuple(v.shape)}")
-            for d, g in zip(spec, v.shape):
-                if isinstance(d, str):
-                    if d in sizes and sizes[d] != g:
-                        other, other_shape = where[d]
-                        raise FeedError(f"run: named dim {d!r} is {sizes[d]} in input {other!r} (shape {other_shape}) "
-                                        f"but {g} in input {name!r} (shape {tuple(v.shape)})")
-                    sizes[d], where[d] = g, (name, tuple(v.shape))
-            arrays[name] = np.ascontiguousarray(v).reshape(-1)
-        return arrays, sizes
+            arrays[name] = v
+        sizes = named_sizes("run", self.inputs, {name: v.shape for name, v in arrays.items()})
+        return {name: np.ascontiguousarray(v).reshape(-1) for name, v in arrays.items()}, sizes
 
     def _instance(self, sizes) -> _Instance:
         if self._fixed is not None:

@@ -143,6 +143,10 @@ class MathMixin:
         node = self._node
         return type(self)(_scalar_node(value, node.dtype, node.shape))
 
+    def _broadcast_binary(self, op, other):
+        """The broadcast_<op> method: `_binary` broadcasting, its errors naming broadcast_<op>."""
+        return self._binary(op, other, True, name=f"broadcast_{op}")
+
     def _binary(self, op, other, broadcast: bool, reflected=False, name=None):
         """`name`: the op as the user called it (broadcast_add), for error messages."""
         T, kind = type(self), OPS[op]
@@ -230,12 +234,12 @@ class MathMixin:
     def pow(self, e): return self._binary("pow", e, True)
     def maximum(self, o): return self._binary("maximum", o, False)
     def minimum(self, o): return self._binary("minimum", o, False)
-    def broadcast_add(self, o): return self._binary("add", o, True, name="broadcast_add")
-    def broadcast_sub(self, o): return self._binary("sub", o, True, name="broadcast_sub")
-    def broadcast_mul(self, o): return self._binary("mul", o, True, name="broadcast_mul")
-    def broadcast_div(self, o): return self._binary("div", o, True, name="broadcast_div")
-    def broadcast_maximum(self, o): return self._binary("maximum", o, True, name="broadcast_maximum")
-    def broadcast_minimum(self, o): return self._binary("minimum", o, True, name="broadcast_minimum")
+    def broadcast_add(self, o): return self._broadcast_binary("add", o)
+    def broadcast_sub(self, o): return self._broadcast_binary("sub", o)
+    def broadcast_mul(self, o): return self._broadcast_binary("mul", o)
+    def broadcast_div(self, o): return self._broadcast_binary("div", o)
+    def broadcast_maximum(self, o): return self._broadcast_binary("maximum", o)
+    def broadcast_minimum(self, o): return self._broadcast_binary("minimum", o)
 
     def eq(self, o): return self._binary("eq", o, False)
     def ne(self, o): return self._binary("ne", o, False)
@@ -243,12 +247,12 @@ class MathMixin:
     def le(self, o): return self._binary("le", o, False)
     def gt(self, o): return self._binary("gt", o, False)
     def ge(self, o): return self._binary("ge", o, False)
-    def broadcast_eq(self, o): return self._binary("eq", o, True, name="broadcast_eq")
-    def broadcast_ne(self, o): return self._binary("ne", o, True, name="broadcast_ne")
-    def broadcast_lt(self, o): return self._binary("lt", o, True, name="broadcast_lt")
-    def broadcast_le(self, o): return self._binary("le", o, True, name="broadcast_le")
-    def broadcast_gt(self, o): return self._binary("gt", o, True, name="broadcast_gt")
-    def broadcast_ge(self, o): return self._binary("ge", o, True, name="broadcast_ge")
+    def broadcast_eq(self, o): return self._broadcast_binary("eq", o)
+    def broadcast_ne(self, o): return self._broadcast_binary("ne", o)
+    def broadcast_lt(self, o): return self._broadcast_binary("lt", o)
+    def broadcast_le(self, o): return self._broadcast_binary("le", o)
+    def broadcast_gt(self, o): return self._broadcast_binary("gt", o)
+    def broadcast_ge(self, o): return self._broadcast_binary("ge", o)
 
     def where_cond(self, on_true, on_false):
         """Pick on_true where this mask (u8/u32/i64, nonzero = true) is set, else on_false."""

@@ -125,7 +125,7 @@ def test_named_dims_are_bound_to_the_feeds_sizes():
         got = lc.dask.run(prog, x=da.from_array(xs, chunks=(8, 20)), y=xs)
         for g, e in zip(got, [xs * 2, (xs + xs).sum(0), xs.var(0, ddof=1)]):
             _close(g.compute(), e)
-    with pytest.raises(lc.FeedError, match="'n' is 50 in input 'x' but 17 in input 'y'"):
+    with pytest.raises(lc.FeedError, match=r"'n' is 50 in input 'x' \(shape \(50, 37\)\) but 17 in input 'y'"):
         lc.dask.run(prog, x=X, y=X[:17])
 
 

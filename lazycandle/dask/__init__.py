@@ -22,7 +22,7 @@ import numpy as np
 from .. import named_dims
 from ..dtype import DType
 from ..errors import Error, FeedError
-from ..graph_api import check_feed_names
+from ..graph_api import check_feed_names, named_sizes
 from .graph import Analysis, describe
 from .kernels import Dims
 from .stages import Planner
@@ -54,17 +54,7 @@ def _bound(prog, feeds):
     if not any(isinstance(d, str) for _, spec, _ in prog.inputs for d in spec):
         return prog
     check_feed_names("lc.dask.run", prog.inputs, feeds)
-    sizes, seen = {}, {}
-    for name, spec, _ in prog.inputs:
-        shape = tuple(np.shape(feeds[name]) if not hasattr(feeds[name], "shape") else feeds[name].shape)
-        if len(shape) != len(spec):
-            raise FeedError(f"lc.dask.run: input {name!r} expects shape {spec}, given {shape}")
-        for d, g in zip(spec, shape):
-            if isinstance(d, str):
-                if sizes.setdefault(d, g) != g:
-                    raise FeedError(f"lc.dask.run: named dim {d!r} is {sizes[d]} in input {seen[d]!r} "
-                                    f"but {g} in input {name!r} (shape {shape})")
-                seen.setdefault(d, name)
+    sizes = named_sizes("lc.dask.run", prog.inputs, {name: np.shape(v) for name, v in feeds.items()})
     return Program([Tensor(n) for n in named_dims.bind(prog._user_nodes, sizes)])
 
 
