@@ -307,11 +307,11 @@ class MathMixin:
     def __rmod__(self, o): return self._binary("mod", o, True, reflected=True)
 
     def __pow__(self, e):
-        """A float scalar exponent (or any scalar of a float tensor) is powf, float-only; an
-        int scalar on an integer tensor and a tensor exponent are pow, broadcasting, in one
-        dtype (no promotion)."""
+        """A scalar exponent is powf (SPEC: float-only, so an integer tensor raises
+        UnsupportedDTypeForOp); a tensor exponent is pow, broadcasting, in one dtype (no
+        promotion; integers wrap like NumPy)."""
         s = as_scalar(e)
-        if s is not None and (self.dtype.is_float or isinstance(s, float)):
+        if s is not None:
             return self.powf(s)
         return self._binary("pow", e, True)
 

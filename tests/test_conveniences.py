@@ -208,8 +208,16 @@ def test_integer_powers_wrap_like_numpy(dt):
     ta, te = lc.tensor(a), lc.tensor(e)
     with np.errstate(all="ignore"):
         same((ta ** te).numpy(), np.power(a, e))
-        same((ta ** 3).numpy(), np.power(a, dt(3)))
+        same((ta ** lc.tensor(dt(3))).numpy(), np.power(a, dt(3)))
         same((3 ** te).numpy(), np.power(dt(3), e))
+
+
+@pytest.mark.parametrize("dt", INT_NP, ids=name)
+@pytest.mark.parametrize("e", [2, 2.0, 0.5])
+def test_scalar_exponent_is_powf_and_refuses_integers(dt, e):
+    # SPEC: `t ** s` is powf, and powf raises UnsupportedDTypeForOp on integer dtypes
+    with pytest.raises(lc.UnsupportedDTypeForOp, match="powf"):
+        lc.tensor(data((4,), dt, 0, 5)) ** e
 
 
 def test_negative_integer_exponent_truncates_never_crashes():
