@@ -335,7 +335,6 @@ def test_tiled_generator_is_parametric(monkeypatch, bits):
     from lazycandle.codegen import gemm
     real = gemm.choose_tile
     monkeypatch.setattr(gemm, "choose_tile", lambda dt, vector_bits=None: real(dt, bits))
-    monkeypatch.setattr(MM, "_tiles", {})
     monkeypatch.setattr(MM, "_tile_kernels", {})
     monkeypatch.setattr(MM, "_plans", {})
     rng = np.random.default_rng(12)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 
 from ..dtype import DType
-from . import jit, registry
+from . import gemm_pairs, jit, registry
 from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
 from .gemm_ir import (ONE, ZERO, I64, acc_add, acc_type, define, finalize_ir, for_range, from_acc, gep, i64,
                       if_then, imin, load, mul, add, new_module, storage_type, store, type_bytes, vload,
@@ -65,6 +65,7 @@ class GemmSpec(KernelSpec):
     unroll: int = 4  # k-loop unroll of the micro-kernel
     prefetch: int = 8  # prefetch the C tile before the k loop, and A this many unrolled steps ahead
     role: str = "gemm"   # "gemm": the driver; "pack_b": the shared-B packer (build_ir)
+    pairs: bool = False  # bf16 panels in k-pairs for the dot-product instruction (gemm_pairs.py)
 
     @property
     def nr(self) -> int:
@@ -78,7 +79,8 @@ class GemmSpec(KernelSpec):
     @property
     def key(self) -> str:
         role = "" if self.role == "gemm" else f"_{self.role}"
-        return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}{role}"
+        form = "_pairs" if self.pairs else ""
+        return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}{form}{role}"
 
     def extent(self, sizes) -> int:
         """Register tiles of the output for sizes (nbatch, m, n, k): the most tasks a call
@@ -92,7 +94,9 @@ class GemmSpec(KernelSpec):
 
     def describe(self) -> str:
         what = "tiled GEMM" if self.role == "gemm" else "tiled GEMM's shared-B packer"
-        return f"{what} {self.dtype.name}, register tile {self.mr}x{self.nr}, k unroll {self.unroll}"
+        form = ", bf16 pair dot products" if self.pairs else ""
+        return f"{what} {self.dtype.name}, register tile {self.mr}x{self.nr}, k unroll {self.unroll}{form}"
+
 
 def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
     """(MR, NV, VW) for `dt` on this host: NV vectors of VW accumulator lanes per row, MR rows,
@@ -110,6 +114,13 @@ def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
     if not dt.is_float and acc_bits == 64 and bits < 512:
         mr = 4        # no vector i64 multiply below AVX-512: the emulation needs spare registers
     return min(mr, 14), nv, vw
+
+
+def tiled_spec(dt: DType) -> GemmSpec:
+    """The tiled GEMM's spec for `dt` on this host: choose_tile's register tile, in the bf16
+    pair form where the host has the instruction for it."""
+    mr, nv, vw = choose_tile(dt)
+    return GemmSpec(dt, mr, nv, vw, pairs=gemm_pairs.usable(dt, vw))
 
 
 # ---- micro-kernel -----------------------------------------------------------------------
@@ -160,7 +171,13 @@ def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
             accs = new
         return accs
 
-    accs = _acc_loop(b, kb, U, ap, bp, MR * U, NR * U, [[zero(vt)] * NV for _ in range(R)], steps)
+    init = [[zero(vt)] * NV for _ in range(R)]
+    if spec.pairs:          # panels of k-pair words: U k-rows are U / 2 words a row
+        words = ir.IntType(32).as_pointer()
+        accs = _acc_loop(b, kb, U, b.bitcast(ap, words), b.bitcast(bp, words), MR * U // 2, NR * U // 2, init,
+                         gemm_pairs.micro_steps(spec, R, _prefetch))
+    else:
+        accs = _acc_loop(b, kb, U, ap, bp, MR * U, NR * U, init, steps)
 
     full = b.and_(b.icmp_signed("==", mr, i64(R)), b.icmp_signed("==", nr, i64(NR)))
     with b.if_else(full) as (then, otherwise):
@@ -465,13 +482,20 @@ def build_ir(spec: GemmSpec) -> tuple:
     """(IR text, exported function name) for one GEMM kernel: the driver, or for role
     "pack_b" the shared-B packer (same signature)."""
     m = new_module(f"gemm_{spec.key}")
-    pack_s = emit_pack_scalar(m, spec)
-    pack_b = emit_pack(m, spec, "pack_b", spec.nr, pack_s)
+    if spec.pairs:
+        def pack(name, width):
+            return gemm_pairs.emit_pack(m, spec, name, width)
+    else:
+        pack_s = emit_pack_scalar(m, spec)
+
+        def pack(name, width):
+            return emit_pack(m, spec, name, width, pack_s)
+    pack_b = pack("pack_b", spec.nr)
     name = f"lc_gemm_{spec.key}"
     if spec.role == "pack_b":
         _emit_pack_b_tasks(m, spec, pack_b, name)
         return finalize_ir(m), name
-    pack_a = emit_pack(m, spec, "pack_a", spec.mr, pack_s)
+    pack_a = pack("pack_a", spec.mr)
     micro = {r: _emit_micro(m, spec, r) for r in edge_rows(spec.mr) + (spec.mr,)}
     _emit_driver(m, spec, pack_a, pack_b, micro, name)
     return finalize_ir(m), name

@@ -263,17 +263,6 @@ def _one_pass_nc(spec: gemm.GemmSpec, acc_bytes: int, kc: int, cols: int) -> int
 _tile_kernels: dict = caches.register("tiled gemm kernels by dtype", {})
 
 
-def _tile_of(dt: DType) -> tuple:
-    """gemm.choose_tile(dt), once per dtype (the host's vector width does not change)."""
-    got = _tiles.get(dt.name)
-    if got is None:
-        got = _tiles[dt.name] = gemm.choose_tile(dt)
-    return got
-
-
-_tiles: dict = {}
-
-
 _packers: dict = caches.register("tiled gemm shared-B packers", {})
 
 
@@ -312,7 +301,7 @@ def _tile_kernel(dt: DType) -> tuple:
     """(spec, compiled function, accumulator bytes, needs_w) of the tiled GEMM for `dt`."""
     got = _tile_kernels.get(dt.name)
     if got is None:
-        spec = gemm.GemmSpec(dt, *_tile_of(dt))
+        spec = gemm.tiled_spec(dt)
         got = _tile_kernels[dt.name] = (spec, gemm.get_kernel(spec), _acc_bytes(dt), spec.needs_w)
     return got
 
