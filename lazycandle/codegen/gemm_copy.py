@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from ..dtype import DType
 from . import jit, registry
-from .gemm_ir import (ONE, ZERO, I64, acc_type, add, define, finalize_ir, for_range, from_acc, gep, i64, load, mul,
+from .gemm_ir import (ONE, ZERO, I64, acc_type, add, define, for_range, from_acc, gep, i64, load, mul,
                       new_module, storage_type, store, to_acc, type_bytes)
+from .loops import finalize_ir
 from .llvmutil import VOID
 from ..ir.kernels import KernelSpec
 

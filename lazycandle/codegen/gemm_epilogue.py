@@ -26,8 +26,9 @@ from ..ir.epilogue import MAX_INPUTS
 from ..ir.kernels import RUNTIME, EwSpec
 from . import jit
 from .elementwise import _emit_instrs, lanes, load_scalars
-from .gemm_ir import (I64, ONE, ZERO, define, finalize_ir, for_range, gep, i64, load, mul, add, new_module,
+from .gemm_ir import (I64, ONE, ZERO, define, for_range, gep, i64, load, mul, add, new_module,
                       storage_type, store, vload, vstore)
+from .loops import finalize_ir
 from .llvmutil import I8, VOID, splat
 
 # tile (bytes), ldo, mr, nr, operand tile addresses[MAX_INPUTS], row strides, col strides, scalars

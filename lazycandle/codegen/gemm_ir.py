@@ -10,7 +10,7 @@ import llvmlite.ir as ir
 from ..dtype import DType
 from . import codecs
 from .llvmutil import I64, ltype, vec, width_of
-from .loops import counted_loop
+from .loops import counted_loop, plain_latch
 
 ZERO = ir.Constant(I64, 0)
 ONE = ir.Constant(I64, 1)
@@ -114,35 +114,11 @@ def add(b, x, y):
 
 
 # ---- control flow -----------------------------------------------------------------------
-_PLAIN = "lc.loop.plain"
-
-
-def plain_loop_md(module: ir.Module):
-    """Loop metadata asking LLVM to neither vectorise nor unroll the loop: our kernels carry
-    explicit vector code, and re-vectorising their scalar edge loops only costs compile time.
-    Completed into a self-referencing node by `finalize_ir`."""
-    return module.add_metadata([ir.MetaDataString(module, _PLAIN)])
-
-
-def finalize_ir(module: ir.Module) -> str:
-    """IR text of `module` with the plain-loop placeholder turned into real loop metadata."""
-    text = str(module)
-    marker = f'!{{ !"{_PLAIN}" }}'
-    for line in text.splitlines():
-        if line.endswith(marker):
-            node = line.split(" = ")[0]
-            text = text.replace(line, f'{node} = distinct !{{{node}, !{{!"llvm.loop.vectorize.enable", i1 false}}, '
-                                      f'!{{!"llvm.loop.unroll.disable"}}}}')
-            break
-    return text
-
-
 @contextmanager
 def for_range(b: ir.IRBuilder, start, stop, step=ONE, name="i", plain=True):
     """`for (i = start; i < stop; i += step)` with an i64 phi; yields i.  plain: mark the loop
     not to be vectorised or unrolled by LLVM."""
-    tag = (lambda br: br.set_metadata("llvm.loop", plain_loop_md(b.module))) if plain else None
-    with counted_loop(b, start, stop, step, name, on_latch=tag) as i:
+    with counted_loop(b, start, stop, step, name, on_latch=plain_latch(b) if plain else None) as i:
         yield i
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from . import jit
-from .gemm_ir import ONE, I64, add, define, finalize_ir, for_range, gep, imin, load, mul, new_module
+from .gemm_ir import ONE, I64, add, define, for_range, gep, imin, load, mul, new_module
+from .loops import finalize_ir
 from .llvmutil import VOID
 
 ENTRY = "lc_gemm_part"

@@ -44,8 +44,9 @@ from ..dtype import DType
 from ..ir.kernels import KernelSpec
 from . import jit, registry
 from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
-from .gemm_ir import (ZERO, acc_type, add, finalize_ir, for_range, from_acc, gep, i64, imin, load, mul,
+from .gemm_ir import (ZERO, acc_type, add, for_range, from_acc, gep, i64, imin, load, mul,
                       storage_type, store, to_acc, type_bytes, vload, vstore, zero)
+from .loops import finalize_ir
 from .llvmutil import I32, call_intrinsic, intrinsic, splat, type_suffix, vec
 from .loops import KERNEL_FN, kernel_function, new_module
 

@@ -11,6 +11,34 @@ from . import jit
 from .llvmutil import I8, I64, VOID
 
 
+_PLAIN = "lc.loop.plain"
+
+
+def plain_loop_md(module: ir.Module):
+    """Loop metadata asking LLVM to neither vectorise nor unroll the loop: our kernels carry
+    explicit vector code, and re-vectorising their scalar edge loops only costs compile time.
+    Completed into a self-referencing node by `finalize_ir`."""
+    return module.add_metadata([ir.MetaDataString(module, _PLAIN)])
+
+
+def finalize_ir(module: ir.Module) -> str:
+    """IR text of `module` with the plain-loop placeholder turned into real loop metadata."""
+    text = str(module)
+    marker = f'!{{ !"{_PLAIN}" }}'
+    for line in text.splitlines():
+        if line.endswith(marker):
+            node = line.split(" = ")[0]
+            text = text.replace(line, f'{node} = distinct !{{{node}, !{{!"llvm.loop.vectorize.enable", i1 false}}, '
+                                      f'!{{!"llvm.loop.unroll.disable"}}}}')
+            break
+    return text
+
+
+def plain_latch(b: ir.IRBuilder):
+    """An `on_latch` for counted_loop marking the loop plain (plain_loop_md)."""
+    return lambda br: br.set_metadata("llvm.loop", plain_loop_md(b.module))
+
+
 def new_module(name: str) -> ir.Module:
     m = ir.Module(name)
     m.triple, m.data_layout = jit.triple_and_layout()
