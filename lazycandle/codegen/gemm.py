@@ -32,9 +32,9 @@ from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
 from .gemm_ir import (ONE, ZERO, I64, acc_add, acc_type, define, for_range, from_acc, gep, i64,
                       if_then, imin, load, mul, add, new_module, storage_type, store, type_bytes, vload,
                       vstore, zero)
-from .loops import finalize_ir
 from .gemm_pack import emit_pack, emit_pack_scalar
 from .llvmutil import I1, VOID, call_intrinsic, splat, vec
+from .loops import finalize_ir
 from ..ir.kernels import KernelSpec
 
 MAX_BATCH_RANK = 8

@@ -15,8 +15,8 @@ from ..dtype import DType
 from . import jit, registry
 from .gemm_ir import (ONE, ZERO, I64, acc_type, add, define, for_range, from_acc, gep, i64, load, mul,
                       new_module, storage_type, store, to_acc, type_bytes)
-from .loops import finalize_ir
 from .llvmutil import VOID
+from .loops import finalize_ir
 from ..ir.kernels import KernelSpec
 
 MAX_RANK = 8

@@ -28,8 +28,8 @@ from . import jit
 from .elementwise import _emit_instrs, lanes, load_scalars
 from .gemm_ir import (I64, ONE, ZERO, define, for_range, gep, i64, load, mul, add, new_module,
                       storage_type, store, vload, vstore)
-from .loops import finalize_ir
 from .llvmutil import I8, VOID, splat
+from .loops import finalize_ir
 
 # tile (bytes), ldo, mr, nr, operand tile addresses[MAX_INPUTS], row strides, col strides, scalars
 EP_FN = ir.FunctionType(VOID, [I8.as_pointer(), I64, I64, I64, I64.as_pointer(), I64.as_pointer(),

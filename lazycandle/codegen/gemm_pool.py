@@ -20,8 +20,8 @@ import llvmlite.ir as ir
 
 from . import jit
 from .gemm_ir import ONE, I64, add, define, for_range, gep, imin, load, mul, new_module
-from .loops import finalize_ir
 from .llvmutil import VOID
+from .loops import finalize_ir
 
 ENTRY = "lc_gemm_part"
 BUFS = ("driver", "params", "workspace", "counter", "packer", "pack_counter", "packs_done")

@@ -46,9 +46,8 @@ from . import jit, registry
 from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
 from .gemm_ir import (ZERO, acc_type, add, for_range, from_acc, gep, i64, imin, load, mul,
                       storage_type, store, to_acc, type_bytes, vload, vstore, zero)
-from .loops import finalize_ir
 from .llvmutil import I32, call_intrinsic, intrinsic, splat, type_suffix, vec
-from .loops import KERNEL_FN, kernel_function, new_module
+from .loops import KERNEL_FN, finalize_ir, kernel_function, new_module
 
 SIZES = ("m", "n", "k", "rsa", "csa", "ldb", "ldo", "nb", "bsa", "bsb", "bso", "ucols", "ublocks",
          "kc", "kchunks", "ep_fn")
