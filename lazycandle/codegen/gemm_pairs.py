@@ -9,6 +9,9 @@ it sits in the first half of the f32 panel slot the driver lays out, so the driv
 blocking and the shared-B offsets are the f32 form's.  The second element of a pair past k,
 the k padding and rows past the matrix are 0.
 
+The small-m kernel's x @ w.T form (gemm_skinny.py "t") needs no packing for it: a and w are
+both contiguous along k, so 32 bf16 of each are already 16 pairs (`dot_words`).
+
 A bf16 x bf16 product is exact in f32, so each add rounds once, as the FMA chain of the f32
 form does; the instruction treats denormal inputs and results as 0 (as torch's bf16 GEMM on the
 same instruction does).  On Zen 4 it runs the 1024^2 bf16 GEMM at twice the f32 form's rate."""
@@ -48,12 +51,17 @@ def usable(dt, vw: int) -> bool:
     return dt.name == "bf16" and vw == LANES and jit.has_feature("avx512bf16")
 
 
-def dot_step(b, acc, a_word, b_words):
-    """acc + the pair products of one A word (broadcast) and a B vector of LANES words."""
+def dot_words(b, acc, x, y):
+    """acc + the pair products of x and y: each 2 LANES bf16 bit patterns (i16 lanes) or LANES
+    32-bit words of pairs; lane j adds x[2j] y[2j] + x[2j+1] y[2j+1]."""
     dp = b.module.globals.get(DP_NAME) or ir.Function(
         b.module, ir.FunctionType(acc.type, [acc.type, BF_PAIRS, BF_PAIRS]), name=DP_NAME)
-    a = b.bitcast(splat(b, a_word, LANES), BF_PAIRS)
-    return b.call(dp, [acc, a, b.bitcast(b_words, BF_PAIRS)])
+    return b.call(dp, [acc, b.bitcast(x, BF_PAIRS), b.bitcast(y, BF_PAIRS)])
+
+
+def dot_step(b, acc, a_word, b_words):
+    """acc + the pair products of one A word (broadcast) and a B vector of LANES words."""
+    return dot_words(b, acc, splat(b, a_word, LANES), b_words)
 
 
 def micro_steps(spec, R: int, prefetch):

@@ -15,7 +15,9 @@ element once from DRAM, while the rows of a stay in L1 and the accumulators in r
 Two forms of B, by which of its strides is 1:
   * "t", B[k, j] at j * ldb + k (x @ w.T with w (n, k) row-major, as nn.linear): each output is
     a dot product over k; G columns at once, each a vector of VW lanes along k per row, summed
-    across lanes at the end; the k tail is one masked step.  a's k stride must be 1.
+    across lanes at the end; the k tail is one masked step.  a's k stride must be 1.  bf16 on a
+    host with AVX512-BF16 takes 2 VW k a step as pairs into the dot-product instruction
+    (gemm_pairs.py), nothing widened.
   * "n", B[k, j] at k * ldb + j (x @ w with w (k, n) row-major): G = NV vectors of VW output
     columns; each k broadcasts a[r, k] (any strides) against NV vectors of row k of B; the
     column tail of a block is the same loop with masked loads.
@@ -42,7 +44,7 @@ import llvmlite.ir as ir
 
 from ..dtype import DType
 from ..ir.kernels import KernelSpec
-from . import jit, registry
+from . import gemm_pairs, jit, registry
 from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
 from .gemm_ir import (ZERO, acc_type, add, for_range, from_acc, gep, i64, imin, load, mul,
                       storage_type, store, to_acc, type_bytes, vload, vstore, zero)
@@ -69,6 +71,12 @@ def lanes_of(dt: DType) -> int:
     return jit.vector_bits() // (8 * type_bytes(acc_type(dt)))
 
 
+def pair_form(dt: DType, vw: int) -> bool:
+    """Whether the "t" form of `dt` with `vw` lanes runs on the bf16 dot-product instruction
+    here (gemm_pairs.usable)."""
+    return gemm_pairs.usable(dt, vw)
+
+
 def group_of(layout: str, mr: int) -> int:
     """G: columns ("t") or vectors of columns ("n") per group for MR rows."""
     g = (registers() - 1) // (mr + 1)
@@ -87,6 +95,8 @@ class SkinnySpec(KernelSpec):
     vw: int
     prefetch: bool = False  # "t": prefetch the next group's rows of B (measured at m = 8, n = 3072:
                             # ~73 -> ~85 % of the stream rate; at m = 1 it only costs load slots)
+    pairs: bool = False     # "t", bf16: k-adjacent pairs of a and B straight into the dot-product
+                            # instruction (gemm_pairs.py), 2 VW k a step, nothing widened
 
     @property
     def group_cols(self) -> int:
@@ -104,7 +114,7 @@ class SkinnySpec(KernelSpec):
     def describe(self) -> str:
         form = "x @ w.T (w rows along k)" if self.layout == "t" else "x @ w (w rows along n)"
         return (f"small-m GEMM {self.dtype.name}, {form}, {self.mr} rows x {self.group_cols} columns "
-                f"per step, {self.vw} lanes")
+                f"per step, {self.vw} lanes" + (", bf16 pair dot products" if self.pairs else ""))
 
 
 class _Builder:
@@ -122,7 +132,7 @@ class _Builder:
 
     # ---- helpers ---------------------------------------------------------------------
     def _masked_load(self, ptr, idx, mask):
-        b, vt = self.b, vec(self.st, self.spec.vw)
+        b, vt = self.b, vec(self.st, mask.type.count)
         p = b.bitcast(gep(b, ptr, idx), vt.as_pointer())
         f = intrinsic(self.m, f"llvm.masked.load.{type_suffix(vt)}.p0{type_suffix(vt)}", vt,
                       [vt.as_pointer(), I32, mask.type, vt])
@@ -134,9 +144,9 @@ class _Builder:
         raw = vload(b, ptr, idx, self.spec.vw, self.eb) if mask is None else self._masked_load(ptr, idx, mask)
         return to_acc(b, self.spec.dtype, raw)
 
-    def _lane_mask(self, count):
-        """Lanes i < count of a VW vector."""
-        b, vw = self.b, self.spec.vw
+    def _lane_mask(self, count, vw=None):
+        """Lanes i < count of a VW (or `vw`) lane vector."""
+        b, vw = self.b, vw or self.spec.vw
         lanes = ir.Constant(vec(ir.IntType(64), vw), [i64(i) for i in range(vw)])
         return b.icmp_signed("<", lanes, splat(b, count, vw))
 
@@ -245,22 +255,31 @@ class _Builder:
         brow = [gep(b, bm, mul(b, c, s["ldb"])) for c in cols]
         ahead = mul(b, i64(spec.group), s["ldb"])
         self._zero_acc()
-        kv = add(b, k0, mul(b, b.sdiv(b.sub(k1, k0), i64(vw)), i64(vw)))
+        kw = 2 * vw if spec.pairs else vw          # k a step
+        kv = add(b, k0, mul(b, b.sdiv(b.sub(k1, k0), i64(kw)), i64(kw)))
+
+        def load_k(p, kk, mask):
+            if not spec.pairs:
+                return self._vec_load(p, kk, mask)
+            return vload(b, p, kk, kw, self.eb) if mask is None else self._masked_load(p, kk, mask)
+
+        def madd(av, w, acc):
+            return gemm_pairs.dot_words(b, acc, av, w) if spec.pairs else self._fma(av, w, acc)
 
         def step(kk, mask):
             if mask is None and spec.prefetch:
                 for p in brow:
                     self._prefetch(gep(b, p, add(b, kk, ahead)))
-            wv = [self._vec_load(p, kk, mask) for p in brow]
+            wv = [load_k(p, kk, mask) for p in brow]
             for r, ap in enumerate(arow):
-                av = self._vec_load(ap, kk, mask)
+                av = load_k(ap, kk, mask)
                 for c, w in enumerate(wv):
                     p = self.acc[r][c]
-                    b.store(self._fma(av, w, b.load(p)), p)
-        with for_range(b, k0, kv, i64(vw), name="k") as kk:
+                    b.store(madd(av, w, b.load(p)), p)
+        with for_range(b, k0, kv, i64(kw), name="k") as kk:
             step(kk, None)
         with b.if_then(b.icmp_signed("<", kv, k1)):
-            step(kv, self._lane_mask(b.sub(k1, kv)))
+            step(kv, self._lane_mask(b.sub(k1, kv), kw))
         red = intrinsic(self.m, f"llvm.vector.reduce.fadd.{type_suffix(self.vt)}", self.at, [self.at, self.vt])
         dt = spec.dtype
         for r, row in enumerate(rows):
