@@ -2,7 +2,7 @@
 matmul paths, on the transformer shapes: x (m, k) @ w.T with w (n, k) row-major (nn.linear's
 layout) and x @ w with w (k, n), for m in {1, 8, 32, 128}.
 
-    PYTHONPATH=/work/peers python -m bench.skinny_gemm [--threads 1,2] [--repeats 15] [--mb 256]
+    PYTHONPATH=/work/peers python -m bench.skinny_gemm [--threads 1,2] [--repeats 15] [--mb 256] [--dtype bf16]
     python -m bench.skinny_gemm --gpt2        # the GPT-2 block: native / python, before / after
 
 Per case: median ms (all implementations rotate in one loop, with "stream": bench/bandwidth.py's
@@ -10,7 +10,8 @@ read-only stream kernel over the weight itself, so the weight's bytes per second
 given as a % of what a pure read of the same bytes reaches in the same loop, cache state and
 load; the weights, 2-9 MB, stay in the last-level cache in a loop like this).  The peak of a
 --mb MiB array (256: DRAM) is printed first.  "skinny" is the kernel forced at every m; "lc" is
-a compiled program under the auto backend."""
+a compiled program under the auto backend.  --dtype bf16: NumPy is the user's way (an f32 product
+of the bf16 operands), torch runs its own bf16 kernels."""
 from __future__ import annotations
 
 import argparse
@@ -34,37 +35,42 @@ SHAPES = ((768, 768), (768, 2304), (768, 3072), (3072, 768))      # (k, n)
 ROWS = (1, 8, 32, 128)
 
 
-def _plans(x, w, form, threads):
+def _plans(x, w, form, threads, dtype):
     """{name: zero-argument call} of lazycandle's three matmul plans on x and w's storage."""
     m, k = x.shape
     n = w.shape[0] if form == "t" else w.shape[1]
     la = Layout((m, k), (k, 1))
     lb = Layout((k, n), (1, k)) if form == "t" else Layout((k, n), (n, 1))
-    g = MM.geometry(la, lb, DType.from_name("f32"))
-    out = np.empty((m, n), np.float32)
+    g = MM.geometry(la, lb, dtype)
+    out = np.empty((m, n), dtype.numpy)
     addrs = (x.ctypes.data, w.ctypes.data, out.ctypes.data)
     plans = {"skinny": SK.SkinnyPlan(g, threads), "blas": MM.BlasPlan(g, threads), "tiled": MM.TiledPlan(g, threads)}
     return {name: (lambda p=p: p.run(*addrs) or out) for name, p in plans.items()}    # (keeps out alive)
 
 
-def case(m, k, n, form, threads, mods, repeats):
+def case(m, k, n, form, threads, mods, repeats, dtype):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    w = rng.standard_normal((n, k) if form == "t" else (k, n)).astype(np.float32)
-    xp = lc.placeholder("x", x.shape, lc.f32)
-    wp = lc.placeholder("w", w.shape, lc.f32)
+    npdt = dtype.numpy
+    x = rng.standard_normal((m, k)).astype(npdt)
+    w = rng.standard_normal((n, k) if form == "t" else (k, n)).astype(npdt)
+    xp = lc.placeholder("x", x.shape, dtype)
+    wp = lc.placeholder("w", w.shape, dtype)
     prog = lc.compile([xp @ wp.T if form == "t" else xp @ wp])
     fns = {"lc": lambda: prog.run(x=x, w=w)}
-    fns.update(_plans(x, w, form, threads))
-    stream, units = bandwidth.Stream(), np.empty(w.size // bandwidth.BLOCK, np.int32)
-    fns["stream"] = lambda: stream.run(w.reshape(-1), units, threads)
-    fns["numpy"] = (lambda: x @ w.T) if form == "t" else (lambda: x @ w)
+    fns.update(_plans(x, w, form, threads, dtype))
+    stream, units = bandwidth.Stream(), np.empty(w.nbytes // 4 // bandwidth.BLOCK, np.int32)
+    fns["stream"] = lambda: stream.run(w.reshape(-1).view(np.float32), units, threads)
+    x32, w32 = x.astype(np.float32), w.astype(np.float32)        # bf16: the NumPy user's f32 product
+    fns["numpy"] = (lambda: (x32 @ w32.T).astype(npdt)) if form == "t" else (lambda: (x32 @ w32).astype(npdt))
     if "torch" in mods:
-        tx, tw = mods["torch"].from_numpy(x), mods["torch"].from_numpy(w)
+        torch = mods["torch"]
+        tx, tw = (torch.from_numpy(a) if npdt == np.float32 else torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+                  for a in (x, w))
         fns["torch"] = (lambda: tx @ tw.T) if form == "t" else (lambda: tx @ tw)
     ref = x.astype(np.float64) @ (w.T if form == "t" else w).astype(np.float64)
-    got = prog.run(x=x, w=w)[0]
-    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max() * np.sqrt(k), "wrong result"
+    got = prog.run(x=x, w=w)[0].astype(np.float64)
+    tol = 1e-4 * np.sqrt(k) if npdt == np.float32 else 2 ** -7
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max(), "wrong result"
     return time_alternating(fns, repeats=repeats, warmup=2), w.nbytes
 
 
@@ -109,6 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--forms", default="t,n")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
     ap.add_argument("--gpt2", action="store_true", help="only the GPT-2 block figures")
+    ap.add_argument("--dtype", default="f32", choices=("f32", "bf16"))
     a = ap.parse_args(argv)
     mods, _ = peers.load_peers(("torch",))
     threads = [int(t) for t in a.threads.split(",")]
@@ -130,7 +137,7 @@ def main(argv=None) -> int:
                       f"(skinny: GB/s of w, % of the stream read of w)")
                 for k, n in SHAPES:
                     for m in [int(r) for r in a.rows.split(",")]:
-                        st, nbytes = case(m, k, n, form, t, mods, a.repeats)
+                        st, nbytes = case(m, k, n, form, t, mods, a.repeats, DType.from_name(a.dtype))
                         sk = st["skinny"].median
                         best_peer = min(st[p].median for p in ("numpy", "torch") if p in st)
                         cells = "  ".join(f"{name} {s.median * 1e3:7.3f}" for name, s in st.items())
