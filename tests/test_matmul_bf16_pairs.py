@@ -151,46 +151,54 @@ def test_bf16_random_shapes(m, k, n, ta, tb):
 
 
 # ---- the small-m kernel's x @ w.T form (codegen/gemm_skinny.py "t") on the same instruction ----
-def skinny_plan(m, k, n):
+def weight(w_kn, form):
+    """The (k, n) weight as the form stores it: "t" w (n, k) row-major used as w.T, "n" w itself."""
+    return lc.tensor(np.ascontiguousarray(w_kn.T)).t() if form == "t" else lc.tensor(w_kn)
+
+
+def skinny_plan(m, k, n, form):
     from lazycandle.runtime import matmul_skinny as SK
-    x, w = lc.tensor(np.zeros((m, k), BF)), lc.tensor(np.zeros((n, k), BF))
-    return SK.SkinnyPlan(MM.geometry(x._node.layout, w.t()._node.layout, D.bf16), 1)
+    x = lc.tensor(np.zeros((m, k), BF))
+    return SK.SkinnyPlan(MM.geometry(x._node.layout, weight(np.zeros((k, n), BF), form)._node.layout, D.bf16), 1)
 
 
-def test_skinny_pair_form_follows_the_host():
-    spec = skinny_plan(4, 64, 32).spec
-    assert spec.layout == "t" and spec.pairs == HAS_PAIRS
+@pytest.mark.parametrize("form", ["t", "n"])
+def test_skinny_pair_form_follows_the_host(form):
+    spec = skinny_plan(4, 64, 32, form).spec
+    assert spec.layout == form and spec.pairs == HAS_PAIRS
     if HAS_PAIRS:
         assert "pair" in spec.describe()
 
 
+@pytest.mark.parametrize("form", ["t", "n"])
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 31, 7), (1, 32, 5), (2, 33, 9), (8, 768, 96), (16, 100, 31),
-                                   (5, 1000, 40), (3, 65, 70), (4, 0, 6)])
-def test_skinny_bf16_linear_matches_numpy(m, k, n):
+                                   (5, 1000, 40), (3, 65, 70), (4, 0, 6), (7, 2, 33)])
+def test_skinny_bf16_matches_numpy(form, m, k, n):
     rng = np.random.default_rng(m * 100 + k + n)
-    x, w = bf16_data(rng, (m, k)), bf16_data(rng, (n, k))
-    bias = bf16_data(rng, (n,))
+    x, w, bias = bf16_data(rng, (m, k)), bf16_data(rng, (k, n)), bf16_data(rng, (n,))
     before = lc.get_matmul_backend()
     lc.set_matmul_backend("auto")
     try:
-        got = (lc.tensor(x) @ lc.tensor(w).t()).numpy()
-        fused = lc.nn.linear(lc.tensor(x), lc.tensor(w), lc.tensor(bias)).numpy()
+        got = (lc.tensor(x) @ weight(w, form)).numpy()
+        fused = (lc.tensor(x) @ weight(w, form) + lc.tensor(bias)).numpy()
     finally:
         lc.set_matmul_backend(before)
-    want = x.astype(np.float64) @ w.astype(np.float64).T
+    want = x.astype(np.float64) @ w.astype(np.float64)
     assert_rounded_once(got, want)
     with_bias = want.astype(BF).astype(np.float64) + bias.astype(np.float64)
     np.testing.assert_allclose(fused.astype(np.float64), with_bias, rtol=2 ** -6, atol=2 ** -6)
 
 
-def test_skinny_bf16_special_values():
-    x = np.ones((3, 40), BF)
-    w = np.ones((5, 40), BF)
-    x[0, 39] = np.nan                  # in the masked k tail of the second 32-wide step
-    w[1, 0], x[1, 0] = np.inf, 0.0     # inf * 0
-    w[2, 17] = -np.inf
-    got = (lc.tensor(x) @ lc.tensor(w).t()).numpy().astype(np.float64)
+@pytest.mark.parametrize("form", ["t", "n"])
+def test_skinny_bf16_special_values(form):
+    x = np.ones((3, 41), BF)
+    w = np.ones((41, 5), BF)
+    x[0, 39] = np.nan                  # "t": in the masked k tail of the second 32-wide step
+    w[0, 1], x[1, 0] = np.inf, 0.0     # inf * 0
+    w[17, 2] = -np.inf
+    w[40, 4] = np.nan                  # "n": the odd k's last row, paired with zeros
+    got = (lc.tensor(x) @ weight(w, form)).numpy().astype(np.float64)
     with np.errstate(invalid="ignore"):
-        want = x.astype(np.float32) @ w.astype(np.float32).T
+        want = x.astype(np.float32) @ w.astype(np.float32)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])

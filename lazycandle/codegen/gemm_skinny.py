@@ -15,12 +15,13 @@ element once from DRAM, while the rows of a stay in L1 and the accumulators in r
 Two forms of B, by which of its strides is 1:
   * "t", B[k, j] at j * ldb + k (x @ w.T with w (n, k) row-major, as nn.linear): each output is
     a dot product over k; G columns at once, each a vector of VW lanes along k per row, summed
-    across lanes at the end; the k tail is one masked step.  a's k stride must be 1.  bf16 on a
-    host with AVX512-BF16 takes 2 VW k a step as pairs into the dot-product instruction
-    (gemm_pairs.py), nothing widened.
+    across lanes at the end; the k tail is one masked step.  a's k stride must be 1.
   * "n", B[k, j] at k * ldb + j (x @ w with w (k, n) row-major): G = NV vectors of VW output
     columns; each k broadcasts a[r, k] (any strides) against NV vectors of row k of B; the
     column tail of a block is the same loop with masked loads.
+bf16 on a host with AVX512-BF16 runs on the dot-product instruction (gemm_pairs.py), nothing
+widened: "t" takes 2 VW k a step, whose pairs are adjacent as loaded; "n" interleaves rows k and
+k + 1 of B into pairs against the broadcast word (a[r, k], a[r, k + 1]).
 Row and column indices past the end are clamped to the last one, so partial blocks compute a
 duplicate (not stored in "t"; stored to the same place with the same bits in "n") instead of
 needing their own code.  MR is one of four row classes (runtime/matmul_skinny.py).  In "t" a
@@ -95,8 +96,8 @@ class SkinnySpec(KernelSpec):
     vw: int
     prefetch: bool = False  # "t": prefetch the next group's rows of B (measured at m = 8, n = 3072:
                             # ~73 -> ~85 % of the stream rate; at m = 1 it only costs load slots)
-    pairs: bool = False     # "t", bf16: k-adjacent pairs of a and B straight into the dot-product
-                            # instruction (gemm_pairs.py), 2 VW k a step, nothing widened
+    pairs: bool = False     # bf16 on the dot-product instruction (gemm_pairs.py): "t" k-adjacent
+                            # pairs as loaded, "n" two rows of B interleaved; nothing widened
 
     @property
     def group_cols(self) -> int:
@@ -304,14 +305,17 @@ class _Builder:
         masks = [self._lane_mask(b.sub(left, i64(c * vw))) for c in range(spec.group)]
         self._zero_acc()
         arow = [gep(b, a, mul(b, r, s["rsa"])) for r in rows]
-        with for_range(b, ZERO, s["k"], name="k") as kk:
-            brow = gep(b, bm, add(b, mul(b, kk, s["ldb"]), j))
-            bv = [self._vec_load(brow, i64(c * vw), masks[c]) for c in range(spec.group)]
-            for r, ap in enumerate(arow):
-                av = splat(b, to_acc(b, spec.dtype, load(b, ap, mul(b, kk, s["csa"]), self.eb)), vw)
-                for c, v in enumerate(bv):
-                    p = self.acc[r][c]
-                    b.store(self._fma(av, v, b.load(p)), p)
+        if spec.pairs:
+            self._pairs_n(s, arow, bm, j, masks)
+        else:
+            with for_range(b, ZERO, s["k"], name="k") as kk:
+                brow = gep(b, bm, add(b, mul(b, kk, s["ldb"]), j))
+                bv = [self._vec_load(brow, i64(c * vw), masks[c]) for c in range(spec.group)]
+                for r, ap in enumerate(arow):
+                    av = splat(b, to_acc(b, spec.dtype, load(b, ap, mul(b, kk, s["csa"]), self.eb)), vw)
+                    for c, v in enumerate(bv):
+                        p = self.acc[r][c]
+                        b.store(self._fma(av, v, b.load(p)), p)
         with b.if_else(b.icmp_signed(">=", left, i64(spec.group_cols))) as (full, part):
             with full:
                 for r, row in enumerate(rows):
@@ -327,6 +331,38 @@ class _Builder:
                             self._store(o, s, row, add(b, add(b, j, i64(c * vw)), t), load(b, lanes, t, self.eb), 1)
         self._apply_epilogue(s, o, rows[0], j, imin(b, i64(spec.mr), b.sub(s["m"], rows[0])),
                              imin(b, i64(spec.group_cols), left))
+
+
+    def _pairs_n(self, s, arow, bm, j, masks):
+        """The "n" form's k loop in bf16 pairs: rows k and k + 1 of B's group interleaved into
+        (B[k, c], B[k + 1, c]) pairs, against the broadcast word (a[r, k], a[r, k + 1]); an
+        odd k's last row pairs with zeros."""
+        spec, b = self.spec, self.b
+        vw, k = spec.vw, s["k"]
+        inter = ir.Constant(ir.VectorType(I32, 2 * vw), [x // 2 + (vw if x % 2 else 0) for x in range(2 * vw)])
+        zero16 = ir.Constant(self.st, 0)
+
+        def step(k0, second):
+            """Rows k0 and (when `second`) k0 + 1."""
+            brow = gep(b, bm, add(b, mul(b, k0, s["ldb"]), j))
+            nxt = gep(b, brow, s["ldb"])
+            bv = []
+            for c in range(spec.group):
+                lo = self._masked_load(brow, i64(c * vw), masks[c])
+                hi = self._masked_load(nxt, i64(c * vw), masks[c]) if second else zero(lo.type)
+                bv.append(b.shuffle_vector(lo, hi, inter))
+            for r, ap in enumerate(arow):
+                x0 = load(b, ap, mul(b, k0, s["csa"]), self.eb)
+                x1 = load(b, ap, mul(b, add(b, k0, i64(1)), s["csa"]), self.eb) if second else zero16
+                word = b.or_(b.zext(x0, I32), b.shl(b.zext(x1, I32), ir.Constant(I32, 16)))
+                for c, v in enumerate(bv):
+                    p = self.acc[r][c]
+                    b.store(gemm_pairs.dot_words(b, b.load(p), splat(b, word, vw), v), p)
+        whole = mul(b, b.sdiv(k, i64(2)), i64(2))
+        with for_range(b, ZERO, whole, i64(2), name="kp") as kk:
+            step(kk, True)
+        with b.if_then(b.icmp_signed("<", whole, k)):
+            step(whole, False)
 
 
 def build(spec: SkinnySpec) -> str:

@@ -137,7 +137,7 @@ class SkinnyPlan:
         vw = K.lanes_of(g.dtype)
         self.spec = K.SkinnySpec(g.dtype, layout, mr, K.group_of(layout, mr), vw,
                                  prefetch=layout == "t" and mr >= PREFETCH_ROWS,
-                                 pairs=layout == "t" and K.pair_form(g.dtype, vw))
+                                 pairs=K.pair_form(g.dtype, vw))
         self.fn = self.spec.compiled()
         self.fn_addr = ctypes.cast(self.fn, ctypes.c_void_p).value
         sizes = unit_sizes(self.spec.group_cols, f.m, f.n, f.k, f.rsa, f.csa, f.csb if layout == "t" else f.rsb,
