@@ -202,3 +202,20 @@ def test_skinny_bf16_special_values(form):
         want = x.astype(np.float32) @ w.astype(np.float32)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+
+
+@pytest.mark.parametrize("form", ["t", "n"])
+def test_skinny_widening_form_still_serves_hosts_without_the_instruction(form, monkeypatch):
+    # what a host without AVX512-BF16 runs: the same shapes through the f32-widening kernel
+    rng = np.random.default_rng(9)
+    x, w = bf16_data(rng, (5, 67)), bf16_data(rng, (67, 40))
+    monkeypatch.setattr(gemm_pairs, "usable", lambda dt, vw: False)
+    monkeypatch.setattr(MM, "_plans", {})
+    assert not skinny_plan(5, 67, 40, form).spec.pairs
+    prog = lc.compile([lc.placeholder("x", x.shape, lc.bf16) @ (
+        lc.placeholder("w", (40, 67), lc.bf16).t() if form == "t" else lc.placeholder("w", w.shape, lc.bf16))])
+    got = prog.run(x=x, w=np.ascontiguousarray(w.T) if form == "t" else w)[0]
+    assert "small-m" in prog.dump("schedule")
+    specs = [p.spec for p in MM._plans.values() if hasattr(p, "spec")]
+    assert specs and not any(sp.pairs for sp in specs)
+    assert_rounded_once(got, expect(x, w))
