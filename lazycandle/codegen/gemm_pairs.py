@@ -84,9 +84,17 @@ def micro_steps(spec, R: int, prefetch):
     return steps
 
 
-def _pair(b, lo, hi):
+def pair_word(b, lo, hi):
     """The 32-bit word of a pair of bf16 bit patterns: `lo` (the even k) in the low half."""
     return b.or_(b.zext(lo, I32), b.shl(b.zext(hi, I32), ir.Constant(I32, 16)))
+
+
+def interleave(b, lo, hi):
+    """Two vectors of n bf16 bit patterns (the even and the odd k) as n pairs: lo[0], hi[0],
+    lo[1], hi[1], ... (2n i16 lanes)."""
+    n = lo.type.count
+    return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 2 * n), [x // 2 + (n if x % 2 else 0)
+                                                                           for x in range(2 * n)]))
 
 
 def emit_pack(m: ir.Module, spec, name: str, width: int):
@@ -109,13 +117,12 @@ def emit_pack(m: ir.Module, spec, name: str, width: int):
     slot = mul(b, kbp, W)                           # words between panels
 
     def rows_contiguous():
-        lanes = ir.Constant(ir.VectorType(I32, 2 * width), [x // 2 + (width if x % 2 else 0) for x in range(2 * width)])
         with for_range(b, ZERO, whole, name="kk") as kk:
             r0 = gep(b, src, mul(b, mul(b, kk, i64(2)), cs))
             r1 = gep(b, r0, cs)
             with for_range(b, ZERO, full, name="p") as p:
                 lo, hi = (vload(b, r, mul(b, p, W), width, 2) for r in (r0, r1))
-                v = b.bitcast(b.shuffle_vector(lo, hi, lanes), vec(I32, width))
+                v = b.bitcast(interleave(b, lo, hi), vec(I32, width))
                 vstore(b, v, words, add(b, mul(b, p, slot), mul(b, kk, W)), 4)
 
     kblk = mul(b, b.sdiv(whole, i64(LANES)), i64(LANES))
@@ -156,7 +163,7 @@ def emit_pack(m: ir.Module, spec, name: str, width: int):
                     ok = b.and_(inside, b.icmp_signed("<", kx, kb))
                     idx = b.select(ok, add(b, base, mul(b, kx, cs)), ZERO)
                     return b.select(ok, load(b, src, idx, 2), zero16)
-                store(b, _pair(b, element(k), element(add(b, k, ONE))), words,
+                store(b, pair_word(b, element(k), element(add(b, k, ONE))), words,
                       add(b, mul(b, p, slot), add(b, mul(b, kk, W), r)), 4)
     b.ret_void()
     return fn

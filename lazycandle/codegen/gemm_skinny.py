@@ -73,8 +73,8 @@ def lanes_of(dt: DType) -> int:
 
 
 def pair_form(dt: DType, vw: int) -> bool:
-    """Whether the "t" form of `dt` with `vw` lanes runs on the bf16 dot-product instruction
-    here (gemm_pairs.usable)."""
+    """Whether the small-m kernel of `dt` with `vw` lanes (either form) runs on the bf16
+    dot-product instruction here (gemm_pairs.usable)."""
     return gemm_pairs.usable(dt, vw)
 
 
@@ -339,7 +339,6 @@ class _Builder:
         odd k's last row pairs with zeros."""
         spec, b = self.spec, self.b
         vw, k = spec.vw, s["k"]
-        inter = ir.Constant(ir.VectorType(I32, 2 * vw), [x // 2 + (vw if x % 2 else 0) for x in range(2 * vw)])
         zero16 = ir.Constant(self.st, 0)
 
         def step(k0, second):
@@ -350,11 +349,11 @@ class _Builder:
             for c in range(spec.group):
                 lo = self._masked_load(brow, i64(c * vw), masks[c])
                 hi = self._masked_load(nxt, i64(c * vw), masks[c]) if second else zero(lo.type)
-                bv.append(b.shuffle_vector(lo, hi, inter))
+                bv.append(gemm_pairs.interleave(b, lo, hi))
             for r, ap in enumerate(arow):
                 x0 = load(b, ap, mul(b, k0, s["csa"]), self.eb)
                 x1 = load(b, ap, mul(b, add(b, k0, i64(1)), s["csa"]), self.eb) if second else zero16
-                word = b.or_(b.zext(x0, I32), b.shl(b.zext(x1, I32), ir.Constant(I32, 16)))
+                word = gemm_pairs.pair_word(b, x0, x1)
                 for c, v in enumerate(bv):
                     p = self.acc[r][c]
                     b.store(gemm_pairs.dot_words(b, b.load(p), splat(b, word, vw), v), p)
