@@ -8,7 +8,7 @@ import pytest
 
 import lazycandle as lc
 from lazycandle.codegen import jit
-from lazycandle.codegen.reduce import F32_BLOCK, PAIRED, UNROLL
+from lazycandle.codegen.reduce import CHAIN, F32_BLOCK, PAIRED, UNROLL
 from lazycandle.ir.kernels import MIN_STRIP, output_strips
 
 rng = np.random.default_rng(7)
@@ -137,7 +137,7 @@ def stream_tuning(request, tmp_path, monkeypatch):
     this host is: in their own disk cache, and dropped from memory before and after."""
     monkeypatch.setenv("LAZYCANDLE_CACHE_DIR", str(tmp_path))
     lc.clear_caches()
-    for name, value in zip(("ROWS", "PREFETCH", "ROW_PREFETCH_BYTES"), TUNINGS[request.param]):
+    for name, value in zip(("ROWS", "PREFETCH", "ROW_PREFETCH_BYTES", "ONE_ROW_BYTES"), TUNINGS[request.param], strict=True):
         monkeypatch.setattr(red, name, value)
     yield request.param
     monkeypatch.undo()
@@ -243,33 +243,39 @@ def test_last_dim_results_do_not_depend_on_the_thread_split(kind):
 def _sums(x):
     t = lc.tensor(x)
     return {"sum(-1)": (t.sum(-1), x.astype(np.float64).sum(-1), x.sum(-1)),
-            "sum(0)": (lc.tensor(np.ascontiguousarray(x.T)).sum(0), x.astype(np.float64).sum(-1), x.T.sum(0)),
+            "sum(0)": (lc.tensor(np.ascontiguousarray(x.T)).sum(0), x.astype(np.float64).sum(-1),
+                       np.ascontiguousarray(x.T).sum(0)),
             "mean(-1) * n": (t.mean(-1) * x.shape[1], x.astype(np.float64).sum(-1), None)}
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float16, ml_dtypes.bfloat16])
 def test_f32_valued_sum_that_cancels_stays_within_the_paired_bound(dt):
     """Rows (and columns) of values and their negatives in another order sum to exactly 0 in
-    f64.  PAIRED registers of a row (PAIRED rows of a block, for sum(0)) are added in f32
-    before one widening, so a value meets at most log2(PAIRED) f32 roundings: the error is at
-    most log2(PAIRED) u sum|x|, u = 2^-24 (the f64 additions and the final rounding of 0 add
-    nothing measurable).  Widening every value first made these sums exactly 0."""
+    f64.  Over the last dim PAIRED registers of a row are added pairwise in f32 before one
+    widening, so a value meets at most log2(PAIRED) f32 roundings: the error is at most
+    log2(PAIRED) u sum|x|, u = 2^-24; over leading dims CHAIN rows meet in one f32 chain, at
+    most (CHAIN - 1) u sum|x| (the f64 additions and the final rounding of 0 add nothing
+    measurable).  Widening every value first made these sums exactly 0."""
     lo, hi = (50, 150) if dt == np.float32 else (0.5, 1.5)
     v = rng.uniform(lo, hi, (4, 2048)).astype(dt)
     x = np.concatenate([v, -rng.permuted(v, axis=1)], axis=1)
-    bound = np.log2(PAIRED) * 2.0 ** -24 * np.abs(x.astype(np.float64)).sum(-1)
+    roundings = {"sum(-1)": np.log2(PAIRED), "sum(0)": CHAIN - 1, "mean(-1) * n": np.log2(PAIRED)}
     for name, (got, want, _) in _sums(x).items():
+        bound = roundings[name] * 2.0 ** -24 * np.abs(x.astype(np.float64)).sum(-1)
         assert not want.any()
         err = np.abs(got.numpy().astype(np.float64) - want)
         assert (err <= bound).all(), (name, err, bound)
+        if dt == np.float32:
+            assert err.max() > 0        # (f32 roundings do happen: the bound is not vacuous)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_f32_sums_of_normal_rows_err_less_than_numpys(threads):
-    """On rows of normal values the paired sums stay inside SPEC's rtol / atol 1e-5 on every
-    row (f32 partials per block of 256 values did not: rows that nearly cancel) and their error
-    against the f64 sum is well under NumPy's own f32 sum's (root mean square over the rows:
-    about 0.4x its pairwise sum(-1), 0.06x its row-by-row sum(0))."""
+    """On rows of normal values the paired and chained sums stay inside SPEC's rtol / atol 1e-5
+    on every row (f32 partials per block of 256 values did not: rows that nearly cancel) and
+    their error against the f64 sum is well under NumPy's own f32 sum's on the same array (root
+    mean square over the rows: about 0.4x its pairwise sum(-1), 0.07x its row-by-row sum(0);
+    sum(0)'s chains of 16 rows are 0.7x NumPy's pairwise sum of the same values)."""
     x = np.random.default_rng(3).standard_normal((1024, 4096)).astype(np.float32)
     with lc.num_threads(threads):
         for name, (got, want, numpys) in _sums(x).items():
@@ -278,3 +284,72 @@ def test_f32_sums_of_normal_rows_err_less_than_numpys(threads):
             if numpys is not None:
                 rms, rms_np = (np.sqrt(np.mean((g - want) ** 2)) for g in (got, numpys.astype(np.float64)))
                 assert rms < 0.6 * rms_np, (name, rms, rms_np)
+
+
+# ---- inner-output passes: one row per pass (a whole-row strip) or ROW_BLOCK rows per pass ------
+SUM0_ROWS = sorted({1, 2, CHAIN - 1, CHAIN, CHAIN + 1, 2 * CHAIN + red.ROW_BLOCK + 1, 5 * CHAIN})
+SUM0_COLS = [1, E + 1, 2 * UNROLL * E + E + 3, 700]
+SUM0_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int32]
+
+
+def _leading_dim_results(xs):
+    out = {}
+    for key, x in xs.items():
+        t = lc.tensor(x)
+        res = [t.sum(0), t.max(0), t.min(0), t[:, ::-1].sum(0)]
+        if x.dtype != np.int32:
+            res += [t.mean(0), (t * 2.0 - 1.0).sum(0)]
+        x3 = np.stack([x, -x, x * 2])
+        t3 = lc.tensor(x3)
+        res += [t3.sum(1), t3.sum((0, 1)), t3.max(1)]
+        out[key] = [r.numpy() for r in res]
+    return out
+
+
+def test_leading_dim_one_row_and_blocked_passes_agree_bit_for_bit(tmp_path, monkeypatch):
+    """A strip of a whole row reads one row per pass, the strips of two threads sharing a row
+    ROW_BLOCK rows per pass; an f32-valued sum adds each group of CHAIN rows in the same f32
+    chain either way, so both forms give the same bits -- around the group and block sizes, on
+    the vector edges of the strip, for every dtype (f64 and integer sums take the plain
+    accumulate), with fused producers, a flipped view and rank-3 reductions -- and match NumPy
+    in f64."""
+    monkeypatch.setenv("LAZYCANDLE_CACHE_DIR", str(tmp_path))
+    xs = {(r, c, np.dtype(dt).name): (rng.standard_normal((r, c)) * 50).astype(dt)
+          for r in SUM0_ROWS for c in SUM0_COLS for dt in SUM0_DTYPES}
+    got = {}
+    try:
+        for form, nbytes in (("one row", 1), ("blocked", 0)):
+            lc.clear_caches()
+            monkeypatch.setattr(red, "ONE_ROW_BYTES", nbytes)
+            got[form] = _leading_dim_results(xs)
+    finally:
+        monkeypatch.undo()
+        lc.clear_caches()
+    for key, x in xs.items():
+        for a, b in zip(got["one row"][key], got["blocked"][key], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=str(key))
+        s, mx = got["one row"][key][:2]
+        if x.dtype == np.int32:
+            np.testing.assert_array_equal(s, x.sum(0, dtype=np.int32))
+        else:
+            tol = 1e-5 if x.dtype.itemsize >= 4 else 1e-2
+            np.testing.assert_allclose(s.astype(np.float64), x.astype(np.float64).sum(0), rtol=tol, atol=tol * 50)
+        np.testing.assert_array_equal(mx, x.max(0))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_leading_dim_sum_of_a_wide_row_keeps_nan_and_inf(threads):
+    """A NaN or inf in any row of a group (first, middle or last pass of the chain, or a row
+    after the last group) reaches its column's sum; +inf and -inf in one column give NaN."""
+    x = rng.standard_normal((2 * CHAIN + 3, 1030)).astype(np.float32)
+    x[0, 1] = np.nan
+    x[CHAIN // 2, 2] = np.inf
+    x[CHAIN - 1, 3] = -np.inf
+    x[2 * CHAIN + 2, 4] = np.nan
+    x[1, 5], x[CHAIN + 1, 5] = np.inf, -np.inf
+    with lc.num_threads(threads):
+        got = lc.tensor(x).sum(0).numpy()
+    with np.errstate(invalid="ignore"):
+        want = x.astype(np.float64).sum(0)
+    np.testing.assert_array_equal(got[1:6], want[1:6].astype(np.float32))
+    _close(got[6:], want[6:])

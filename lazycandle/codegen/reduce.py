@@ -12,9 +12,13 @@ Two loop shapes, chosen by where the innermost input dim lands:
                 OUTPUT_STRIP outputs of a row (so two threads share a single row of outputs;
                 the strips of one row that one call runs are walked as one);
                 the strip's accumulators sit in a stack array while the reduced dims are
-                walked ROW_BLOCK rows at a time, so every step reads contiguous runs of the
+                walked in passes over the strip, so every step reads contiguous runs of the
                 input (argmax / argmin keep U vectors of outputs and indices in registers).
-                A strip of at most ROW_PREFETCH_BYTES a row (narrow rows, or two
+                A strip of a whole row (or of at least ONE_ROW_BYTES) reads one row per
+                pass: the input is then one stream, which Zen 4's prefetchers follow at the
+                memory's rate (sum(0) f32 (65536, 256), 1 thread: 5.2 -> 2.5 ms; max(0)
+                7.4 -> 2.3).  The strips of two threads sharing each row read ROW_BLOCK rows
+                per pass.  A strip of at most ROW_PREFETCH_BYTES a row (narrow rows, or two
                 threads each reading half of every 4 KiB page) prefetches the same place of
                 the next block's rows: the hardware prefetcher starts a stream per page and
                 row and runs past a short strip into the other thread's half.
@@ -23,9 +27,11 @@ Like elementwise kernels, reduce kernels are compiled per shape class (sizes and
 than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors at a time while
 4 W elements remain, then one vector at a time, then a scalar tail, so one kernel serves every
 length.
-Float sums and products accumulate in f64 (f32/f16/bf16 inputs: an f32-valued sum loads full
-registers of f32, adds groups of PAIRED of them pairwise in f32 and widens each group into f64
-accumulators), integer ones wrap in their dtype;
+Float sums and products accumulate in f64 (f32/f16/bf16 inputs: an f32-valued sum over the
+last dim loads full registers of f32, adds groups of PAIRED of them pairwise in f32 and widens
+each group into f64 accumulators; over leading dims it adds groups of CHAIN rows in one f32
+chain, kept in a second stack array between passes, and widens each group once), integer ones
+wrap in their dtype;
 max/min propagate NaN like np.max (over the last dim the float accumulators take only ordered
 values and a NaN seen is kept in a mask beside them, so each vector costs one compare and
 select); argmax/argmin keep the first index on ties (a NaN counts as
@@ -53,7 +59,7 @@ from .jit import host_info
 from .llvmutil import I8, I32, I64, F64, intrinsic, ltype, vec, splat, const, width_of, FM_REDUCE
 from .loops import counted_loop, finalize_ir, plain_latch, unit_range
 
-ROW_BLOCK = 8   # inner-output: reduced rows combined per trip of an accumulator through L1
+ROW_BLOCK = 8   # inner-output, narrower strips: reduced rows per pass (trip of an accumulator through L1)
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
 
 
@@ -68,14 +74,16 @@ def _stream_tuning(cpu: str) -> tuple:
     no software prefetch: sum(-1) f32, 1 thread, (16384, 1024) 16 -> 31-34 GB/s, (65536, 256)
     8-10 -> 24-30, (4096, 1024) in the L3 31-38 -> 46-48, 2 threads 64-72 -> 81; sum(0)
     (4096, 1024), 2 threads 35 -> 60 (python -m bench.reduce_streams, compiled, rotating)."""
-    return (1, 0, 0) if cpu.startswith("znver") else (4, 16384, 2048)
+    return (1, 0, 0, 4096) if cpu.startswith("znver") else (4, 16384, 2048, 0)
 
 
 # ROWS: inner-reduce rows read side by side (UNROLL / ROWS accumulators each); PREFETCH: bytes
 # inner-reduce reads ahead by software prefetch (0: none); ROW_PREFETCH_BYTES: an inner-output
 # strip of at most this many bytes a row prefetches the same place of the next row block as it
-# reads each row
-ROWS, PREFETCH, ROW_PREFETCH_BYTES = _stream_tuning(host_info()["cpu"])
+# reads each row; ONE_ROW_BYTES: an inner-output strip of at least this many bytes a row reads
+# one row per pass instead of ROW_BLOCK (0: never)
+ROWS, PREFETCH, ROW_PREFETCH_BYTES, ONE_ROW_BYTES = _stream_tuning(host_info()["cpu"])
+CHAIN = 16          # inner-output f32-valued sums: rows added in one f32 chain before one widening
 
 PAIRED = 4          # f32-valued sums: full registers added pairwise in f32 before one widening to f64
 PAIR_FLAGS = ()      # the f32 adds of a group stay a tree (no reassoc): its bound holds, and it ran faster
@@ -518,7 +526,11 @@ class _RedKernel(_Kernel):
             b.position_at_start(self.fn.entry_basic_block)
             arr = b.alloca(ir.ArrayType(self.acc_t, OUTPUT_STRIP))
             arr.align = 64
+            if self.narrow_sum:
+                parr = b.alloca(ir.ArrayType(self.val_t, OUTPUT_STRIP))
+                parr.align = 64
         accp = b.bitcast(arr, self.acc_t.as_pointer())
+        partp = b.bitcast(parr, self.val_t.as_pointer()) if self.narrow_sum else None
         n = b.sub(j_hi, j_lo)
         nu = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
         nv = b.mul(b.udiv(n, I64(W)), I64(W))
@@ -527,6 +539,11 @@ class _RedKernel(_Kernel):
         def at(jj, w):
             p = b.gep(accp, [jj], inbounds=True)
             return p if w == 1 else b.bitcast(p, vt.as_pointer())
+
+        def part(jj, w, t):
+            """The f32 partial at [jj, jj+w), as a pointer to `t`."""
+            p = b.gep(partp, [jj], inbounds=True)
+            return p if w == 1 else b.bitcast(p, t.as_pointer())
 
         with counted_loop(b, I64(0), nv, W, "ai") as jj:
             b.store(self.init(W), at(jj, W), align=al)
@@ -560,52 +577,99 @@ class _RedKernel(_Kernel):
                 self.prefetch_at({k: b.select(narrow_pf, self.sadd(x, I64(ROW_BLOCK), st), x)
                                   for k, (x, st) in enumerate(zip(o, sl))})
 
-        def step_narrow(rows, jj, w):
-            """acc[jj:jj+w] (w = 1, W or 2W lanes) plus the rows of the block, for a value
-            narrower than its f64 accumulator: the rows are added pairwise in f32 by groups of
-            PAIRED (as sum_inner_widened adds a row's registers), each group widened (a 2W-lane
-            group in two halves), and the groups added pairwise in f64 and then into the
-            accumulators.  Every lane width does the same arithmetic, so a column's sum does
-            not depend on where a thread's strip starts."""
+        def add_widened(jj, w, v):
+            """acc[jj:jj+w] += v, an f32 value of w = 1, W or 2W lanes widened to f64 (a
+            2W-lane value in two halves)."""
+            parts = [(jj, w, v)]
+            if w == 2 * W:
+                parts = [(b.add(jj, I64(h * W)), W, b.shuffle_vector(v, v, ir.Constant(
+                    ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)]))) for h in range(2)]
+            for j0, wp, vp in parts:
+                p = at(j0, wp)
+                acc = b.load(p, align=al)
+                b.store(b.fadd(acc, b.fpext(vp, acc.type), flags=FM_REDUCE), p, align=al)
+
+        def chain_step(rows, jj, w, first, last):
+            """For a value narrower than its f64 accumulator: the group's f32 chain at
+            [jj, jj+w) carried through `rows` -- started from the first of them (`first`),
+            else from the partial -- then stored as the partial, or (`last`) widened into the
+            accumulators.  A group's rows are added in the same order whatever the rows per
+            pass, so a column's sum does not depend on the pass or on the strip's width."""
             o = [[self.sadd(x, jj, s) for x, s in zip(offs, sj)] for offs in rows]
             if w > 1:
                 for oo in o:
                     ahead(rows, oo)
             vals = [self.value(oo, sj, w, widen=False) for oo in o]
-            groups = [self.pairwise(vals[g:g + PAIRED], PAIR_FLAGS) for g in range(0, len(vals), PAIRED)]
-            parts = [(jj, w, groups)]
-            if w == 2 * W:
-                sels = [ir.Constant(ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)]) for h in range(2)]
-                parts = [(b.add(jj, I64(h * W)), W, [b.shuffle_vector(v, v, sel) for v in groups])
-                         for h, sel in enumerate(sels)]
-            for j0, wp, vs in parts:
-                p = at(j0, wp)
-                acc = b.load(p, align=al)
-                wide = [b.fpext(v, acc.type) for v in vs]
-                b.store(b.fadd(acc, self.pairwise(wide), flags=FM_REDUCE), p, align=al)
+            c = vals[0] if first else b.load(part(jj, w, vals[0].type), align=4)
+            for v in vals[1:] if first else vals:
+                c = b.fadd(c, v, flags=PAIR_FLAGS)
+            if last:
+                add_widened(jj, w, c)
+            else:
+                b.store(c, part(jj, w, c.type), align=4)
 
-        def strip(rows):
-            one = step_narrow if self.narrow_sum else step
+        def widen_row(rows, jj, w):
+            """acc[jj:jj+w] plus one row's values, each widened (rows after the last group)."""
+            (offs,) = rows
+            add_widened(jj, w, self.value([self.sadd(x, jj, s) for x, s in zip(offs, sj)], sj, w, widen=False))
+
+        def strip(one, rows):
+            pair = self.narrow_sum
             with counted_loop(b, I64(0), nu, U * W, "su") as jj:
-                for k in range(0, U, 2) if self.narrow_sum else range(U):
-                    if self.narrow_sum:
-                        step_narrow(rows, b.add(jj, I64(k * W)), 2 * W)
-                    else:
-                        step(rows, b.add(jj, I64(k * W)), W)
+                for k in range(0, U, 2) if pair else range(U):
+                    one(rows, b.add(jj, I64(k * W)), 2 * W if pair else W)
             with counted_loop(b, nv, n, 1, "st") as jj:
                 one(rows, jj, 1)
             with counted_loop(b, nu, nv, W, "sv") as jj:
                 one(rows, jj, W)
 
-        # the last reduced dim runs ROW_BLOCK rows at a time: each accumulator is loaded and
-        # stored once per block, not once per row
+        def rows_at(offs, i, k):
+            """The input offsets of rows i .. i+k-1 of the last reduced dim."""
+            return [[self.sadd(x, b.add(i, I64(r)), s) for x, s in zip(offs, sl)] for r in range(k)]
+
+        def chains(offs, ng, k):
+            """Groups of CHAIN rows in passes of k rows: each group's values meet in one f32
+            chain (held in the partial between passes), widened into the accumulators once."""
+            assert CHAIN % k == 0, (CHAIN, k)
+            with counted_loop(b, I64(0), ng, CHAIN, "cg") as g:
+                strip(lambda r, jj, w: chain_step(r, jj, w, True, k == CHAIN), rows_at(offs, g, k))
+                if CHAIN // k > 2:
+                    with counted_loop(b, b.add(g, I64(k)), b.add(g, I64(CHAIN - k)), k, "cm") as i:
+                        strip(lambda r, jj, w: chain_step(r, jj, w, False, False), rows_at(offs, i, k))
+                if k < CHAIN:
+                    strip(lambda r, jj, w: chain_step(r, jj, w, False, True), rows_at(offs, b.add(g, I64(CHAIN - k)), k))
+
+        # a strip of a whole row, or of at least ONE_ROW_BYTES a row, reads one row per pass:
+        # the input is read as one stream (ROW_BLOCK rows per pass are for the strips of two
+        # threads sharing each row, whose half pages the prefetchers follow row by row)
         nl = self.dims[last]
-        nlb = b.mul(b.udiv(nl, I64(ROW_BLOCK)), I64(ROW_BLOCK))
+        wide = None
+        if ONE_ROW_BYTES:
+            wide = b.or_(b.icmp_unsigned("==", n, self.dims[jd]),
+                         b.icmp_unsigned(">=", n, I64(ONE_ROW_BYTES // widest)))
         with self.red_loops(red_dims[:-1], base) as (offs, _):
-            with counted_loop(b, I64(0), nlb, ROW_BLOCK, "rb") as i:
-                strip([[self.sadd(x, b.add(i, I64(r)), s) for x, s in zip(offs, sl)] for r in range(ROW_BLOCK)])
-            with counted_loop(b, nlb, nl, 1, "rr") as i:
-                strip([[self.sadd(x, i, s) for x, s in zip(offs, sl)]])
+            if self.narrow_sum:
+                ng = b.mul(b.udiv(nl, I64(CHAIN)), I64(CHAIN))
+                if wide is None:
+                    chains(offs, ng, ROW_BLOCK)
+                else:
+                    with b.if_else(wide) as (one_row, blocked):
+                        with one_row:
+                            chains(offs, ng, 1)
+                        with blocked:
+                            chains(offs, ng, ROW_BLOCK)
+                with counted_loop(b, ng, nl, 1, "cr") as i:
+                    strip(widen_row, rows_at(offs, i, 1))
+            else:
+                # ROW_BLOCK rows per pass: each accumulator is loaded and stored once per block,
+                # not once per row (a wide strip: one row per pass)
+                nlb = b.mul(b.udiv(nl, I64(ROW_BLOCK)), I64(ROW_BLOCK))
+                if wide is not None:
+                    nlb = b.select(wide, I64(0), nlb)
+                with counted_loop(b, I64(0), nlb, ROW_BLOCK, "rb") as i:
+                    strip(step, rows_at(offs, i, ROW_BLOCK))
+                with counted_loop(b, nlb, nl, 1, "rr") as i:
+                    strip(step, rows_at(offs, i, 1))
         out0 = b.add(out_row, j_lo)
         with counted_loop(b, I64(0), nv, W, "fo") as jj:
             self._store(b.add(out0, jj), b.load(at(jj, W), align=al), W)
