@@ -1,7 +1,9 @@
-"""Inner-reduce stream tuning (codegen/reduce.py _stream_tuning): last-dim reductions compiled
-with each (ROWS, PREFETCH) choice, timed in one rotating loop, in GB/s of input read.
+"""Reduction stream tuning (codegen/reduce.py _stream_tuning), timed in one rotating loop, in GB/s
+of input read.  Last-dim reductions are compiled with each (ROWS, PREFETCH) choice; with
+`--dim 0`, leading-dim reductions with a whole-row strip read one row per pass or ROW_BLOCK rows
+per pass (ONE_ROW true or false), next to NumPy's:
 
-    python -m bench.reduce_streams [--threads 1] [--op sum] [--shapes 16384x1024,65536x256,4096x1024]
+    python -m bench.reduce_streams [--threads 1] [--op sum] [--dim -1] [--shapes 16384x1024,65536x256,4096x1024]
 
 Each variant is compiled in this process after clearing the kernel caches (the disk cache too,
 in a temporary LAZYCANDLE_CACHE_DIR), so each program holds its own kernel; every program reads
@@ -21,21 +23,25 @@ from bench.timing import time_alternating  # noqa: E402
 from lazycandle.codegen import reduce as red  # noqa: E402
 from lazycandle.codegen.jit import host_info  # noqa: E402
 
-VARIANTS = [(1, 0), (1, 16384), (4, 0), (4, 16384)]
+VARIANTS = {-1: (("ROWS", "PREFETCH"), [(1, 0), (1, 16384), (4, 0), (4, 16384)]),
+            0: (("ONE_ROW",), [(True,), (False,)])}
 
 
-def _programs(op: str, shape: tuple) -> dict:
-    host = (red.ROWS, red.PREFETCH)
+def _programs(op: str, shape: tuple, dim: int) -> dict:
+    names, variants = VARIANTS[dim]
+    host = tuple(getattr(red, k) for k in names)
     progs = {}
     try:
-        for rows, pf in VARIANTS:
+        for values in variants:
             lc.clear_caches(disk=True)
-            red.ROWS, red.PREFETCH = rows, pf
-            name = f"rows={rows} prefetch={pf}" + (" *" if (rows, pf) == host else "")
-            progs[name] = lc.compile(getattr(lc.placeholder("x", shape), op)(-1))
+            for k, v in zip(names, values):
+                setattr(red, k, v)
+            name = " ".join(f"{k.lower()}={v}" for k, v in zip(names, values)) + (" *" if values == host else "")
+            progs[name] = lc.compile(getattr(lc.placeholder("x", shape), op)(dim))
             progs[name].run(x=np.zeros(shape, np.float32))     # compiled while the constants hold
     finally:
-        red.ROWS, red.PREFETCH = host
+        for k, v in zip(names, host):
+            setattr(red, k, v)
     return progs
 
 
@@ -43,20 +49,24 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--op", default="sum", choices=["sum", "max", "min", "mean"])
+    ap.add_argument("--dim", type=int, default=-1, choices=[-1, 0])
     ap.add_argument("--shapes", default="16384x1024,65536x256,4096x1024")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args(argv)
     lc.set_num_threads(args.threads)
     print(f"host cpu {host_info()['cpu']}, {args.threads} thread(s), "
-          f"load {os.getloadavg()[0]:.2f}; {args.op}(-1) f32, GB/s of input (median of {args.repeats})")
+          f"load {os.getloadavg()[0]:.2f}; {args.op}({args.dim}) f32, GB/s of input (median of {args.repeats})")
     for text in args.shapes.split(","):
         shape = tuple(int(s) for s in text.split("x"))
         x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
-        progs = _programs(args.op, shape)
+        progs = _programs(args.op, shape, args.dim)
         if args.op in ("max", "min"):       # exact whatever the order (sums may differ in the last bit)
             outs = [p.run(x=x)[0] for p in progs.values()]
             assert all(np.array_equal(o, outs[0]) for o in outs[1:])
-        stats = time_alternating({k: (lambda p=p: p.run(x=x)) for k, p in progs.items()}, repeats=args.repeats, warmup=2)
+        fns = {k: (lambda p=p: p.run(x=x)) for k, p in progs.items()}
+        if args.dim == 0:
+            fns["numpy"] = lambda: getattr(x, args.op)(0)
+        stats = time_alternating(fns, repeats=args.repeats, warmup=2)
         print(f"  {text:>12}: " + ", ".join(f"{k} {x.nbytes / s.median / 1e9:.1f}" for k, s in stats.items()))
 
 

@@ -137,7 +137,7 @@ def stream_tuning(request, tmp_path, monkeypatch):
     this host is: in their own disk cache, and dropped from memory before and after."""
     monkeypatch.setenv("LAZYCANDLE_CACHE_DIR", str(tmp_path))
     lc.clear_caches()
-    for name, value in zip(("ROWS", "PREFETCH", "ROW_PREFETCH_BYTES", "ONE_ROW_BYTES"), TUNINGS[request.param], strict=True):
+    for name, value in zip(("ROWS", "PREFETCH", "ROW_PREFETCH_BYTES", "ONE_ROW"), TUNINGS[request.param], strict=True):
         monkeypatch.setattr(red, name, value)
     yield request.param
     monkeypatch.undo()
@@ -318,9 +318,9 @@ def test_leading_dim_one_row_and_blocked_passes_agree_bit_for_bit(tmp_path, monk
           for r in SUM0_ROWS for c in SUM0_COLS for dt in SUM0_DTYPES}
     got = {}
     try:
-        for form, nbytes in (("one row", 1), ("blocked", 0)):
+        for form, one_row in (("one row", True), ("blocked", False)):
             lc.clear_caches()
-            monkeypatch.setattr(red, "ONE_ROW_BYTES", nbytes)
+            monkeypatch.setattr(red, "ONE_ROW", one_row)
             got[form] = _leading_dim_results(xs)
     finally:
         monkeypatch.undo()

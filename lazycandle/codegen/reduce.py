@@ -14,11 +14,14 @@ Two loop shapes, chosen by where the innermost input dim lands:
                 the strip's accumulators sit in a stack array while the reduced dims are
                 walked in passes over the strip, so every step reads contiguous runs of the
                 input (argmax / argmin keep U vectors of outputs and indices in registers).
-                A strip of a whole row (or of at least ONE_ROW_BYTES) reads one row per
-                pass: the input is then one stream, which Zen 4's prefetchers follow at the
-                memory's rate (sum(0) f32 (65536, 256), 1 thread: 5.2 -> 2.5 ms; max(0)
-                7.4 -> 2.3).  The strips of two threads sharing each row read ROW_BLOCK rows
-                per pass.  A strip of at most ROW_PREFETCH_BYTES a row (narrow rows, or two
+                A strip of a whole row of adjacent rows reads one row per pass (ONE_ROW;
+                for f32-valued sums, rows shorter than a PAGE): the input is then one
+                stream, which Zen 4's prefetchers follow at the memory's rate, where 8 rows
+                per pass over short rows they do not (sum(0) f32 (65536, 256), 1 thread:
+                5.2 -> 2.5 ms; max(0) 7.4 -> 2.3; max(0) (4096, 1024) 0.51 -> 0.33).
+                Other strips (two threads sharing each row, rows wider than OUTPUT_STRIP,
+                views) read ROW_BLOCK rows per pass: one row per pass over half of each row
+                took twice as long ((2048, 4096) sum(0): 2.5 against 1.25 ms).  A strip of at most ROW_PREFETCH_BYTES a row (narrow rows, or two
                 threads each reading half of every 4 KiB page) prefetches the same place of
                 the next block's rows: the hardware prefetcher starts a stream per page and
                 row and runs past a short strip into the other thread's half.
@@ -74,15 +77,16 @@ def _stream_tuning(cpu: str) -> tuple:
     no software prefetch: sum(-1) f32, 1 thread, (16384, 1024) 16 -> 31-34 GB/s, (65536, 256)
     8-10 -> 24-30, (4096, 1024) in the L3 31-38 -> 46-48, 2 threads 64-72 -> 81; sum(0)
     (4096, 1024), 2 threads 35 -> 60 (python -m bench.reduce_streams, compiled, rotating)."""
-    return (1, 0, 0, 4096) if cpu.startswith("znver") else (4, 16384, 2048, 0)
+    return (1, 0, 0, True) if cpu.startswith("znver") else (4, 16384, 2048, False)
 
 
 # ROWS: inner-reduce rows read side by side (UNROLL / ROWS accumulators each); PREFETCH: bytes
 # inner-reduce reads ahead by software prefetch (0: none); ROW_PREFETCH_BYTES: an inner-output
 # strip of at most this many bytes a row prefetches the same place of the next row block as it
-# reads each row; ONE_ROW_BYTES: an inner-output strip of at least this many bytes a row reads
-# one row per pass instead of ROW_BLOCK (0: never)
-ROWS, PREFETCH, ROW_PREFETCH_BYTES, ONE_ROW_BYTES = _stream_tuning(host_info()["cpu"])
+# reads each row; ONE_ROW: an inner-output strip of a whole row of adjacent rows reads one row
+# per pass instead of ROW_BLOCK
+ROWS, PREFETCH, ROW_PREFETCH_BYTES, ONE_ROW = _stream_tuning(host_info()["cpu"])
+PAGE = 4096         # f32-valued sums read one row per pass only over rows shorter than this (bytes)
 CHAIN = 16          # inner-output f32-valued sums: rows added in one f32 chain before one widening
 
 PAIRED = 4          # f32-valued sums: full registers added pairwise in f32 before one widening to f64
@@ -639,14 +643,19 @@ class _RedKernel(_Kernel):
                 if k < CHAIN:
                     strip(lambda r, jj, w: chain_step(r, jj, w, False, True), rows_at(offs, b.add(g, I64(CHAIN - k)), k))
 
-        # a strip of a whole row, or of at least ONE_ROW_BYTES a row, reads one row per pass:
-        # the input is read as one stream (ROW_BLOCK rows per pass are for the strips of two
-        # threads sharing each row, whose half pages the prefetchers follow row by row)
+        # a strip of a whole row of adjacent rows reads one row per pass: the input is one
+        # stream (ROW_BLOCK rows per pass are for strips of part of a row, whose runs the
+        # prefetchers follow row by row)
         nl = self.dims[last]
         wide = None
-        if ONE_ROW_BYTES:
-            wide = b.or_(b.icmp_unsigned("==", n, self.dims[jd]),
-                         b.icmp_unsigned(">=", n, I64(ONE_ROW_BYTES // widest)))
+        if ONE_ROW:
+            wide = b.icmp_unsigned("==", n, self.dims[jd])
+            for x, y in zip(sl, sj):     # (each input's rows adjacent: row stride m x element stride)
+                row = self.smul(self.dims[jd], y)
+                wide = b.and_(wide, b.icmp_signed("==", I64(x) if isinstance(x, int) else x,
+                                                  I64(0) if row is None else row))
+            if self.narrow_sum:         # (an f32 chain's blocked passes over rows of a page or more ran 5-9 % faster)
+                wide = b.and_(wide, b.icmp_unsigned("<", n, I64(PAGE // widest)))
         with self.red_loops(red_dims[:-1], base) as (offs, _):
             if self.narrow_sum:
                 ng = b.mul(b.udiv(nl, I64(CHAIN)), I64(CHAIN))
