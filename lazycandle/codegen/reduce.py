@@ -201,6 +201,14 @@ class _RedKernel(_Kernel):
         w = width_of(acc.type)
         if w == 1:
             return acc, idx
+        if idxs is None and self.red.combine in ("max", "min"):
+            # exact in any order: halves combined as vectors (log2 w steps, not w - 1 in a chain)
+            while w > 1:
+                w //= 2
+                lo, hi = (b.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(I32, w), [I32(h * w + i) for i in range(w)]))
+                          for h in range(2))
+                acc = self.combine(lo, hi)
+            return b.extract_element(acc, I32(0)), None
         s = b.extract_element(acc, I32(0))
         si = b.extract_element(idx, I32(0)) if idxs else None
         for lane in range(1, w):
