@@ -11,7 +11,8 @@ Two loop shapes, chosen by where the innermost input dim lands:
   inner-output  (the last dim is kept, e.g. sum(0)): one unit per strip of at most
                 OUTPUT_STRIP outputs of a row (so two threads share a single row of outputs;
                 the strips of one row that one call runs are walked as one);
-                the strip's accumulators sit in a stack array while the reduced dims are
+                the strip's accumulators (codegen/reduce_strip.py; argmax / argmin here)
+                sit in a stack array while the reduced dims are
                 walked in passes over the strip, so every step reads contiguous runs of the
                 input (argmax / argmin keep U vectors of outputs and indices in registers).
                 A strip of a whole row of adjacent rows reads one row per pass (ONE_ROW;
@@ -21,10 +22,11 @@ Two loop shapes, chosen by where the innermost input dim lands:
                 5.2 -> 2.5 ms; max(0) 7.4 -> 2.3; max(0) (4096, 1024) 0.51 -> 0.33).
                 Other strips (two threads sharing each row, rows wider than OUTPUT_STRIP,
                 views) read ROW_BLOCK rows per pass: one row per pass over half of each row
-                took twice as long ((2048, 4096) sum(0): 2.5 against 1.25 ms).  A strip of at most ROW_PREFETCH_BYTES a row (narrow rows, or two
-                threads each reading half of every 4 KiB page) prefetches the same place of
-                the next block's rows: the hardware prefetcher starts a stream per page and
-                row and runs past a short strip into the other thread's half.
+                took twice as long ((2048, 4096) sum(0): 2.5 against 1.25 ms).  A strip of
+                at most ROW_PREFETCH_BYTES a row (narrow rows, or two threads each reading
+                half of every 4 KiB page) prefetches the same place of the next block's
+                rows: the hardware prefetcher starts a stream per page and row and runs past
+                a short strip into the other thread's half.
 How many streams run at once and what is prefetched depends on the host CPU (_stream_tuning).
 Like elementwise kernels, reduce kernels are compiled per shape class (sizes and strides other
 than 0 / 1 arrive in the `sizes` array): the vectorised dim runs U = 4 vectors at a time while
@@ -61,6 +63,7 @@ from .fused import red_lanes as lanes
 from .jit import host_info
 from .llvmutil import I8, I32, I64, F64, intrinsic, ltype, vec, splat, const, width_of, FM_REDUCE
 from .loops import counted_loop, finalize_ir, plain_latch, unit_range
+from .reduce_strip import StripTuning, reduce_strip
 
 ROW_BLOCK = 8   # inner-output, narrower strips: reduced rows per pass (trip of an accumulator through L1)
 UNROLL = 4      # vector accumulators (inner-reduce) / output vectors (inner-output) per step
@@ -528,170 +531,8 @@ class _RedKernel(_Kernel):
             self._store(out_off, b.fadd(s, b.load(tails[r]), flags=FM_REDUCE), 1)
 
     def reduce_strip(self, in_base, out_row, red_dims, jd, j_lo, j_hi):
-        """Outputs [j_lo, j_hi) of one row (at most OUTPUT_STRIP): their accumulators live in a
-        stack array (L1), and the reduced dims are walked outermost, so each step reads a run
-        of up to OUTPUT_STRIP contiguous inputs (a whole strip of a row for sum(0)) instead of
-        one or two cache lines per row, which the hardware prefetcher cannot follow."""
-        b, W, U = self.b, self.W, UNROLL
-        vt = vec(self.acc_t, W)
-        with b.goto_block(self.fn.entry_basic_block):
-            b.position_at_start(self.fn.entry_basic_block)
-            arr = b.alloca(ir.ArrayType(self.acc_t, OUTPUT_STRIP))
-            arr.align = 64
-            if self.narrow_sum:
-                parr = b.alloca(ir.ArrayType(self.val_t, OUTPUT_STRIP))
-                parr.align = 64
-        accp = b.bitcast(arr, self.acc_t.as_pointer())
-        partp = b.bitcast(parr, self.val_t.as_pointer()) if self.narrow_sum else None
-        n = b.sub(j_hi, j_lo)
-        nu = b.mul(b.udiv(n, I64(U * W)), I64(U * W))
-        nv = b.mul(b.udiv(n, I64(W)), I64(W))
-        al = self.acc_t.width // 8 if isinstance(self.acc_t, ir.IntType) else (8 if self.acc_t == F64 else 4)
-
-        def at(jj, w):
-            p = b.gep(accp, [jj], inbounds=True)
-            return p if w == 1 else b.bitcast(p, vt.as_pointer())
-
-        def part(jj, w, t):
-            """The f32 partial at [jj, jj+w), as a pointer to `t`."""
-            p = b.gep(partp, [jj], inbounds=True)
-            return p if w == 1 else b.bitcast(p, t.as_pointer())
-
-        with counted_loop(b, I64(0), nv, W, "ai") as jj:
-            b.store(self.init(W), at(jj, W), align=al)
-        with counted_loop(b, nv, n, 1, "at") as jj:
-            b.store(self.init(1), at(jj, 1), align=al)
-        sj = [s[jd] for s in self.strides]
-        base = [self.sadd(x, j_lo, s) for x, s in zip(in_base, sj)]
-
-        def step(rows, jj, w):
-            """acc[jj:jj+w] combined with the values of `rows` (one trip through L1 per block),
-            each widened to the accumulator's type first."""
-            p = at(jj, w)
-            acc = b.load(p, align=al)
-            for offs in rows:
-                o = [self.sadd(x, jj, s) for x, s in zip(offs, sj)]
-                if w > 1:
-                    ahead(rows, o)
-                acc = self.combine(acc, self.value(o, sj, w))
-            b.store(acc, p, align=al)
-
-        last = red_dims[-1]
-        sl = [s[last] for s in self.strides]
-        # a strip of at most ROW_PREFETCH_BYTES a row: prefetch the same place of the next
-        # block's rows (else the place itself, in L1 already: no branch in the loop)
-        widest = max((d.size_in_bytes for d in self.in_dt), default=1)      # (a reduction may read no buffer)
-        narrow_pf = b.icmp_unsigned("<=", n, I64(ROW_PREFETCH_BYTES // widest))
-
-        def ahead(rows, o):
-            """For a full block of rows: prefetch ROW_BLOCK rows on from the row read at `o`."""
-            if len(rows) == ROW_BLOCK and ROW_PREFETCH_BYTES:
-                self.prefetch_at({k: b.select(narrow_pf, self.sadd(x, I64(ROW_BLOCK), st), x)
-                                  for k, (x, st) in enumerate(zip(o, sl))})
-
-        def add_widened(jj, w, v):
-            """acc[jj:jj+w] += v, an f32 value of w = 1, W or 2W lanes widened to f64 (a
-            2W-lane value in two halves)."""
-            parts = [(jj, w, v)]
-            if w == 2 * W:
-                parts = [(b.add(jj, I64(h * W)), W, b.shuffle_vector(v, v, ir.Constant(
-                    ir.VectorType(I32, W), [I32(h * W + i) for i in range(W)]))) for h in range(2)]
-            for j0, wp, vp in parts:
-                p = at(j0, wp)
-                acc = b.load(p, align=al)
-                b.store(b.fadd(acc, b.fpext(vp, acc.type), flags=FM_REDUCE), p, align=al)
-
-        def chain_step(rows, jj, w, first, last):
-            """For a value narrower than its f64 accumulator: the group's f32 chain at
-            [jj, jj+w) carried through `rows` -- started from the first of them (`first`),
-            else from the partial -- then stored as the partial, or (`last`) widened into the
-            accumulators.  A group's rows are added in the same order whatever the rows per
-            pass, so a column's sum does not depend on the pass or on the strip's width."""
-            o = [[self.sadd(x, jj, s) for x, s in zip(offs, sj)] for offs in rows]
-            if w > 1:
-                for oo in o:
-                    ahead(rows, oo)
-            vals = [self.value(oo, sj, w, widen=False) for oo in o]
-            c = vals[0] if first else b.load(part(jj, w, vals[0].type), align=4)
-            for v in vals[1:] if first else vals:
-                c = b.fadd(c, v, flags=PAIR_FLAGS)
-            if last:
-                add_widened(jj, w, c)
-            else:
-                b.store(c, part(jj, w, c.type), align=4)
-
-        def widen_row(rows, jj, w):
-            """acc[jj:jj+w] plus one row's values, each widened (rows after the last group)."""
-            (offs,) = rows
-            add_widened(jj, w, self.value([self.sadd(x, jj, s) for x, s in zip(offs, sj)], sj, w, widen=False))
-
-        def strip(one, rows):
-            pair = self.narrow_sum
-            with counted_loop(b, I64(0), nu, U * W, "su") as jj:
-                for k in range(0, U, 2) if pair else range(U):
-                    one(rows, b.add(jj, I64(k * W)), 2 * W if pair else W)
-            with counted_loop(b, nv, n, 1, "st") as jj:
-                one(rows, jj, 1)
-            with counted_loop(b, nu, nv, W, "sv") as jj:
-                one(rows, jj, W)
-
-        def rows_at(offs, i, k):
-            """The input offsets of rows i .. i+k-1 of the last reduced dim."""
-            return [[self.sadd(x, b.add(i, I64(r)), s) for x, s in zip(offs, sl)] for r in range(k)]
-
-        def chains(offs, ng, k):
-            """Groups of CHAIN rows in passes of k rows: each group's values meet in one f32
-            chain (held in the partial between passes), widened into the accumulators once."""
-            assert CHAIN % k == 0, (CHAIN, k)
-            with counted_loop(b, I64(0), ng, CHAIN, "cg") as g:
-                strip(lambda r, jj, w: chain_step(r, jj, w, True, k == CHAIN), rows_at(offs, g, k))
-                if CHAIN // k > 2:
-                    with counted_loop(b, b.add(g, I64(k)), b.add(g, I64(CHAIN - k)), k, "cm") as i:
-                        strip(lambda r, jj, w: chain_step(r, jj, w, False, False), rows_at(offs, i, k))
-                if k < CHAIN:
-                    strip(lambda r, jj, w: chain_step(r, jj, w, False, True), rows_at(offs, b.add(g, I64(CHAIN - k)), k))
-
-        # a strip of a whole row of adjacent rows reads one row per pass: the input is one
-        # stream (ROW_BLOCK rows per pass are for strips of part of a row, whose runs the
-        # prefetchers follow row by row)
-        nl = self.dims[last]
-        wide = None
-        if ONE_ROW:
-            wide = b.icmp_unsigned("==", n, self.dims[jd])
-            for x, y in zip(sl, sj):     # (each input's rows adjacent: row stride m x element stride)
-                row = self.smul(self.dims[jd], y)
-                wide = b.and_(wide, b.icmp_signed("==", I64(x) if isinstance(x, int) else x,
-                                                  I64(0) if row is None else row))
-            if self.narrow_sum:         # (an f32 chain's blocked passes over rows of a page or more ran 5-9 % faster)
-                wide = b.and_(wide, b.icmp_unsigned("<", n, I64(PAGE // widest)))
-        with self.red_loops(red_dims[:-1], base) as (offs, _):
-            if self.narrow_sum:
-                ng = b.mul(b.udiv(nl, I64(CHAIN)), I64(CHAIN))
-                if wide is None:
-                    chains(offs, ng, ROW_BLOCK)
-                else:
-                    with b.if_else(wide) as (one_row, blocked):
-                        with one_row:
-                            chains(offs, ng, 1)
-                        with blocked:
-                            chains(offs, ng, ROW_BLOCK)
-                with counted_loop(b, ng, nl, 1, "cr") as i:
-                    strip(widen_row, rows_at(offs, i, 1))
-            else:
-                # ROW_BLOCK rows per pass: each accumulator is loaded and stored once per block,
-                # not once per row (a wide strip: one row per pass)
-                nlb = b.mul(b.udiv(nl, I64(ROW_BLOCK)), I64(ROW_BLOCK))
-                if wide is not None:
-                    nlb = b.select(wide, I64(0), nlb)
-                with counted_loop(b, I64(0), nlb, ROW_BLOCK, "rb") as i:
-                    strip(step, rows_at(offs, i, ROW_BLOCK))
-                with counted_loop(b, nlb, nl, 1, "rr") as i:
-                    strip(step, rows_at(offs, i, 1))
-        out0 = b.add(out_row, j_lo)
-        with counted_loop(b, I64(0), nv, W, "fo") as jj:
-            self._store(b.add(out0, jj), b.load(at(jj, W), align=al), W)
-        with counted_loop(b, nv, n, 1, "ft") as jj:
-            self._store(b.add(out0, jj), b.load(at(jj, 1), align=al), 1)
+        reduce_strip(self, StripTuning(UNROLL, ROW_BLOCK, ROW_PREFETCH_BYTES, ONE_ROW, PAGE, CHAIN, PAIR_FLAGS),
+                     in_base, out_row, red_dims, jd, j_lo, j_hi)
 
     def reduce_outer(self, in_base, out_row, red_dims, jd, j_lo, j_hi):
         """Outputs [j_lo, j_hi) of one row for argmax/argmin: U x W output lanes (and their
