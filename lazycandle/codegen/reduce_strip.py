@@ -121,11 +121,6 @@ def reduce_strip(kern, t, in_base, out_row, red_dims, jd, j_lo, j_hi):
         else:
             b.store(c, part(jj, w, c.type), align=4)
 
-    def widen_row(rows, jj, w):
-        """acc[jj:jj+w] plus one row's values, each widened (rows after the last group)."""
-        (offs,) = rows
-        add_widened(jj, w, kern.value([kern.sadd(x, jj, s) for x, s in zip(offs, sj)], sj, w, widen=False))
-
     def strip(one, rows):
         """One pass of `rows` over the strip: U vectors a step, then one, then a scalar tail.
         The tails are marked plain: LLVM re-vectorising and unrolling them in each of a
@@ -179,8 +174,8 @@ def reduce_strip(kern, t, in_base, out_row, red_dims, jd, j_lo, j_hi):
                         chains(offs, ng, 1)
                     with blocked:
                         chains(offs, ng, t.row_block)
-            with counted_loop(b, ng, nl, 1, "cr") as i:
-                strip(widen_row, rows_at(offs, i, 1))
+            with counted_loop(b, ng, nl, 1, "cr") as i:     # rows after the last group: each widened
+                strip(lambda r, jj, w: chain_step(r, jj, w, True, True), rows_at(offs, i, 1))
         else:
             # ROW_BLOCK rows per pass: each accumulator is loaded and stored once per block,
             # not once per row (a wide strip: one row per pass)
