@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from math import prod
 
+from . import caches
 from . import dtype as D
 from .errors import DimOutOfRange, EmptyReduction, ShapeMismatch, UnsupportedDTypeForOp
-from .ir.node import Node
-from .ir.ops import OPS
-from .layout import as_index, reshape_view
+from .ir.node import Node, computed_node, view_node
+from .ir.ops import OPS, REDUCE
+from .layout import MEMO_SHAPES, as_index, reshape_view
+from .named_dims import SYMBOLIC
 from .tensor_views import norm_dim, shape_desc
 
 # argmax / argmin return u32 indices, so the dim they reduce can hold at most this many elements
@@ -21,6 +23,9 @@ MAX_ARG_DIM = 2 ** 32 - 1
 # kinds defined over a zero-length dim (sum 0, prod 1, mean NaN); the others raise EmptyReduction
 EMPTY_OK_KINDS = ("sum", "mean", "prod")
 _VIEW = OPS["view"]
+# (kind, dim, keepdim, shape, dtype) -> how _reduce built it: (op, arg, shape, layout, dtype,
+# (shape, layout, label) of the view dropping the dims, or None)
+_recipes = caches.register("reduce recipes", {})
 
 
 def _dims(dims, shape, op, *, dtype=None):
@@ -47,11 +52,43 @@ def _dims(dims, shape, op, *, dtype=None):
     return tuple(sorted({norm_dim(d, shape, op, dtype=dtype) for d in dims}))
 
 
+def _keep_recipe(key, src, out) -> None:
+    """File how `out`, _reduce_checked's result for `key` on node `src`, was built while the
+    memo has room: a reduce node of `src` (rank >= 1) and maybe its view, for plain sizes
+    (traced named dims keep their own path)."""
+    shape = key[3]
+    if len(_recipes) >= MEMO_SHAPES or not shape or max(shape) >= SYMBOLIC:
+        return
+    view = None
+    if out.op is _VIEW:
+        view = (out.shape, out.layout, out.label)
+        out = out.srcs[0]
+    if out.op.category == REDUCE and out.srcs == (src,):
+        _recipes[key] = (out.op, out.arg, out.shape, out.layout, out.dtype, view)
+
+
 class ReduceMixin:
     __slots__ = ()
 
     def _reduce(self, kind, dims, keepdim):
-        """One reduce node over `dims` (None: every dim)."""
+        """One reduce node over `dims` (None: every dim), and the view dropping them unless
+        `keepdim`.  A reduction over one int dim (or all) of a shape and dtype met before is
+        built again from its recipe, without the checks: an eager `x.sum(-1)` usually follows
+        a kernel that streamed the caches out, where the checks' Python costs tens of us."""
+        node = self._node
+        if dims is None or dims.__class__ is int:
+            key = (kind, dims, keepdim, node.shape, node.dtype)
+            got = _recipes.get(key)
+            if got is not None:
+                op, arg, shape, lay, dt, view = got
+                n = computed_node(op, (node,), arg, shape, dt, lay)
+                return type(self)(view_node(n, *view) if view is not None else n)
+            t = self._reduce_checked(kind, dims, keepdim)
+            _keep_recipe(key, node, t._node)
+            return t
+        return self._reduce_checked(kind, dims, keepdim)
+
+    def _reduce_checked(self, kind, dims, keepdim):
         # (node attributes read directly, not through the Tensor properties: an eager reduction
         # usually follows a kernel that streamed the caches out, where each call is misses)
         node = self._node
@@ -120,7 +157,9 @@ class ReduceMixin:
             x = self.flatten_all() if kind.startswith("arg") and self.rank > 1 else self
             t = x._reduce(kind, None, False)
             return t.reshape((1,) * self.rank) if keepdim else t
-        return self._reduce(kind, (as_index(dim, kind, "dim (one int)"),), keepdim)
+        if dim.__class__ is not int:
+            dim = (as_index(dim, kind, "dim (one int)"),)
+        return self._reduce(kind, dim, keepdim)
 
     def max_keepdim(self, dim): return self._one_dim("max", dim, True)
     def min_keepdim(self, dim): return self._one_dim("min", dim, True)
@@ -129,17 +168,17 @@ class ReduceMixin:
 
     def max(self, dim=None, keepdim=False, *, axis=None):
         """Max over one dim (None: every element); values only, like candle."""
-        return self._one_dim("max", _pick(None, dim, axis, "max"), keepdim)
+        return self._one_dim("max", dim if axis is None else _pick(None, dim, axis, "max"), keepdim)
 
     def min(self, dim=None, keepdim=False, *, axis=None):
-        return self._one_dim("min", _pick(None, dim, axis, "min"), keepdim)
+        return self._one_dim("min", dim if axis is None else _pick(None, dim, axis, "min"), keepdim)
 
     def argmax(self, dim=None, keepdim=False, *, axis=None):
         """u32 index of the first maximum along `dim` (None: in the flattened tensor)."""
-        return self._one_dim("argmax", _pick(None, dim, axis, "argmax"), keepdim)
+        return self._one_dim("argmax", dim if axis is None else _pick(None, dim, axis, "argmax"), keepdim)
 
     def argmin(self, dim=None, keepdim=False, *, axis=None):
-        return self._one_dim("argmin", _pick(None, dim, axis, "argmin"), keepdim)
+        return self._one_dim("argmin", dim if axis is None else _pick(None, dim, axis, "argmin"), keepdim)
 
     def _all(self, kind):
         return self._reduce(kind, None, False)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lazycandle as lc
-from lazycandle import compiler
+from lazycandle import compiler, tensor_reduce
 from lazycandle.ir.graph import capture
 
 from conftest import run_in_threads
@@ -267,3 +267,87 @@ def test_a_matmul_builds_its_trace_only_when_asked():
     z = (x * 2.0) @ x                               # an operand not realized: the traced realize
     assert compiler.trace_key(z._node) is not None
     np.testing.assert_allclose(z.numpy(), (M * np.float32(2)) @ M, rtol=1e-6)
+
+
+def _node_fields(n):
+    return (n.op, n.arg, n.shape, n.dtype, n.layout, n.label, n.trace is None, n._base is not None)
+
+
+REDUCTIONS = [("sum", 0, False), ("sum", -1, True), ("sum", None, False), ("mean", 1, False),
+              ("prod", 0, True), ("max", -1, False), ("min", 0, True), ("argmax", 1, False),
+              ("argmin", 0, False)]
+
+
+@pytest.mark.parametrize("kind,dim,keepdim", REDUCTIONS)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "narrowed"])
+def test_a_reduction_built_again_from_its_recipe_is_the_one_the_checks_build(kind, dim, keepdim, layout):
+    """The second `x.sum(dim)` of a shape and dtype is built from the recipe the first left
+    (tensor_reduce._recipes), without the checks: the same nodes field for field, the same
+    values, on any view of the input; clearing the caches drops the recipes."""
+    lc.clear_caches()
+    base = np.arange(35, dtype=np.float32).reshape(5, 7) / 9 - 1.5
+    views = {"contiguous": (lambda t: t, lambda a: a), "transposed": (lambda t: t.t(), lambda a: a.T),
+             "narrowed": (lambda t: t.narrow(1, 1, 5), lambda a: a[:, 1:6])}
+    view_lc, view_np = views[layout]
+
+    def build(arr):
+        x = view_lc(lc.tensor(arr))
+        return x, getattr(x, kind)(dim, keepdim=keepdim)
+    x1, first = build(base)
+    assert len(tensor_reduce._recipes) == 1
+    x2, again = build(base[::-1].copy())
+    n1, n2 = first._node, again._node
+    assert _node_fields(n1) == _node_fields(n2)
+    assert n2.srcs[0] is not n1.srcs[0]
+    if n1.op.name == "view":
+        assert _node_fields(n1.srcs[0]) == _node_fields(n2.srcs[0]) and n2.srcs[0].srcs == (x2._node,)
+    np_kind = {"argmax": "argmax", "argmin": "argmin"}.get(kind, kind)
+    for arr, t in ((base, first), (base[::-1].copy(), again)):
+        want = getattr(view_np(arr).astype(np.float64), np_kind)(axis=dim, keepdims=keepdim)
+        np.testing.assert_allclose(t.numpy(), want, rtol=1e-6, atol=1e-6)
+    lc.clear_caches()
+    assert len(tensor_reduce._recipes) == 0
+
+
+def test_a_recipe_never_skips_a_check_its_key_did_not_pass():
+    """Bad input raises at every call, whatever recipes exist for nearby keys."""
+    x = lc.tensor(np.ones((3, 4), np.float32))
+    x.sum(1)
+    x.max(0)
+    for _ in range(2):
+        with pytest.raises(lc.DimOutOfRange):
+            x.sum(2)
+        with pytest.raises(lc.UnsupportedDTypeForOp):
+            lc.tensor(np.ones((3, 4), np.int32)).mean(1)
+        with pytest.raises(lc.EmptyReduction):
+            lc.tensor(np.ones((3, 0), np.float32)).max(1)
+    ints = lc.tensor(np.arange(12, dtype=np.int32).reshape(3, 4))
+    assert ints.sum(1).dtype == lc.i32 and ints.sum(1).numpy().tolist() == [6, 22, 38]
+
+
+def test_named_dims_keep_their_own_path():
+    """A reduction of a shape traced with named dims files no recipe (its sizes print as names)."""
+    lc.clear_caches()
+    x = lc.placeholder("x", ("n", 4))
+    s = x.sum(1)
+    assert tensor_reduce._recipes == {} and "n" in repr(s.shape)
+
+
+def test_recipes_of_one_shape_stay_apart():
+    """Kinds, dims and keepdim of one shape and dtype each keep their own recipe (every
+    reduction twice: the second is built from the recipe)."""
+    lc.clear_caches()
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7
+    x = lc.tensor(a)
+    for _ in range(2):
+        for kind in ("sum", "mean", "max", "argmin"):
+            for dim in (0, 1, 2, -1, None):
+                for keepdim in (False, True):
+                    if dim is None and kind == "argmin":
+                        continue
+                    got = getattr(x, kind)(dim, keepdim=keepdim)
+                    want = getattr(a.astype(np.float64), kind)(axis=dim, keepdims=keepdim)
+                    assert got.shape == want.shape, (kind, dim, keepdim)
+                    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, err_msg=str((kind, dim, keepdim)))
+    # (max over everything keeps its dims by a reshape of the one reduction: one recipe for both)
+    assert len(tensor_reduce._recipes) == 4 * 5 * 2 - 2 - 1

@@ -96,6 +96,29 @@ class Node:
 _CONST, _VIEW = OPS["const"], OPS["view"]
 
 
+def computed_node(op, srcs: tuple, arg, shape: tuple, dtype, layout):
+    """What `Node(op, srcs, arg, shape, dtype)` builds for a computed op other than matmul whose
+    plain shape tuple some earlier Node() has checked and whose contiguous `layout` it made,
+    without Node()'s generic checks (an eager op built again, usually on cold caches)."""
+    n = _new(Node)
+    n.op, n.srcs, n.arg, n.shape, n.dtype, n._base, n.layout = op, srcs, arg, shape, dtype, None, layout
+    n.buffer = n.label = n.origin = n.traces = None
+    n.id = next(_ids)
+    n.trace = node_trace(n)
+    return n
+
+
+def view_node(src, shape: tuple, layout, label):
+    """What `Node("view", (src,), None, shape, src.dtype, layout=layout, label=label)` builds
+    for a checked shape and layout, without Node()'s generic checks."""
+    v = _new(Node)
+    v.op, v.srcs, v.arg, v.shape, v.dtype, v._base, v.layout = _VIEW, (src,), None, shape, src.dtype, src._base or src, layout
+    v.buffer = v.origin = v.trace = v.traces = None
+    v.label = label
+    v.id = next(_ids)
+    return v
+
+
 def broadcast_scalar(value, dtype, shape: tuple, layout, label):
     """The two nodes of a scalar operand, built without Node()'s generic checks: a const node
     of `value` (already exact in `dtype`) and its view broadcasting it to `shape` (a
@@ -103,14 +126,9 @@ def broadcast_scalar(value, dtype, shape: tuple, layout, label):
     what `Node("const", ...)` then `Node("view", ...)` build; returns the view."""
     c = _new(Node)
     c.op, c.srcs, c.arg, c.shape, c.dtype, c._base, c.layout = _CONST, (), value, (), dtype, None, _SCALAR_LAYOUT
-    c.buffer = c.label = c.origin = c.trace = None
+    c.buffer = c.label = c.origin = c.trace = c.traces = None
     c.id = next(_ids)
-    v = _new(Node)
-    v.op, v.srcs, v.arg, v.shape, v.dtype, v._base, v.layout = _VIEW, (c,), None, shape, dtype, c, layout
-    v.buffer = v.origin = v.trace = None
-    v.label = label
-    v.id = next(_ids)
-    return v
+    return view_node(c, shape, layout, label)
 
 
 _new = object.__new__
