@@ -116,7 +116,7 @@ def test_address_is_the_data_pointer_of_every_kind_of_array():
               np.zeros(5, ml_dtypes.bfloat16)[1:], np.frombuffer(bytearray(64), np.int32, 4, 16),
               buffers.alloc(7, np.float32), buffers.alloc(1 << 17, np.float32)[5:],
               x.view(type("Sub", (np.ndarray,), {}))]         # (a subclass: the same object layout)
-    assert buffers._DATA_AT, "the data pointer's offset was not found on this numpy"
+    assert buffers.DATA_AT, "the data pointer's offset was not found on this numpy"
     for a in arrays:
         assert buffers.address(a) == a.ctypes.data, (a.shape, a.dtype, a.strides)
 

@@ -87,16 +87,16 @@ def _data_pointer_offset() -> int:
     return at
 
 
-_DATA_AT = _data_pointer_offset()
-_word = ctypes.c_size_t.from_address
+DATA_AT = _data_pointer_offset()
+read_word = ctypes.c_size_t.from_address
 
 
 def address(a: np.ndarray) -> int:
     """The data address of an array (its first element's): the data pointer read from the array
     object, one C call, as PyArray_DATA does (`a.ctypes.data` makes two Python objects, and
     each costs misses when a kernel has just streamed the caches out)."""
-    if _DATA_AT and isinstance(a, np.ndarray):
-        return _word(id(a) + _DATA_AT).value
+    if DATA_AT and isinstance(a, np.ndarray):
+        return read_word(id(a) + DATA_AT).value
     return a.ctypes.data
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import config
 from . import native_pool
-from .buffers import alloc, result
+from .buffers import DATA_AT, alloc, read_word, result
 from ..codegen.program import SERIAL, segment_names
 from .native_program import ALIGN, ARENA_KEEP_BYTES, _addressof, _fn_address, address, program_of
 from .native_program import NotNative, supports  # noqa: F401  (what executor.Plan asks of this module)
@@ -224,12 +224,13 @@ class NativePlan:
 
     def _one_call(self, slots, scalars=None):
         """What both prepared runners share, for the common case only (one native segment,
-        small outputs, a kept arena; else None): the run tables, `stale()` (True when a
-        setting read per run -- LAZYCANDLE_EXEC=python, LAZYCANDLE_PROFILE, a new matmul
-        backend -- or a rebuilt native form means the full path must run) and
-        `call(fill, scalars)`, which under the program's lock writes (position, address) of
-        `fill` into the pointers, packs `scalars` unless they are the last packed, and makes
-        the one native call (raising the status word's error after it)."""
+        small outputs, a kept arena; else None): the run tables and `call(fill, scalars)`,
+        which under the program's lock writes (position, address) of `fill` into the
+        pointers, packs `scalars` unless they are the last packed, and makes the one native
+        call (raising the status word's error after it) -- or returns False, doing nothing,
+        when a setting read per run (LAZYCANDLE_EXEC=python, LAZYCANDLE_PROFILE, a new matmul
+        backend) or a rebuilt native form means the full path must run.  (One closure: an
+        eager call usually runs on caches a kernel streamed out, where each frame costs.)"""
         tables = self._tables or self._run_tables(slots)
         seq = tables[5]
         if len(seq) != 1 or seq[0][0] is None or tables[4] or self.large_outputs or not self.keep_arena:
@@ -245,14 +246,13 @@ class NativePlan:
         get_exec, get_profile = config._exec_env[0], config._profile_env[0]
         ptrs, thread_arg = self.ptrs, native_pool.thread_arg
 
-        def stale():
+        def call(fill, scalars):
             if get_exec() is not None or get_profile() is not None:
                 mode, profiling = config.exec_flags()
                 if profiling or mode == "python":
-                    return True
-            return binding.native is not self or self.matmul_epoch != config.matmul_epoch
-
-        def call(fill, scalars):
+                    return False
+            if binding.native is not self or self.matmul_epoch != config.matmul_epoch:
+                return False
             threads_arg = thread_arg(thread_args)
             with prog.lock:             # read per run: renewed in a forked child
                 for pos, addr in fill:
@@ -264,7 +264,8 @@ class NativePlan:
                 rc = fn(*call_args, threads_arg)
                 if rc:
                     self._raise_status(0, rc - 1)
-        return tables, stale, call
+            return True
+        return tables, call
 
     def buffers_runner(self, slots):
         """NativePlan.run as one prepared function `run(in_bufs, offsets, scalars) -> target
@@ -273,21 +274,22 @@ class NativePlan:
         got = self._one_call(slots)
         if got is None:
             return None
-        (used, feeds, views, small_fill, _, _), stale, call = got
+        (used, feeds, views, small_fill, _, _), call = got
         block_type, returned, frombuffer = self._block, self.returned, np.frombuffer
         one = views[0] if len(views) == 1 else None     # one result: buffers.result (kept, given out again)
+        ndarray, word, data_at = np.ndarray, read_word, DATA_AT
 
         def run(in_bufs, offsets, scalars):
-            if stale():
-                return None
             fill = []
             for pos, k, i, s in feeds:
                 buf = in_bufs[i]
-                fill.append((pos, address(buf) + offsets[s] * buf.itemsize))
+                addr = word(id(buf) + data_at).value if buf.__class__ is ndarray and data_at else address(buf)
+                fill.append((pos, addr + offsets[s] * buf.itemsize))
             if one is not None:
                 npdt, n, off = one
-                outs = [result(n, npdt)]
-                base = address(outs[0]) - off
+                o = result(n, npdt)
+                outs = [o]
+                base = (word(id(o) + data_at).value if data_at else address(o)) - off
             else:
                 block = block_type()
                 base = _addressof(block)
@@ -296,7 +298,8 @@ class NativePlan:
                 outs = [frombuffer(block, npdt, n, skip + off) for npdt, n, off in views]
             for pos, off in small_fill:
                 fill.append((pos, base + off))
-            call(fill, scalars)
+            if not call(fill, scalars):
+                return None
             return [outs[t] for t in returned]
         return run
 
@@ -305,13 +308,13 @@ class NativePlan:
         (graph_api._Instance.fast_runner), for `_one_call`'s common case (else None).
         `inputs`: the capture's input nodes (a placeholder is fed by its name, a realized node
         reads its buffer); `outputs`: per user output (target number, element offset, shape).
-        `run` returns None -- nothing done, the caller takes the full path -- when `stale` or
-        unless `feeds` holds exactly the placeholders as C-contiguous ndarrays of their dtype
-        objects and shapes."""
+        `run` returns None -- nothing done, the caller takes the full path -- when `call`
+        declines, or unless `feeds` holds exactly the placeholders as C-contiguous ndarrays of
+        their dtype objects and shapes."""
         got = self._one_call(slots, scalars)
         if got is None:
             return None
-        (used, feeds, _, small_fill, _, _), stale, call = got
+        (used, feeds, _, small_fill, _, _), call = got
         ptr_of_input = {k: [] for k in range(len(used))}
         for pos, k, i, s in feeds:
             ptr_of_input[k].append((pos, offsets[s] * inputs[i].dtype.numpy.itemsize))
@@ -332,7 +335,7 @@ class NativePlan:
         ndarray = np.ndarray
 
         def run(feeds):
-            if len(feeds) != n_feeds or stale():
+            if len(feeds) != n_feeds:
                 return None
             fill = []
             for name, npdt, shape, where in fed:
@@ -357,8 +360,7 @@ class NativePlan:
             outs = [ndarray(shape, npdt, block, skip + at) for shape, npdt, at in carve]
             for pos, off in small_fill:
                 fill.append((pos, base + off))
-            call(fill, scalars)
-            return outs
+            return outs if call(fill, scalars) else None
         return run
 
     def _node_buffers(self, arena, outs):
