@@ -28,6 +28,7 @@ def _mark(t: Tensor, op: str) -> Tensor:
     if not t.dtype.is_float:
         raise UnsupportedDTypeForOp(f"{op}: integer tensors have no gradient (shape {t.shape}, dtype {t.dtype.name})")
     _TRAINABLE.add(t._node)
+    node_mod.KEEP_ORIGIN = _keep_origin
     _HANDLES[t._node.id] = t
     return t
 
@@ -79,10 +80,20 @@ def _is_constant(n) -> bool:
 
 def _keep_origin(n) -> bool:
     """While anything is trainable, realized nodes keep their graph (so `loss.numpy()` before
-    `loss.backward()` works, as in candle); nodes built under no_grad() do not."""
-    # (the WeakSet's own set and pending removals, read in C: len(WeakSet) is a Python call,
-    # and every realize makes this check)
-    return len(_TRAINABLE.data) > len(_TRAINABLE._pending_removals) and not _is_constant(n)
+    `loss.backward()` works, as in candle); nodes built under no_grad() do not.  Once nothing
+    is, realizes stop asking (node.KEEP_ORIGIN None) until _mark sets it again."""
+    if _any_trainable():
+        return not _is_constant(n)
+    node_mod.KEEP_ORIGIN = None
+    if _any_trainable():            # marked meanwhile by another thread, which may have set it first
+        node_mod.KEEP_ORIGIN = _keep_origin
+        return not _is_constant(n)
+    return False
+
+
+def _any_trainable() -> bool:
+    # (the WeakSet's own set and pending removals, read in C: len(WeakSet) is a Python call)
+    return len(_TRAINABLE.data) > len(_TRAINABLE._pending_removals)
 
 
 node_mod.KEEP_ORIGIN = _keep_origin

@@ -32,9 +32,10 @@ from .errors import UnboundPlaceholder
 from .ir.graph import Capture, Operand, capture, size_signature
 from .ir.node import Node
 from .ir.ops import OPS
-from .ir.trace import patterns, trace_of
+from .ir.trace import PENDING, patterns, trace_of
 from .ir.passes import optimize as _simplify, recompute_into_reductions
 from .ir.schedule import bind_kernels, schedule
+from .layout import CONTIGUOUS_LAYOUTS
 from .symbolic_plan import derive_binder
 
 
@@ -294,7 +295,8 @@ def _realize_traced(n, tr) -> bool:
             n.trace = None          # it cannot stand again: let go of the nodes it holds
             return False
     reads, scalars = tr[1], tr[2]
-    key = (tr[0],) + patterns(tr)
+    # (patterns(tr) of one read and no scalar, without the call)
+    key = (tr[0], (0, 0), ()) if len(reads) == 1 and not scalars else (tr[0],) + patterns(tr)
     entry = _eager.get(key)
     if entry is None:
         cap = capture([n])
@@ -303,7 +305,7 @@ def _realize_traced(n, tr) -> bool:
             return False
         entry = _eager.put(key, (get_plan(cap, [n]),) + picks + (_big(cap),))   # (the key fixes the shapes)
     plan, in_pick, slot_pick, scalar_pick, big = entry
-    if big:
+    if big and config._num_threads > 1:
         _wake_pool()
     bufs, offsets, values = [], [], ()     # (no scalars: the same empty tuple every run, which the
     for i in in_pick:                       # native runner sees as already packed)
@@ -369,13 +371,19 @@ def realize_nodes(nodes) -> None:
     if n is not None and n.buffer is None:
         if n.op is _MATMUL and _realize_lone_matmul(n):
             return
-        tr = trace_of(n)
+        # (trace_of and Layout.is_contiguous inline: frames cost when a kernel streamed the caches out)
+        tr = n.trace
+        if tr is PENDING:
+            tr = trace_of(n)
         if tr is not None and _realize_traced(n, tr):
             return
         base = n._base
-        if base is not None and n.layout.is_contiguous():
-            if (base.op is _MATMUL and _realize_lone_matmul(base)) or \
-                    ((tr := trace_of(base)) is not None and _realize_traced(base, tr)):
+        if base is not None and (n.layout is CONTIGUOUS_LAYOUTS.get(n.shape) or n.layout.is_contiguous()):
+            if base.op is _MATMUL:      # (the one op whose trace is left PENDING)
+                done = _realize_lone_matmul(base) or ((tr := trace_of(base)) is not None and _realize_traced(base, tr))
+            else:
+                done = (tr := base.trace) is not None and _realize_traced(base, tr)
+            if done:
                 lay, buf, size = n.layout, base.buffer, prod(n.shape)   # a contiguous view of a computed
                 if lay.offset or size != buf.size:                    # node: it aliases the node's buffer
                     buf = buf[lay.offset: lay.offset + size]

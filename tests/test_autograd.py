@@ -496,3 +496,23 @@ def test_to_dtype_gradient_casts_back_to_the_source_dtype(low):
     np.testing.assert_array_equal(g.numpy(), np.array([3.0, -7.5, 18.0], np.float32))
     g = (x.to_dtype(low) * 2.0).to_dtype("f64").sum().backward()[x]
     assert g.dtype == lc.f32 and g.numpy().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_realized_forward_keeps_its_graph_once_something_is_trainable_again():
+    """With nothing trainable a realize stops asking whether to keep its graph (node.KEEP_ORIGIN
+    off); a Var made afterwards turns it on again, so `loss.numpy()` before `backward` still
+    differentiates -- also after the last Var died and a new one came."""
+    from lazycandle.ir import node as node_mod
+    for _ in range(2):
+        import gc
+        gc.collect()
+        (lc.tensor(np.ones(3, np.float32)) * 2.0).numpy()
+        assert node_mod.KEEP_ORIGIN is None
+        x = lc.Var(np.array([1.0, -2.0, 3.0]))
+        h = (x * x).exp()
+        h.numpy()                                       # realized before the loss is built
+        loss = (h * 0.5).sum()
+        assert loss.numpy() == pytest.approx(0.5 * np.exp([1.0, 4.0, 9.0]).sum())
+        g = loss.backward()[x].numpy()
+        np.testing.assert_allclose(g, np.exp([1.0, 4.0, 9.0]) * np.array([1.0, -2.0, 3.0]), rtol=1e-12)
+        del x, h, loss

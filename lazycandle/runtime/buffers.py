@@ -227,7 +227,7 @@ def _holders(kept) -> tuple:
 def result(n: int, dtype) -> np.ndarray:
     """`alloc(n, dtype)` for a result handed to a caller: the array given out last for
     (n, dtype) when nothing holds it or its read-only views any more, else a fresh one."""
-    npdt = getattr(dtype, "numpy", None) or np.dtype(dtype)
+    npdt = dtype if isinstance(dtype, np.dtype) else getattr(dtype, "numpy", None) or np.dtype(dtype)
     key = (n, npdt)
     table = _results
     kept = table.by_size.get(key)
