@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
 from .ir.node import Node
+from .ir.ops import OPS
 from .tensor_views import broadcast_shapes
 
 MATMUL_DTYPES = ("f32", "f64", "f16", "bf16", "f8e4m3", "i32", "i64", "u32", "i16", "u8")
+_MATMUL, _COPY, _CONST = OPS["matmul"], OPS["copy"], OPS["const"]
 
 
 class MatmulMixin:
@@ -32,11 +34,15 @@ class MatmulMixin:
 
     def _mm(self, other, batch):
         na, nb = self._node, other._node
-        a = (self if na.shape[:-2] == batch else self.broadcast_as(batch + na.shape[-2:])).materializable()
-        b = (other if nb.shape[:-2] == batch else other.broadcast_as(batch + nb.shape[-2:])).materializable()
-        na, nb = a._node, b._node
-        shape = batch + (na.shape[-2], nb.shape[-1])
-        return type(self)(Node("matmul", (na, nb), None, shape, na.dtype))
+        if na.shape[:-2] != batch:
+            na = self.broadcast_as(batch + na.shape[-2:])._node
+        if nb.shape[:-2] != batch:
+            nb = other.broadcast_as(batch + nb.shape[-2:])._node
+        if (na._base or na).op is _CONST:       # (materializable() without the calls)
+            na = Node(_COPY, (na,), None, na.shape, na.dtype)
+        if (nb._base or nb).op is _CONST:
+            nb = Node(_COPY, (nb,), None, nb.shape, nb.dtype)
+        return type(self)(Node(_MATMUL, (na, nb), None, batch + (na.shape[-2], nb.shape[-1]), na.dtype))
 
     def matmul(self, other):
         """Batched matmul; batch dims must be equal."""

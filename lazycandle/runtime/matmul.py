@@ -30,6 +30,7 @@ from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, contiguous_strides, merge_dims
 from . import blas, matmul_auto, matmul_skinny, native_pool, pool
+from .buffers import DATA_AT, read_word
 from .native_program import address
 
 PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (Python ~20-40 us, native ~15 us) costs more than it saves
@@ -754,4 +755,8 @@ def run_plan(plan, a: np.ndarray, a_offset: int, b: np.ndarray, b_offset: int, o
         g = plan.g
         raise ValueError(f"matmul: output buffer of {out.size} elements for {g.nbatch} x {g.m} x {g.n}")
     esz = plan.g.dtype.size_in_bytes
-    plan.run(address(a) + a_offset * esz, address(b) + b_offset * esz, address(out), *epilogue)
+    if DATA_AT and a.__class__ is b.__class__ is out.__class__ is np.ndarray:    # (address() inline)
+        pa, pb, po = read_word(id(a) + DATA_AT).value, read_word(id(b) + DATA_AT).value, read_word(id(out) + DATA_AT).value
+    else:
+        pa, pb, po = address(a), address(b), address(out)
+    plan.run(pa + a_offset * esz, pb + b_offset * esz, po, *epilogue)
