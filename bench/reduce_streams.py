@@ -5,6 +5,11 @@ per pass (ONE_ROW true or false), next to NumPy's:
 
     python -m bench.reduce_streams [--threads 1] [--op sum] [--dim -1] [--shapes 16384x1024,65536x256,4096x1024]
 
+`--dim 0 --split 8` adds the same reduction written as two: over 8 chunks of the rows, then over
+the 8 partials (`x.reshape((8, R // 8, C)).sum(1).sum(0)`), which lets threads take whole rows
+of chunks of their own instead of halves of every row -- what a split of the reduced rows in
+the runtime would gain (not built: see the README's bench notes).
+
 Each variant is compiled in this process after clearing the kernel caches (the disk cache too,
 in a temporary LAZYCANDLE_CACHE_DIR), so each program holds its own kernel; every program reads
 the same input array.  The host's own choice is marked with *."""
@@ -52,6 +57,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dim", type=int, default=-1, choices=[-1, 0])
     ap.add_argument("--shapes", default="16384x1024,65536x256,4096x1024")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--split", type=int, default=0, help="with --dim 0: also time the two-level form over this many chunks")
     args = ap.parse_args(argv)
     lc.set_num_threads(args.threads)
     print(f"host cpu {host_info()['cpu']}, {args.threads} thread(s), "
@@ -64,6 +70,11 @@ def main(argv=None) -> None:
             outs = [p.run(x=x)[0] for p in progs.values()]
             assert all(np.array_equal(o, outs[0]) for o in outs[1:])
         fns = {k: (lambda p=p: p.run(x=x)) for k, p in progs.items()}
+        if args.dim == 0 and args.split and shape[0] % args.split == 0:
+            k = args.split
+            split = lc.compile(getattr(getattr(lc.placeholder("x", shape).reshape((k, shape[0] // k) + shape[1:]), args.op)(1),
+                                       args.op)(0))
+            fns[f"split{k}"] = lambda: split.run(x=x)
         if args.dim == 0:
             fns["numpy"] = lambda: getattr(x, args.op)(0)
         stats = time_alternating(fns, repeats=args.repeats, warmup=2)
