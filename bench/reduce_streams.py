@@ -5,10 +5,11 @@ per pass (ONE_ROW true or false), next to NumPy's:
 
     python -m bench.reduce_streams [--threads 1] [--op sum] [--dim -1] [--shapes 16384x1024,65536x256,4096x1024]
 
-`--dim 0 --split 8` adds the same reduction written as two: over 8 chunks of the rows, then over
-the 8 partials (`x.reshape((8, R // 8, C)).sum(1).sum(0)`), which lets threads take whole rows
-of chunks of their own instead of halves of every row -- what a split of the reduced rows in
-the runtime would gain (not built: see the README's bench notes).
+The variants are built as one reduction; `--dim 0 --split 8` adds the same reduction as two,
+over 8 chunks of the rows and then over the 8 partials (`x.reshape((8, R // 8, C)).sum(1).sum(0)`),
+which is how lazycandle builds a sum or mean over the first dim of a stored input of at least
+32 MiB with short rows (tensor_reduce.SPLIT_CHUNKS): threads then take whole rows of chunks of
+their own instead of halves of every row.
 
 Each variant is compiled in this process after clearing the kernel caches (the disk cache too,
 in a temporary LAZYCANDLE_CACHE_DIR), so each program holds its own kernel; every program reads
@@ -24,6 +25,7 @@ os.environ["LAZYCANDLE_CACHE_DIR"] = tempfile.mkdtemp(prefix="lc-streams-")
 import numpy as np  # noqa: E402
 
 import lazycandle as lc  # noqa: E402
+from lazycandle import tensor_reduce  # noqa: E402
 from bench.timing import time_alternating  # noqa: E402
 from lazycandle.codegen import reduce as red  # noqa: E402
 from lazycandle.codegen.jit import host_info  # noqa: E402
@@ -36,6 +38,7 @@ def _programs(op: str, shape: tuple, dim: int) -> dict:
     names, variants = VARIANTS[dim]
     host = tuple(getattr(red, k) for k in names)
     progs = {}
+    split_min, tensor_reduce.SPLIT_MIN_BYTES = tensor_reduce.SPLIT_MIN_BYTES, float("inf")     # one reduction
     try:
         for values in variants:
             lc.clear_caches(disk=True)
@@ -45,6 +48,7 @@ def _programs(op: str, shape: tuple, dim: int) -> dict:
             progs[name] = lc.compile(getattr(lc.placeholder("x", shape), op)(dim))
             progs[name].run(x=np.zeros(shape, np.float32))     # compiled while the constants hold
     finally:
+        tensor_reduce.SPLIT_MIN_BYTES = split_min
         for k, v in zip(names, host):
             setattr(red, k, v)
     return progs

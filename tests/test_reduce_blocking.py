@@ -353,3 +353,97 @@ def test_leading_dim_sum_of_a_wide_row_keeps_nan_and_inf(threads):
         want = x.astype(np.float64).sum(0)
     np.testing.assert_array_equal(got[1:6], want[1:6].astype(np.float32))
     _close(got[6:], want[6:])
+
+
+def _split_everything(monkeypatch):
+    """Split leading-dim sums of inputs of any size (tensor_reduce.SPLIT_MIN_BYTES: 32 MiB)."""
+    from lazycandle import tensor_reduce
+    monkeypatch.setattr(tensor_reduce, "SPLIT_MIN_BYTES", 0)
+    lc.clear_caches()       # (recipes of the unsplit forms)
+    return tensor_reduce.SPLIT_CHUNKS
+
+
+def _is_split(t) -> bool:
+    """The reduction reads the results of another reduction (its chunks)."""
+    n = t._node._base or t._node
+    src = n.srcs[0]
+    return (src._base or src).op.category == "reduce"
+
+
+SPLIT_VIEWS = {"contiguous": (lambda t: t, lambda a: a), "transposed": (lambda t: t.t(), lambda a: a.T),
+               "narrowed": (lambda t: t.narrow(1, 2, 5), lambda a: a[:, 2:7]),
+               "flipped": (lambda t: t.flip(0), lambda a: a[::-1])}
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean"])
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("view", list(SPLIT_VIEWS))
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_leading_dim_sum_split_in_chunks_matches_numpy_on_every_view(monkeypatch, kind, dt, view, keepdim):
+    """A sum or mean over the first dim of a stored input is two reductions (chunks of the rows,
+    then the chunks): the same values as NumPy in f64 on views of every kind, keepdim or not."""
+    if kind == "mean" and dt is np.int32:
+        return
+    k = _split_everything(monkeypatch)
+    base = (rng.standard_normal((8 * k, 12)) * 50).astype(dt)
+    view_lc, view_np = SPLIT_VIEWS[view]
+    x_np = view_np(base) if view != "transposed" else view_np(base.reshape(12, 8 * k))
+    x = view_lc(lc.tensor(base if view != "transposed" else base.reshape(12, 8 * k)))
+    got = getattr(x, kind)(0, keepdim=keepdim)
+    assert _is_split(got)
+    want = getattr(x_np.astype(np.float64), kind)(axis=0, keepdims=keepdim)
+    assert got.shape == want.shape and got.dtype.numpy == dt
+    if dt is np.int32:
+        np.testing.assert_array_equal(got.numpy(), want.astype(np.int32))
+    else:
+        _close(got.numpy(), want, 1e-5 if dt is np.float32 else 1e-12)
+
+
+def test_split_sum_gives_the_same_bits_at_any_thread_count_and_compiled(monkeypatch):
+    k = _split_everything(monkeypatch)
+    a = rng.standard_normal((64 * k, 3, 40)).astype(np.float32)
+    x = lc.tensor(a)
+    outs = []
+    for threads in (1, 2):
+        with lc.num_threads(threads):
+            outs.append(x.sum(0).numpy())
+            outs.append(lc.compile([lc.placeholder("x", a.shape).sum(0)]).run(x=a)[0])
+    assert all(np.array_equal(o, outs[0]) for o in outs[1:])
+    _close(outs[0], a.astype(np.float64).sum(0))
+
+
+def test_what_stays_one_reduction(monkeypatch):
+    """A computed input (its producers stay fused), other kinds and dtypes, rows that do not
+    split in SPLIT_CHUNKS, rows wider than SPLIT_MAX_ROW_BYTES, other dims: one reduction."""
+    from lazycandle import tensor_reduce
+    k = _split_everything(monkeypatch)
+    x = lc.tensor(rng.standard_normal((8 * k, 12)).astype(np.float32))
+    assert _is_split(x.sum(0))
+    assert not _is_split((x * 2.0).sum(0))
+    assert not _is_split(x.max(0)) and not _is_split(x.prod(0))
+    assert not _is_split(lc.tensor(np.ones((8 * k, 12), np.float16)).sum(0))
+    assert not _is_split(lc.tensor(np.ones((8 * k + 1, 12), np.float32)).sum(0))
+    wide = tensor_reduce.SPLIT_MAX_ROW_BYTES // 4 + 1
+    assert not _is_split(lc.tensor(np.ones((8 * k, wide), np.float32)).sum(0))
+    assert not _is_split(lc.tensor(np.ones((8 * k, 3, 4), np.float32)).sum(1))
+    assert not _is_split(lc.tensor(np.ones((8 * k,), np.float32)).sum(0))
+
+
+def test_split_sum_differentiates_like_the_plain_one(monkeypatch):
+    k = _split_everything(monkeypatch)
+    a = rng.standard_normal((8 * k, 5))
+    x = lc.Var(a)
+    w = rng.standard_normal(5)
+    loss = (x.mean(0) * lc.tensor(w)).sum() + x.sum(0).sum()
+    g = loss.backward()[x].numpy()
+    np.testing.assert_allclose(g, np.broadcast_to(w / (8 * k) + 1.0, a.shape), rtol=1e-12)
+
+
+def test_a_computed_input_first_leaves_no_recipe_that_skips_the_split(monkeypatch):
+    """The split of a key depends on its input: a recipe filed by a computed input's build
+    must not make a stored input's later build one reduction (nor the other way round)."""
+    k = _split_everything(monkeypatch)
+    x = lc.tensor(rng.standard_normal((8 * k, 12)).astype(np.float32))
+    assert not _is_split((x * 2.0).sum(0))
+    assert _is_split(x.sum(0)) and _is_split(x.sum(0))
+    assert not _is_split((x * 2.0).sum(0))
