@@ -21,7 +21,7 @@ import struct
 import numpy as np
 
 from .. import config
-from . import native_pool
+from . import launch, native_pool
 from .buffers import DATA_AT, alloc, read_word, result
 from ..codegen.program import SERIAL, segment_names
 from .native_program import ALIGN, ARENA_KEEP_BYTES, _addressof, _fn_address, address, program_of
@@ -29,7 +29,14 @@ from .native_program import NotNative, supports  # noqa: F401  (what executor.Pl
 from .steps import run_step
 
 SMALL_OUTPUT_BYTES = 1 << 16      # outputs below this share one allocation per run
+LAUNCH = True         # eager runs of one output go through the launcher (False: ctypes; benches compare)
 _SCALAR_CODES = {"f": "d", "i": "q", "u": "Q"}     # struct code of a scalar slot by dtype kind
+
+
+def _native_flags() -> bool:
+    """Whether LAZYCANDLE_EXEC / LAZYCANDLE_PROFILE, when set, still let a run go natively."""
+    mode, profiling = config.exec_flags()
+    return not profiling and mode != "python"
 
 
 def split_outputs(targets):
@@ -222,18 +229,21 @@ class NativePlan:
                     run_step(seg, in_bufs, offsets, bufs, sized, packed)
         return [outs[t] for t in self.returned]
 
-    def _one_call(self, slots, scalars=None):
+    def _tables_of(self, slots):
+        return self._tables or self._run_tables(slots)
+
+    def _one_call(self, slots, scalars=None, large=False):
         """What both prepared runners share, for the common case only (one native segment,
-        small outputs, a kept arena; else None): the run tables and `call(fill, scalars)`,
+        small outputs unless `large`, a kept arena; else None): the run tables and `call(fill, scalars)`,
         which under the program's lock writes (position, address) of `fill` into the
         pointers, packs `scalars` unless they are the last packed, and makes the one native
         call (raising the status word's error after it) -- or returns False, doing nothing,
         when a setting read per run (LAZYCANDLE_EXEC=python, LAZYCANDLE_PROFILE, a new matmul
         backend) or a rebuilt native form means the full path must run.  (One closure: an
         eager call usually runs on caches a kernel streamed out, where each frame costs.)"""
-        tables = self._tables or self._run_tables(slots)
+        tables = self._tables_of(slots)
         seq = tables[5]
-        if len(seq) != 1 or seq[0][0] is None or tables[4] or self.large_outputs or not self.keep_arena:
+        if len(seq) != 1 or seq[0][0] is None or not self.keep_arena or (tables[4] or self.large_outputs) and not large:
             return None
         prog, binding, status = self.program, self.binding, self.status if self.has_status else None
         fn = ctypes.CFUNCTYPE(ctypes.c_int64)(_fn_address(seq[0][0]))    # no argtypes: ctypes args as they are
@@ -247,10 +257,8 @@ class NativePlan:
         ptrs, thread_arg = self.ptrs, native_pool.thread_arg
 
         def call(fill, scalars):
-            if get_exec() is not None or get_profile() is not None:
-                mode, profiling = config.exec_flags()
-                if profiling or mode == "python":
-                    return False
+            if (get_exec() is not None or get_profile() is not None) and not _native_flags():
+                return False
             if binding.native is not self or self.matmul_epoch != config.matmul_epoch:
                 return False
             threads_arg = thread_arg(thread_args)
@@ -269,39 +277,75 @@ class NativePlan:
 
     def buffers_runner(self, slots):
         """NativePlan.run as one prepared function `run(in_bufs, offsets, scalars) -> target
-        buffers | None` (compiler.BoundPlan.run), for `_one_call`'s common case (else None);
-        None from `run`: nothing done, the caller takes the full path."""
-        got = self._one_call(slots)
+        buffers | None` (compiler.BoundPlan.run), for `_one_call`'s common case or one large
+        output (else None); None from `run`: nothing done, the caller takes the full path.  A
+        lone output is made per run (buffers.result when small: kept and given out again;
+        buffers.alloc when large) and, from the second run, filled by the eager launcher
+        (runtime/launch.py) when its checks pass."""
+        one_large = not self._tables_of(slots)[2] and len(self.large_outputs) == 1
+        got = self._one_call(slots, large=one_large)
         if got is None:
             return None
-        (used, feeds, views, small_fill, _, _), call = got
+        (used, feeds, views, small_fill, large_fill, _), call = got
         block_type, returned, frombuffer = self._block, self.returned, np.frombuffer
-        one = views[0] if len(views) == 1 else None     # one result: buffers.result (kept, given out again)
+        if one_large:
+            _, n_out, out_dt = self.large_outputs[0]
+            out_fill = [(pos, off) for pos, _, off in large_fill]
+        elif len(views) == 1:
+            out_dt, n_out, base_off = views[0]
+            out_fill = [(pos, off - base_off) for pos, off in small_fill]
+        else:
+            out_fill = None
+        make = alloc if one_large else result
         ndarray, word, data_at = np.ndarray, read_word, DATA_AT
+        launch = [None if out_fill is not None and list(returned) == [0] else False]   # (built at the first run)
+        prog, binding = self.program, self.binding
+        get_exec, get_profile, threads = config._exec_env[0], config._profile_env[0], native_pool.threads
 
         def run(in_bufs, offsets, scalars):
+            go = launch[0]
+            if go and binding.native is self and self.matmul_epoch == config.matmul_epoch and LAUNCH \
+                    and (get_exec() is None and get_profile() is None or _native_flags()):
+                o = make(n_out, out_dt)
+                rc = go(threads(), o, in_bufs, offsets, prog.lock, scalars)
+                if rc == 0:
+                    return [o]
+                if rc > 0:
+                    self._raise_status(0, rc - 1)
+            elif go is None:
+                launch[0] = self._launcher(in_bufs, feeds, out_fill, scalars) or False
             fill = []
             for pos, k, i, s in feeds:
                 buf = in_bufs[i]
                 addr = word(id(buf) + data_at).value if buf.__class__ is ndarray and data_at else address(buf)
                 fill.append((pos, addr + offsets[s] * buf.itemsize))
-            if one is not None:
-                npdt, n, off = one
-                o = result(n, npdt)
+            if out_fill is not None:
+                o = make(n_out, out_dt)
                 outs = [o]
-                base = (word(id(o) + data_at).value if data_at else address(o)) - off
+                base = word(id(o) + data_at).value if data_at else address(o)
+                for pos, off in out_fill:
+                    fill.append((pos, base + off))
             else:
                 block = block_type()
                 base = _addressof(block)
                 skip = -base % ALIGN
                 base += skip
                 outs = [frombuffer(block, npdt, n, skip + off) for npdt, n, off in views]
-            for pos, off in small_fill:
-                fill.append((pos, base + off))
+                for pos, off in small_fill:
+                    fill.append((pos, base + off))
             if not call(fill, scalars):
                 return None
             return [outs[t] for t in returned]
         return run
+
+    def _launcher(self, in_bufs, feeds, out_fill, scalars):
+        """The eager launcher (runtime/launch.py) of this binding's one native call, with the
+        item sizes of this run's buffers and the dtype kinds of its scalars (a plan's inputs
+        and scalar slots keep their dtypes), or None."""
+        return launch.launcher(_fn_address(self._tables[5][0][0]), self.ptrs_addr, self.sizes_addr,
+                               self.status if self.has_status else None,
+                               [(pos, i, s, in_bufs[i].itemsize) for pos, _, i, s in feeds], out_fill,
+                               [dt.kind for _, dt in scalars])
 
     def program_runner(self, inputs, offsets, scalars, slots, outputs):
         """A Program.run of this binding as one prepared function `run(feeds) -> arrays | None`
