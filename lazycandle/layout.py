@@ -3,6 +3,7 @@ function Layout -> Layout (no data moves); `merge_dims` collapses loop dimension
 contiguous for every operand of a kernel at once."""
 from __future__ import annotations
 
+import itertools
 import operator
 from dataclasses import dataclass
 from math import prod
@@ -254,3 +255,9 @@ def merge_dims(shape, strides_list):
             for os, s in zip(out_strides, strides_list):
                 os.append(s[i])
     return tuple(out_shape), [tuple(s) for s in out_strides]
+
+
+def batch_offsets(bshape, *strides) -> list:
+    """Element offsets of every index of `bshape` (row-major), one per stride tuple."""
+    return [tuple(sum(i * s for i, s in zip(idx, st)) for st in strides)
+            for idx in itertools.product(*(range(d) for d in bshape))]

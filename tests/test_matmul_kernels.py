@@ -11,7 +11,7 @@ from ml_dtypes import finfo
 from lazycandle import config
 from lazycandle import dtype as D
 from lazycandle.layout import Layout, contiguous_strides
-from lazycandle.runtime import matmul as MM
+from lazycandle.runtime import matmul as MM, matmul_blas
 from lazycandle.runtime.matmul import matmul
 
 FLOATS = [D.f32, D.f64, D.f16, D.bf16, D.f8e4m3]
@@ -197,7 +197,7 @@ def test_no_copy_for_contiguous_or_transposed(monkeypatch):
     """Under "blas", f32 operands that are contiguous or transposed go to sgemm as they are."""
     def boom(*args, **kw):
         raise AssertionError("operand copied")
-    monkeypatch.setattr(MM, "CopyPlan", boom)
+    monkeypatch.setattr(matmul_blas, "CopyPlan", boom)
     monkeypatch.setattr(MM, "_plans", {})
     rng = np.random.default_rng(7)
     for m, k, n in [(33, 17, 9), (1, 5, 7), (6, 1, 4)]:
@@ -497,8 +497,8 @@ def test_blas_at_one_thread_is_one_gemm_call(monkeypatch):
     finally:
         config.set_num_threads(old)
     assert got[1, "calls"] == [(300, 190)]
-    if MM.BLAS_PARTS > 1:
-        assert len(got[2, "calls"]) == MM.BLAS_PARTS
+    if matmul_blas.BLAS_PARTS > 1:
+        assert len(got[2, "calls"]) == matmul_blas.BLAS_PARTS
     np.testing.assert_array_equal(got[1].view(np.uint32), got[2].view(np.uint32))
 
 

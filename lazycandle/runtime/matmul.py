@@ -1,11 +1,10 @@
-"""Batched matmul over strided storage: the BLAS path (sgemm/dgemm with transpose flags and
-leading dimensions, folding broadcast batches where that is correct) and the generated tiled
-path (lazycandle.codegen.gemm).  BLAS pieces run on the Python pool (runtime/pool.py); a
-parallel tiled GEMM is one job of the native pool (runtime/native_pool.py, codegen/gemm_pool.py),
-so its threads hand off without the GIL.  The two never run at once: the cores are not
-oversubscribed.
+"""Batched matmul over strided storage: plans cached per problem, run on BLAS
+(runtime/matmul_blas.py), the generated tiled GEMM (lazycandle.codegen.gemm) or the small-m
+kernel (runtime/matmul_skinny.py).  A parallel tiled GEMM is one job of the native pool
+(runtime/native_pool.py, codegen/gemm_pool.py), so its threads hand off without the GIL; BLAS
+pieces run on the Python pool.  The two never run at once: the cores are not oversubscribed.
 
-    matmul(a, a_layout, b, b_layout, out, dtype, backend="auto") -> "blas" | "tiled"
+    matmul(a, a_layout, b, b_layout, out, dtype, backend="auto") -> "blas" | "tiled" | "skinny"
 
 a_layout is (*batch, m, k), b_layout (*batch, k, n) with identical batch shapes (a broadcast
 batch dim has stride 0 on either side); out is a contiguous buffer for (*batch, m, n).
@@ -15,8 +14,6 @@ once and cached as a plan; a call then only supplies the three addresses.
 from __future__ import annotations
 
 import ctypes
-import itertools
-import os
 import sys
 import threading
 from dataclasses import dataclass, replace
@@ -25,25 +22,15 @@ from math import gcd, prod
 import numpy as np
 
 from .. import caches, config
-from ..codegen import gemm, gemm_copy, gemm_epilogue, gemm_pool, jit, pool_ir
+from ..codegen import gemm, gemm_epilogue, gemm_pool, jit, pool_ir
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
-from ..layout import Layout, contiguous_strides, merge_dims
-from . import blas, matmul_auto, matmul_skinny, native_pool, pool
+from ..layout import Layout, batch_offsets, contiguous_strides, merge_dims
+from . import matmul_auto, matmul_skinny, native_pool, pool
 from .buffers import DATA_AT, read_word
+from .matmul_blas import PARALLEL_MIN_FLOPS, BlasPlan, blas_ok
 from .native_program import address
 
-PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (Python ~20-40 us, native ~15 us) costs more than it saves
-
-
-def _machine_cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:      # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
-
-
-BLAS_PARTS = _machine_cpus()   # BLAS pieces per problem: the machine's size, not the thread setting
 W_BYTES, W_MAX_ROWS = 4 << 20, 1024      # tiled scratch for 16/8-bit partial sums, per thread
 A_KEEP_BYTES = 2 << 20                   # tiled: keep a task's packed A up to this size
 
@@ -113,16 +100,6 @@ def _round_up(x: int, mult: int) -> int:
     return -(-x // mult) * mult
 
 
-def _batch_offsets(bshape, *strides):
-    """Element offsets of every batch element (row-major) for each stride tuple."""
-    if not bshape:
-        return [(0,) * len(strides)]
-    out = []
-    for idx in np.ndindex(*bshape):
-        out.append(tuple(sum(i * s for i, s in zip(idx, st)) for st in strides))
-    return out
-
-
 _tls = threading.local()
 
 
@@ -135,36 +112,6 @@ def _workspace(nbytes: int) -> int:
         buf = np.empty(max(nbytes + 64, 1 << 16), np.uint8)
         ws = _tls.ws = (buf.nbytes - 64, (address(buf) + 63) & ~63, buf)
     return ws[1]
-
-
-def _run_tasks(fn, ntask: int, cost: float, threads: int) -> None:
-    """fn(lo, hi) over [0, ntask) on the pool.  With more tasks than threads the threads take
-    blocks of tasks from a shared counter rather than one fixed share each, so a thread slowed
-    down by something else on the machine does not hold the others up."""
-    if threads <= 1 or ntask * cost < PARALLEL_MIN_FLOPS or ntask <= 1:
-        fn(0, ntask)
-        return
-    if ntask <= threads:
-        pool.parallel_for(fn, 0, ntask, cost_per_item=cost, min_cost=0, threads=threads)
-        return
-    block = max(1, ntask // (threads * 4))
-    counter = itertools.count()
-
-    def worker(_lo, _hi):
-        while True:
-            lo = next(counter) * block          # itertools.count is atomic under the GIL
-            if lo >= ntask:
-                return
-            fn(lo, min(ntask, lo + block))
-
-    pool.parallel_for(worker, 0, threads, cost_per_item=PARALLEL_MIN_FLOPS, min_cost=0, threads=threads)
-
-
-def _aligned(nelem: int, np_dtype, keep: list) -> int:
-    """A fresh 64-byte aligned buffer of nelem elements (kept alive by `keep`)."""
-    buf = np.empty(nelem + 64 // np.dtype(np_dtype).itemsize, np_dtype)
-    keep.append(buf)
-    return (address(buf) + 63) & ~63
 
 
 # ---- tiled ------------------------------------------------------------------------------
@@ -356,7 +303,7 @@ class TiledPlan:
         self.ws_bytes = (w_off + w_elems) * ab
         # batch dims beyond the kernel's limit (only with > 8 unmergeable dims) loop here
         lead = max(0, len(g.bshape) - gemm.MAX_BATCH_RANK)
-        self.outer = _batch_offsets(g.bshape[:lead], g.bsa[:lead], g.bsb[:lead], g.bso[:lead],
+        self.outer = batch_offsets(g.bshape[:lead], g.bsa[:lead], g.bsb[:lead], g.bso[:lead],
                                     *(bs[:lead] for _, _, bs in g.ep)) if lead else [(0,) * (3 + len(g.ep))]
         params = self.params = _Params()
         for slot, v in zip(_SIZE_SLOTS, (g.m, g.n, g.k, g.rsa, g.csa, g.rsb, g.csb, g.ldo, mc, kc, nc, mchunk,
@@ -464,220 +411,20 @@ class TiledPlan:
                 self.busy.release()
 
 
-# ---- BLAS -------------------------------------------------------------------------------
-_blas_kinds: dict = {}
-
-
-def _blas_kind(dt: DType):
-    """"s" / "d" when the BLAS path can run `dt` (through f32 for the 16/8-bit floats)."""
-    if dt.name not in _blas_kinds:
-        _blas_kinds[dt.name] = None if not dt.is_float else "d" if _acc_bytes(dt) == 8 else "s"
-    return _blas_kinds[dt.name]
-
-
-def _blas_form(rows: int, cols: int, rs: int, cs: int):
-    """(transposed, leading dim) when a rows x cols matrix with these strides is a plain BLAS
-    operand, else None."""
-    if cs == 1 and max(1, cols) <= rs <= blas.BLASINT_MAX:
-        return False, rs
-    if rs == 1 and max(1, rows) <= cs <= blas.BLASINT_MAX:
-        return True, cs
-    return None
-
-
-class CopyPlan:
-    """Generated strided copy-convert (codegen.gemm_copy) of one fixed shape, in parallel."""
-
-    def __init__(self, dt: DType, direction: str, shape, ss, ds, threads: int):
-        self.rows, self.cols = prod(shape[:-1]), shape[-1]
-        self.empty = prod(shape) == 0
-        if len(shape) > gemm_copy.MAX_RANK:
-            raise ValueError(f"matmul: copy of rank {len(shape)} > {gemm_copy.MAX_RANK}")
-        unit = ss[-1] == 1 and ds[-1] == 1
-        self.fn = gemm_copy.get_kernel(gemm_copy.CopySpec(dt, direction, unit))
-        po = gemm_copy.param_offsets()
-        self.params = np.zeros(gemm_copy.NPARAMS, np.int64)
-        self.params[po["rank"]] = len(shape)
-        for i, (d, s1, s2) in enumerate(zip(shape, ss, ds)):
-            self.params[po["shape"] + i], self.params[po["ss"] + i], self.params[po["ds"] + i] = d, s1, s2
-        self.threads = threads
-
-    def run(self, src: int, dst: int) -> None:
-        if self.empty:
-            return
-        params = self.params.copy()
-        params[0], params[1] = src, dst
-        fn, pptr = self.fn, address(params)
-        pool.parallel_for(lambda lo, hi: fn(pptr, lo, hi), 0, self.rows, cost_per_item=self.cols,
-                          threads=self.threads)
-
-
-def _dense_copy(g: Geometry, which: str, threads: int):
-    """Plan to copy operand "a" or "b" into a dense accumulator-typed buffer (one matrix per
-    distinct batch element: stride-0 batch dims stay shared) in the memory order its strides
-    suggest.  Returns (CopyPlan, buffer elements, new batch strides, new row / col stride)."""
-    rows, cols = (g.m, g.k) if which == "a" else (g.k, g.n)
-    rs, cs = (g.rsa, g.csa) if which == "a" else (g.rsb, g.csb)
-    bstr = g.bsa if which == "a" else g.bsb
-    kept = [i for i, (d, s) in enumerate(zip(g.bshape, bstr)) if d > 1 and s != 0]
-    trans = abs(rs) < abs(cs)
-    shape = tuple(g.bshape[i] for i in kept) + ((cols, rows) if trans else (rows, cols))
-    dense = contiguous_strides(shape)
-    new_bstr = [0] * len(g.bshape)
-    for j, i in enumerate(kept):
-        new_bstr[i] = dense[j]
-    src = tuple(bstr[i] for i in kept) + ((cs, rs) if trans else (rs, cs))
-    plan = CopyPlan(g.dtype, "in", shape, src, dense, threads)
-    nrs, ncs = (1, rows) if trans else (cols, 1)
-    return plan, prod(shape), tuple(new_bstr), nrs, ncs
-
-
-def _blas_parts(njobs: int, m: int, n: int, flops: float, threads: int) -> tuple:
-    """(rows, cols) of the pieces each GEMM is cut into so that the pieces of all jobs divide
-    evenly over the workers.  At 1 thread: no cut (one sgemm call packs each operand once; a cut
-    packs one operand again per piece).  With more threads: BLAS_PARTS workers, the machine's
-    size and not the thread setting, so every multi-thread setting cuts alike.  Measured with
-    OpenBLAS 0.3.34 (SkylakeX): a cut along 16-row / 16-column blocks gives the one call's bits
-    on the square and ragged f32 shapes tried (tests/test_matmul_kernels.py checks one), but not
-    always (a 1-column remainder goes to gemv; dgemm with k ~ 4k differs in the last bit), so
-    1 thread and 2 threads may differ within SPEC's matmul tolerance, never beyond it."""
-    workers = BLAS_PARTS if threads > 1 else 1
-    mblocks, nblocks = -(-m // 16), -(-n // 16)
-    parts = min(workers // gcd(njobs, workers), max(1, int(flops // PARALLEL_MIN_FLOPS)),
-                max(mblocks, nblocks))
-    if parts == 1:
-        return m, n
-    if mblocks >= nblocks:
-        return -(-mblocks // parts) * 16, n
-    return m, -(-nblocks // parts) * 16
-
-
-def _blas_jobs(g: Geometry, fa, fb) -> list:
-    """The problem as single GEMMs (trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc), the
-    addresses as element offsets from the operands' first elements."""
-    (ta, lda), (tb, ldb) = fa, fb
-    nb, one = g.nbatch, len(g.bshape) == 1
-    if nb == 1:
-        return [(ta, tb, g.m, g.n, g.k, 0, lda, 0, ldb, 0, g.ldo)]
-    # a broadcast rhs with lhs rows continuing across batches: one GEMM with M = batch * m
-    if one and g.bsb[0] == 0 and not ta and g.bsa[0] == g.m * lda and g.bso[0] == g.m * g.ldo \
-            and nb * g.m <= blas.BLASINT_MAX:
-        return [(ta, tb, nb * g.m, g.n, g.k, 0, lda, 0, ldb, 0, g.ldo)]
-    # one broadcast lhs row (m == 1) against transposed rhs matrices that continue across
-    # batches: one GEMM with N = batch * n, whose single output row is contiguous too
-    if one and g.m == 1 and g.bsa[0] == 0 and tb and g.bsb[0] == g.n * ldb and g.bso[0] == g.n \
-            and nb * g.n <= blas.BLASINT_MAX:
-        return [(ta, tb, 1, nb * g.n, g.k, 0, lda, 0, ldb, 0, nb * g.n)]
-    return [(ta, tb, g.m, g.n, g.k, oa, lda, ob, ldb, oo, g.ldo)
-            for oa, ob, oo in _batch_offsets(g.bshape, g.bsa, g.bsb, g.bso)]
-
-
-def _split_job(job, mchunk: int, nchunk: int) -> list:
-    """Cut one GEMM into output blocks of mchunk x nchunk (rows of A / columns of B)."""
-    ta, tb, m, n, k, a, lda, b, ldb, c, ldc = job
-    return [(ta, tb, min(mchunk, m - i), min(nchunk, n - j), k, a + i * (1 if ta else lda), lda,
-             b + j * (ldb if tb else 1), ldb, c + i * ldc + j, ldc)
-            for i in range(0, m, mchunk) for j in range(0, n, nchunk)]
-
-
-class BlasPlan:
-    """sgemm/dgemm calls for one geometry.  Operands BLAS cannot address (gaps, stride-0 rows,
-    16/8-bit floats) are first copied dense by a generated kernel, and a 16/8-bit result is
-    rounded from an f32 buffer.  Every GEMM runs single-threaded inside BLAS, spread over the
-    lazycandle pool: one pool for everything, and no BLAS threads spinning against ours on a
-    busy machine."""
-    backend = "blas"
-
-    def __init__(self, g: Geometry, threads: int):
-        self.g, self.threads = g, threads
-        self.out_elems = g.nbatch * g.m * g.n
-        self.kind = _blas_kind(g.dtype)
-        native = g.dtype.codec is None
-        fa = _blas_form(g.m, g.k, g.rsa, g.csa)
-        fb = _blas_form(g.k, g.n, g.rsb, g.csb)
-        q = g
-        self.copy_a = self.copy_b = self.copy_out = None
-        if fa is None or not native:
-            self.copy_a, self.a_elems, bsa, rsa, csa = _dense_copy(g, "a", threads)
-            q = replace(q, bsa=bsa, rsa=rsa, csa=csa)
-            fa = _blas_form(g.m, g.k, rsa, csa)
-        if fb is None or not native:
-            self.copy_b, self.b_elems, bsb, rsb, csb = _dense_copy(g, "b", threads)
-            q = replace(q, bsb=bsb, rsb=rsb, csb=csb)
-            fb = _blas_form(g.k, g.n, rsb, csb)
-        if not native:
-            rows = g.nbatch * g.m
-            self.copy_out = CopyPlan(g.dtype, "out", (rows, g.n), (g.n, 1), (g.ldo, 1), threads)
-        self.np_acc = np.float64 if self.kind == "d" else np.float32
-        self.esz = np.dtype(self.np_acc).itemsize
-        self.in_esz = g.dtype.size_in_bytes
-        jobs = _blas_jobs(q, fa, fb) if g.nbatch and g.m and g.n else []
-        if not jobs:
-            self.jobs = []
-            return
-        m, n = jobs[0][2], jobs[0][3]
-        self.job_flops = 2.0 * m * n * g.k
-        mchunk, nchunk = _blas_parts(len(jobs), m, n, self.job_flops, threads)
-        if (mchunk, nchunk) != (m, n):
-            jobs = [part for job in jobs for part in _split_job(job, mchunk, nchunk)]
-            self.job_flops *= mchunk * nchunk / (m * n)
-        self.jobs = jobs
-
-    def run(self, a: int, b: int, o: int) -> None:
-        g = self.g
-        if not self.jobs:
-            return
-        keep: list = []
-        ea = eb = eo = self.in_esz
-        if self.copy_a:
-            a_dense = _aligned(self.a_elems, self.np_acc, keep)
-            self.copy_a.run(a, a_dense)
-            a, ea = a_dense, self.esz
-        if self.copy_b:
-            b_dense = _aligned(self.b_elems, self.np_acc, keep)
-            self.copy_b.run(b, b_dense)
-            b, eb = b_dense, self.esz
-        out = o
-        if self.copy_out:
-            o, eo = _aligned(g.nbatch * g.m * g.n, self.np_acc, keep), self.esz
-        kind, jobs = self.kind, self.jobs
-
-        def run(lo, hi):
-            for ta, tb, m, n, k, ja, lda, jb, ldb, jc, ldc in jobs[lo:hi]:
-                if m == 1:      # y[n] = op(B)^T x: x is A's row, B is k x n (or n x k, transposed)
-                    blas.gemv(kind, not tb, *((n, k) if tb else (k, n)), b + jb * eb, ldb, a + ja * ea,
-                              lda if ta else 1, o + jc * eo, 1)
-                elif n == 1:    # y[m] = op(A) x: x is B's column
-                    blas.gemv(kind, ta, *((k, m) if ta else (m, k)), a + ja * ea, lda, b + jb * eb,
-                              1 if tb else ldb, o + jc * eo, ldc)
-                else:
-                    blas.gemm(kind, ta, tb, m, n, k, a + ja * ea, lda, b + jb * eb, ldb, o + jc * eo, ldc)
-
-        with blas.single_threaded():
-            _run_tasks(run, len(jobs), self.job_flops, self.threads)
-        if self.copy_out:
-            self.copy_out.run(o, out)
-
-
 # ---- entry point ------------------------------------------------------------------------
-def _blas_ok(g: Geometry) -> bool:
-    return (_blas_kind(g.dtype) is not None and min(g.m, g.n, g.k) > 0 and blas.available()
-            and max(g.k, g.nbatch * g.m, g.nbatch * g.n) <= blas.BLASINT_MAX)
-
-
 def choose_backend(g: Geometry, backend: str, threads: int) -> str:
     """"tiled" for integers, k == 0 and anything BLAS cannot take; "auto": whichever of the two
     measured faster on a problem of g's bucket at this thread count (runtime/matmul_auto.py)."""
-    if backend == "tiled" or not _blas_ok(g):
+    if backend == "tiled" or not blas_ok(g):
         return "tiled"
     if backend == "blas":
         return "blas"
     return matmul_auto.choose(g, threads, lambda p: _candidates(p, threads, True))
 
 
-def _candidates(g: Geometry, threads: int, blas_ok: bool) -> dict:
+def _candidates(g: Geometry, threads: int, with_blas: bool) -> dict:
     plans = {"tiled": TiledPlan(g, threads)}
-    if blas_ok:
+    if with_blas:
         plans["blas"] = BlasPlan(g, threads)
     return plans
 
@@ -685,7 +432,7 @@ def _candidates(g: Geometry, threads: int, blas_ok: bool) -> dict:
 def backend_for(g: Geometry, backend: str, threads: int) -> str:
     """What plan_for runs g on: under "auto" the small-m kernel where it is chosen (by rule or
     measurement: runtime/matmul_skinny.py), else choose_backend's pick."""
-    if backend == "auto" and matmul_skinny.chosen(g, threads, lambda p: _candidates(p, threads, _blas_ok(p))):
+    if backend == "auto" and matmul_skinny.chosen(g, threads, lambda p: _candidates(p, threads, blas_ok(p))):
         return "skinny"
     return choose_backend(g, backend, threads)
 
