@@ -423,7 +423,7 @@ def test_row_f32_sums_keep_every_partial_chain_at_lengths_around_the_step(op, n)
 def _streamed_rows(n):
     """Rows of n f32 whose output is past the size from which stores are non-temporal."""
     from lazycandle.codegen.elementwise import streaming_min_bytes
-    return streaming_min_bytes() // (4 * n) + 3
+    return streaming_min_bytes(row=True) // (4 * n) + 3
 
 
 @pytest.mark.parametrize("layout", ["aligned", "unaligned_rows", "transposed"])

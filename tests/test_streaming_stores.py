@@ -18,7 +18,7 @@ ADD = (("add", None, "f32", "f32", (("i", 0), ("i", 1))),)
 
 
 def _kernel(spec, min_bytes, monkeypatch):
-    monkeypatch.setattr(E, "streaming_min_bytes", lambda: min_bytes)
+    monkeypatch.setattr(E, "streaming_min_bytes", lambda row=False: min_bytes)
     text = E.build(spec, "ew")
     mod = jit.compile_ir(text, ["ew"], f"stream{min_bytes}")
     return text, mod, KERNEL_FN(mod.address("ew"))
@@ -105,9 +105,10 @@ def test_inplace_update_streamed_reads_each_element_before_it_is_written(monkeyp
     np.testing.assert_array_equal(x, 2 * np.arange(n, dtype=np.float32))
 
 
-def test_streaming_threshold_is_the_hosts_l2_cache():
-    assert E.streaming_min_bytes() == (E._l2_bytes() or E.STREAM_DEFAULT_BYTES)
-    assert E.streaming_min_bytes() >= 64 << 10
+def test_streaming_thresholds_come_from_the_hosts_caches():
+    sizes = jit.cache_bytes()
+    assert E.streaming_min_bytes() == max(sizes[2], sizes[3] // 3) >= E.streaming_min_bytes(row=True) == sizes[2]
+    assert E.streaming_min_bytes(row=True) >= 64 << 10
 
 
 def test_public_api_outputs_above_the_threshold_match_numpy():

@@ -17,13 +17,11 @@ op (so fusion never changes a value) and encoded on store.
 """
 from __future__ import annotations
 
-import glob
-
 import llvmlite.ir as ir
 
 from .. import dtype as D
 from ..ir.ops import OPS
-from . import codecs
+from . import codecs, jit
 from .fused import bits as _bits, ew_lanes as lanes
 from .llvmutil import I8, I32, I64, F64, VOID, intrinsic, type_suffix, ltype, vec, splat, const, width_of, scalar_type
 from .loops import new_module, kernel_function, arg_pointer, counted_loop, unit_range
@@ -181,39 +179,19 @@ def _transpose(b, rows):
 LINE = 64   # cache line bytes: streamed vectors are aligned to min(their size, a line)
 
 
-STREAM_DEFAULT_BYTES = 2 << 20    # when the host does not say: this machine's L2 (see below)
-_stream_min = []
-
-
-def streaming_min_bytes() -> int:
-    """Output bytes of one kernel from which its stores are non-temporal: the per-core L2 size
-    read from the host.  Measured here (bench: producer add then a consumer reading its
-    output, 1 and 2 threads): streaming loses below ~1 MiB (the output would have been read
-    back from L2), breaks even at 1 MiB and wins 1.1-1.4x from 2 MiB (= L2) up, since a plain
-    store first reads each output line it writes (read-for-ownership)."""
-    if not _stream_min:
-        _stream_min.append(_l2_bytes() or STREAM_DEFAULT_BYTES)
-    return _stream_min[0]
-
-
-def _l2_bytes() -> int | None:
-    """The level-2 data or unified cache of cpu0 in bytes (Linux sysfs), or None."""
-    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
-        try:
-            with open(f"{d}/level") as f:
-                level = f.read().strip()
-            with open(f"{d}/type") as f:
-                kind = f.read().strip()
-            with open(f"{d}/size") as f:
-                size = f.read().strip()
-        except OSError:
-            continue
-        if level == "2" and kind in ("Data", "Unified"):
-            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
-            digits = size.rstrip("KMG")
-            if digits.isdigit():
-                return int(digits) * unit
-    return None
+def streaming_min_bytes(row: bool = False) -> int:
+    """Output bytes of one kernel from which its stores are non-temporal, from the host's
+    caches.  An elementwise kernel moves data as fast as the cache it reads, and its output is
+    usually read back soon: measured here (Zen 4, 1 MiB L2, 32 MiB shared L3; `a + b` alone and
+    followed by a sum of its output: `python -m bench.stream_threshold`) streaming lost up to
+    1.5x from 1 to 6 MiB at 1 thread and up to 1.8x to 8 MiB at 2, tied at 8 MiB at 1 thread and
+    at 12-16 MiB at 2, and won 1.2x from 12 MiB at 1 thread and 1.4x at 32 MiB at 2: it starts
+    at a third of the last-level cache (at least L2).  A row kernel (`row`: softmax, norms)
+    computes enough per element that streaming won or tied at every size from 1 MiB: it
+    streams from the L2 size, where a plain store's read-for-ownership of each output line
+    starts to cost."""
+    sizes = jit.cache_bytes()
+    return sizes[2] if row else max(sizes[2], sizes[3] // 3)
 
 
 def opaque(b, value):
@@ -377,6 +355,8 @@ class _Kernel:
         return bool(self.out_dt) and all(self.W * dt.size_in_bytes >= 16 and dt.size_in_bytes & (dt.size_in_bytes - 1) == 0
                                          for dt in self.out_dt)
 
+    ROW_STREAMING = False       # which threshold of streaming_min_bytes applies
+
     def streaming_wanted(self):
         """i1 at entry: the outputs of the whole kernel (not this call's range) span at least
         streaming_min_bytes(), so they will not stay in cache for the next kernel anyway and
@@ -386,7 +366,7 @@ class _Kernel:
         for d in self.dims[1:]:
             n = b.mul(n, d)
         total = b.mul(n, I64(sum(dt.size_in_bytes for dt in self.out_dt)))
-        return b.icmp_signed(">=", total, I64(streaming_min_bytes()))
+        return b.icmp_signed(">=", total, I64(streaming_min_bytes(self.ROW_STREAMING)))
 
     def store_fence(self):
         """sfence on x86 (a seq_cst fence there is a locked add, which Intel does not promise

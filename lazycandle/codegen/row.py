@@ -116,6 +116,7 @@ def lanes(spec: RowSpec) -> int:
 
 class _RowKernel(_Kernel):
     slot = _RedKernel.slot
+    ROW_STREAMING = True
 
     def __init__(self, spec: RowSpec, name: str):
         super().__init__(spec, name, lanes(spec))
@@ -356,7 +357,7 @@ class _RowKernel(_Kernel):
     def write_rows(self, full, in_base, out_base, row_str, n, stash, stream):
         """The last pass: the full-row outputs, through the elementwise inner loop; a stashed
         value is read back from the output that holds it.  `stream` (an i1, see
-        elementwise.streaming_wanted: outputs larger than L2) makes the stores non-temporal,
+        elementwise.streaming_min_bytes: outputs larger than L2) makes the stores non-temporal,
         so a row written once is not first read into the cache (read-for-ownership)."""
         if stash:           # an output holding its own value is already written
             full = [o for o in full if o[1] != stash[1] or o[0] != stash[2]]
