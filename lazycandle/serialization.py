@@ -175,7 +175,31 @@ def load_safetensors_metadata(path) -> dict:
     return _open(path, want_map=False)[0]
 
 
-def _open(path, want_map: bool):
+class MappedSafetensors:
+    """One safetensors file, header checked and data mapped, whose tensors are made one at a
+    time on request (a checkpoint loader reads only the tensors its model asks for)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.metadata, self._entries, self._mm, self._start = _open(path, want_map=None)
+
+    def names(self) -> list:
+        return list(self._entries)
+
+    def __contains__(self, name) -> bool:
+        return name in self._entries
+
+    def shape(self, name) -> tuple:
+        return self._entries[name][1]
+
+    def tensor(self, name) -> Tensor:
+        """The tensor `name` as a read-only view of the map (KeyError when absent)."""
+        return _tensor_from_map(self.path, self._mm, self._start, name, *self._entries[name])
+
+
+def _open(path, want_map):
+    """(metadata, tensors) when want_map, (metadata, None) when not; want_map None gives the
+    unmade (metadata, entries, map, data start) for MappedSafetensors."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -186,11 +210,13 @@ def _open(path, want_map: bool):
                 raise _fail(path, f"header length {n} runs past the end of the file ({size} bytes)")
             meta, header = _parse_header(path, f.read(n))
             entries = _check_entries(path, header, size - 8 - n)
-            if not want_map:
+            if want_map is False:
                 return meta, None
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     except OSError as e:
         raise _fail(path, f"cannot read: {e}") from None
+    if want_map is None:
+        return meta, entries, mm, 8 + n
     return meta, {name: _tensor_from_map(path, mm, 8 + n, name, *e) for name, e in entries.items()}
 
 
