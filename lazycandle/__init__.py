@@ -21,15 +21,15 @@ _SERIALIZATION = ("save_safetensors", "load_safetensors", "load_safetensors_meta
 
 
 def __getattr__(name):
-    """`lc.dask` and the file formats (`lc.save_safetensors` & co.: serialization.py and json)
+    """`lc.dask`, `lc.models` and the file formats (`lc.save_safetensors` & co.: serialization.py and json)
     are imported on first use, so `import lazycandle` never imports dask and stays short."""
     import importlib
-    if name == "dask":
-        return importlib.import_module(".dask", __name__)
+    if name in ("dask", "models"):
+        return importlib.import_module("." + name, __name__)
     if name in _SERIALIZATION:
         return getattr(importlib.import_module(".serialization", __name__), name)
     raise AttributeError(f"module 'lazycandle' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_SERIALIZATION) | {"dask"})
+    return sorted(set(globals()) | set(_SERIALIZATION) | {"dask", "models"})
