@@ -13,6 +13,7 @@ from . import optim
 from .graph_api import compile, Program, jit, dump
 from .caches import clear_caches, cache_info
 from .config import get_num_threads, set_num_threads, num_threads, set_matmul_backend, get_matmul_backend
+from .qtensor import QTensor, quantize, qmatmul
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,118 @@
+"""LLVM readers of GGML blocks (formats in ir/qformats.py), shared by dequantize and qmatmul.
+
+`chunk(b, fmt, block_ptr, c)` unpacks the c-th run of 32 values of one block into
+  vals   <32 x i8>: the integer codes, signed (centred: q - 8, q - 16, q - 32) or unsigned (0..15)
+  signed whether vals are signed (else unsigned, for pmaddubsw's unsigned operand)
+  scales (s0, s1): float scale of values 0..15 and 16..31 (equal except for q6_k)
+  coef   float added to every value (q4_1's m, q4_k's -dmin*m) or None
+so value j = float(vals[j]) * s(j) + coef, evaluated in exactly llama.cpp's dequantize_row_*
+order (one product, then one add), so dequantize is bit-identical to GGML's."""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from . import codecs
+from .llvmutil import F16, F32, I1, I8, I16, I32, const
+
+V16 = ir.VectorType(I8, 16)
+V32 = ir.VectorType(I8, 32)
+
+
+def load_at(b, base, offset: int, t: ir.Type):
+    """A value of type t at byte `offset` from the i8* `base` (unaligned)."""
+    p = b.gep(base, [I32(offset)], inbounds=True) if offset else base
+    return b.load(b.bitcast(p, t.as_pointer()), align=1)
+
+
+def half_at(b, base, offset: int):
+    """The f16 at `offset`, widened to float (NaN kept)."""
+    return codecs.decode(b, "half", b.bitcast(load_at(b, base, offset, I16), F16))
+
+
+def _cat16(b, lo, hi):
+    return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+
+
+def _nibbles(b, q16, high: bool):
+    """<16 x i8> of the low (or high) nibbles of q16."""
+    return b.lshr(q16, const(V16, 4)) if high else b.and_(q16, const(V16, 0xF))
+
+
+def _bits_to_bytes(b, word):
+    """<32 x i8> whose lane j is bit j of the i32 `word` (0 or 1)."""
+    return b.zext(b.bitcast(word, ir.VectorType(I1, 32)), V32)
+
+
+def _u8f(b, v):
+    return b.uitofp(v, F32)
+
+
+def _scale_min_k4(b, base, j: int):
+    """(scale, min) 6-bit codes of sub-block j of a q4_k block (get_scale_min_k4), as i8."""
+    s = lambda k: load_at(b, base, 4 + k, I8)
+    if j < 4:
+        return b.and_(s(j), I8(63)), b.and_(s(j + 4), I8(63))
+    sc = b.or_(b.and_(s(j + 4), I8(0xF)), b.shl(b.lshr(s(j - 4), I8(6)), I8(4)))
+    m = b.or_(b.lshr(s(j + 4), I8(4)), b.shl(b.lshr(s(j), I8(6)), I8(4)))
+    return sc, m
+
+
+def chunk(b, fmt: str, blk, c: int):
+    """(vals, signed, (s0, s1), coef) of chunk c of the block at i8* `blk` (see the module doc)."""
+    if fmt == "q8_0":
+        d = half_at(b, blk, 0)
+        return load_at(b, blk, 2, V32), True, (d, d), None
+    if fmt in ("q4_0", "q4_1"):
+        off = 2 if fmt == "q4_0" else 4
+        q = load_at(b, blk, off, V16)
+        v = _cat16(b, _nibbles(b, q, False), _nibbles(b, q, True))
+        d = half_at(b, blk, 0)
+        if fmt == "q4_0":
+            return b.sub(v, const(V32, 8)), True, (d, d), None
+        return v, False, (d, d), half_at(b, blk, 2)
+    if fmt == "q5_0":
+        q = load_at(b, blk, 6, V16)
+        v = _cat16(b, _nibbles(b, q, False), _nibbles(b, q, True))
+        v = b.or_(v, b.shl(_bits_to_bytes(b, load_at(b, blk, 2, I32)), const(V32, 4)))
+        d = half_at(b, blk, 0)
+        return b.sub(v, const(V32, 16)), True, (d, d), None
+    if fmt == "q4_k":
+        q = load_at(b, blk, 16 + 32 * (c // 2), V32)
+        v = b.lshr(q, const(V32, 4)) if c % 2 else b.and_(q, const(V32, 0xF))
+        sc, m = _scale_min_k4(b, blk, c)
+        s = b.fmul(half_at(b, blk, 0), _u8f(b, sc))
+        coef = b.fsub(ir.Constant(F32, -0.0), b.fmul(half_at(b, blk, 2), _u8f(b, m)))
+        return v, False, (s, s), coef
+    if fmt == "q6_k":
+        n, t = divmod(c, 4)
+        ql = load_at(b, blk, n * 64 + (32 if t % 2 else 0), V32)
+        ql = b.lshr(ql, const(V32, 4)) if t >= 2 else b.and_(ql, const(V32, 0xF))
+        qh = load_at(b, blk, 128 + n * 32, V32)
+        qh = b.shl(b.and_(b.lshr(qh, const(V32, 2 * t)), const(V32, 3)), const(V32, 4))
+        v = b.sub(b.or_(ql, qh), const(V32, 32))
+        d = half_at(b, blk, 208)
+        k = 192 + n * 8 + 2 * t
+        s0 = b.fmul(d, b.sitofp(load_at(b, blk, k, I8), F32))
+        s1 = b.fmul(d, b.sitofp(load_at(b, blk, k + 1, I8), F32))
+        return v, True, (s0, s1), None
+    raise KeyError(fmt)
+
+
+def chunk_floats(b, fmt: str, blk, c: int):
+    """The 32 values of chunk c as four <8 x float> (values 8k..8k+7), GGML's rounding."""
+    vals, signed, (s0, s1), coef = chunk(b, fmt, blk, c)
+    v8 = ir.VectorType(F32, 8)
+    conv = b.sitofp if signed else b.uitofp
+    f = conv(vals, ir.VectorType(F32, 32))
+    out = []
+    for k in range(4):
+        part = b.shuffle_vector(f, f, ir.Constant(ir.VectorType(I32, 8), list(range(8 * k, 8 * k + 8))))
+        s = s0 if k < 2 else s1
+        sv = b.insert_element(ir.Constant(v8, ir.Undefined), s, I32(0))
+        sv = b.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(I32, 8), [0] * 8))
+        y = b.fmul(part, sv)
+        if coef is not None:
+            cv = b.insert_element(ir.Constant(v8, ir.Undefined), coef, I32(0))
+            y = b.fadd(y, b.shuffle_vector(cv, cv, ir.Constant(ir.VectorType(I32, 8), [0] * 8)))
+        out.append(y)
+    return out

@@ -1,0 +1,192 @@
+"""Quantized tensors in GGML's block formats (candle's `QTensor`, llama.cpp's quantized weights).
+
+`quantize(t, kind)` packs a float tensor's rows into blocks (formats: ir/qformats.py) with
+llama.cpp's reference quantizers; `QTensor.dequantize()` unpacks them to f32; `qmatmul(x, qw)`
+multiplies by the transposed weight straight from the blocks (codegen/qmatmul.py).  All three run
+as generated LLVM kernels on the thread pool; NumPy only holds the bytes.  A QTensor's bytes are
+immutable (GGUF loading hands out read-only views of the file map)."""
+from __future__ import annotations
+
+import os
+from math import prod
+
+import numpy as np
+
+from . import dtype as D
+from .errors import ShapeMismatch, UnsupportedDTypeForOp
+from .ir.qformats import FORMATS, QFormat, row_bytes
+from .tensor import Tensor
+
+KINDS = tuple(FORMATS)
+
+
+def _format(kind, op) -> QFormat:
+    f = FORMATS.get(str(kind).lower()) if isinstance(kind, str) else None
+    if f is None:
+        raise ValueError(f"{op}: unknown quantization kind {kind!r} (known: {', '.join(KINDS)})")
+    return f
+
+
+def _check_shape(shape, f: QFormat, op, what="tensor"):
+    if len(shape) == 0 or shape[-1] % f.block:
+        raise ShapeMismatch(f"{op}: {f.name} packs the last dim in blocks of {f.block}, but the {what} has "
+                            f"shape {tuple(shape)}")
+
+
+class QTensor:
+    """A tensor of `shape` stored as GGML `kind` blocks along its last dim (row-major rows)."""
+
+    __slots__ = ("shape", "kind", "_buf")
+
+    def __init__(self, buf: np.ndarray, shape, kind: str):
+        f = _format(kind, "QTensor")
+        shape = tuple(int(d) for d in shape)
+        _check_shape(shape, f, "QTensor")
+        want = prod(shape[:-1]) * row_bytes(f, shape[-1])
+        buf = np.asarray(buf).reshape(-1).view(np.uint8)
+        if buf.size != want:
+            raise ShapeMismatch(f"QTensor: {f.name} {shape} needs {want} bytes, got {buf.size}")
+        self.shape, self.kind, self._buf = shape, f.name, buf
+
+    @property
+    def format(self) -> QFormat:
+        return FORMATS[self.kind]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._buf.size)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def elem_count(self) -> int:
+        return prod(self.shape)
+
+    def data(self) -> bytes:
+        """The raw GGML block bytes (candle's `QTensor::data`)."""
+        return self._buf.tobytes()
+
+    def buffer(self) -> np.ndarray:
+        """The blocks as a read-only uint8 array (no copy; for writers like save_gguf)."""
+        v = self._buf.view()
+        v.flags.writeable = False
+        return v
+
+    def dequantize(self) -> Tensor:
+        """The values as a realized f32 tensor (GGML's dequantize_row_*, bit for bit)."""
+        from .codegen import quantize as Q
+        from .runtime import buffers, qsteps
+        from .tensor_interop import _buffer_tensor
+        f = self.format
+        out = buffers.alloc(self.elem_count, D.f32)
+        spec, fn = Q.kernel(f.name, False)
+        nblocks = self.elem_count // f.block
+        qsteps.run(fn, [out, self._buf], (nblocks,), nblocks, spec.cost((1,)))
+        return _buffer_tensor(out, D.f32, self.shape)
+
+    def __repr__(self):
+        return f"QTensor[{self.kind}, shape={self.shape}, {self.nbytes} bytes]"
+
+
+def quantize(t, kind) -> QTensor:
+    """`t` (a float tensor, or anything lc.tensor takes) packed into GGML `kind` blocks along its
+    last dim, with llama.cpp's reference rounding (the bytes `llama-quantize` writes)."""
+    from .codegen import quantize as Q
+    from .runtime import qsteps
+    from .tensor import tensor
+    f = _format(kind, "quantize")
+    if not isinstance(t, Tensor):
+        t = tensor(np.asarray(t, np.float32)) if not isinstance(t, np.ndarray) or t.dtype.kind == "f" else tensor(t)
+    if not t.dtype.is_float:
+        raise UnsupportedDTypeForOp(f"quantize: needs a float tensor, got {t.dtype.name} {t.shape}")
+    _check_shape(t.shape, f, "quantize")
+    x = np.ascontiguousarray(t.to_dtype(D.f32).numpy()).reshape(-1)
+    nblocks = x.size // f.block
+    out = np.empty(nblocks * f.nbytes, np.uint8)
+    spec, fn = Q.kernel(f.name, True)
+    qsteps.run(fn, [out, x], (nblocks,), nblocks, spec.cost((1,)))
+    return QTensor(out, t.shape, f.name)
+
+
+# ---- qmatmul ----------------------------------------------------------------------------------
+_PATHS = ("auto", "int8", "int8-generic", "f32")
+_path = [os.environ.get("LAZYCANDLE_QMATMUL", "auto")]
+if _path[0] not in _PATHS:
+    _path[0] = "auto"
+
+
+def set_qmatmul_path(name: str) -> None:
+    """Force qmatmul's kernels: "int8" (int8 activations; pmaddubsw on AVX2 hosts), "int8-generic"
+    (the same without x86 intrinsics), "f32" (dequantize in registers) or "auto" (the measured
+    choice).  Also LAZYCANDLE_QMATMUL."""
+    if name not in _PATHS:
+        raise ValueError(f"set_qmatmul_path: unknown path {name!r} (known: {', '.join(_PATHS)})")
+    _path[0] = name
+
+
+def get_qmatmul_path() -> str:
+    return _path[0]
+
+
+def _choose(m: int):
+    """(path, isa) for m activation rows."""
+    from .codegen import jit
+    name = _path[0]
+    if name == "auto":
+        name = "int8"
+    if name == "f32":
+        return "f32", "none"
+    avx2 = jit.has_feature("avx2") and name == "int8"
+    return "int8", "avx2" if avx2 else "generic"
+
+
+_TILES = {}        # tests / benches may override (m == 1, block 256?) -> (mt, nt)
+
+
+def _tile(m: int, f: QFormat):
+    """(activation rows, weight rows) per kernel tile.  Measured here (bench/qmatmul.py): more
+    than one weight row per tile never won, and k-quant tiles of 2+ weight rows spill badly."""
+    key = (m == 1, f.block == 256)
+    if key in _TILES:
+        return _TILES[key]
+    return (1, 1) if m == 1 else (4, 1)
+
+
+def qmatmul(x, qw: QTensor) -> Tensor:
+    """x @ qw.dequantize().T for qw of shape (out, in), computed from the blocks (candle's
+    QMatMul::forward).  x: float (..., in); the result has x's leading dims and, for f32 x, dtype
+    f32 (other float dtypes: computed in f32, returned in x's dtype)."""
+    from .codegen import qmatmul as QM
+    from .runtime import buffers, qsteps
+    from .tensor_interop import _buffer_tensor
+    if not isinstance(qw, QTensor):
+        raise TypeError(f"qmatmul: the weight must be a QTensor, got {type(qw).__name__}")
+    if not isinstance(x, Tensor):
+        raise TypeError(f"qmatmul: x must be a Tensor, got {type(x).__name__}")
+    if not x.dtype.is_float:
+        raise UnsupportedDTypeForOp(f"qmatmul: needs a float input, got {x.dtype.name} {x.shape}")
+    if qw.rank != 2 or x.rank < 1 or x.shape[-1] != qw.shape[1]:
+        raise ShapeMismatch(f"qmatmul: x {x.shape} @ ({qw.kind} weight {qw.shape}).T: need x's last dim "
+                            f"== the weight's in dim (weight shape (out, in))")
+    N, K = qw.shape
+    lead = x.shape[:-1]
+    m = prod(lead)
+    xf = np.ascontiguousarray(x.to_dtype(D.f32).numpy()).reshape(-1)
+    out = buffers.alloc(m * N, D.f32)
+    if m and N:
+        path, isa = _choose(m)
+        mt, nt = _tile(m, qw.format)
+        spec, fn = QM.kernel(qw.kind, path, isa, mt, nt)
+        if path == "int8":
+            nc = K // 32
+            xq, xd, xs = np.empty(m * K, np.int8), np.empty(m * nc, np.float32), np.empty(m * nc, np.float32)
+            aspec, afn = QM.act_kernel()
+            qsteps.run(afn, [xq, xd, xs, xf], (K,), m, float(K) * 4)
+            bufs = [out, qw._buf, xq, xd, xs]
+        else:
+            bufs = [out, qw._buf, xf]
+        qsteps.run(fn, bufs, (m, N, K), N, float(K) * m, align=nt)
+    res = _buffer_tensor(out, D.f32, lead + (N,))
+    return res if x.dtype is D.f32 else res.to_dtype(x.dtype)
