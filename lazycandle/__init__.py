@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 
 _SERIALIZATION = ("save_safetensors", "load_safetensors", "load_safetensors_metadata", "save_npz", "load_npz")
+_GGUF = ("load_gguf", "save_gguf")
 
 
 def __getattr__(name):
@@ -29,6 +30,8 @@ def __getattr__(name):
         return importlib.import_module("." + name, __name__)
     if name in _SERIALIZATION:
         return getattr(importlib.import_module(".serialization", __name__), name)
+    if name in _GGUF:
+        return getattr(importlib.import_module(".gguf", __name__), name)
     raise AttributeError(f"module 'lazycandle' has no attribute {name!r}")
 
 
