@@ -114,6 +114,18 @@ def lanes(spec: RowSpec) -> int:
     return ew_lanes(spec)
 
 
+def value_numbers(instrs) -> list:
+    """Per instr, a number equal for instrs that compute the same value (same op, arg, dtypes and
+    operands, operands compared by their numbers): hash-consing, linear in the DAG, where keys
+    nesting the operands' keys would repeat every shared subexpression (exponential in depth)."""
+    table: dict = {}
+    nums: list = []
+    for op, arg, dt, odt, refs in instrs:
+        key = (op, arg, dt, odt, tuple(("v", nums[r[1]]) if r[0] == "v" else r for r in refs))
+        nums.append(table.setdefault(key, len(table)))
+    return nums
+
+
 class _RowKernel(_Kernel):
     slot = _RedKernel.slot
     ROW_STREAMING = True
@@ -298,9 +310,7 @@ class _RowKernel(_Kernel):
         spec = self.row
         if not stages or not full:
             return None
-        keys: list = []
-        for op, arg, dt, odt, refs in spec.instrs:
-            keys.append((op, arg, dt, odt, tuple(keys[r[1]] if r[0] == "v" else r for r in refs)))
+        keys = value_numbers(spec.instrs)
         last = {keys[j]: j for j in self.cone([spec.instrs[j][4][0] for j in stages[-1]])}
         shared = [j for j in self.cone([("v", j) for _, j, _ in full]) if keys[j] in last]
         best = max(shared, key=lambda j: (self.cost(self.cone([("v", j)])), j), default=None)

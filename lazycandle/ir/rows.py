@@ -13,8 +13,8 @@ in cache and recomputing cheap per-element producers rather than storing them.
 
 A group joins only when every read between it and the cluster is a register read (element for
 element over F or R, or an R value broadcast along the row), the merged kernel stays within
-MAX_FUSED_NODES ops, a costly producer is not recomputed in an earlier pass, and the merge closes
-no cycle through a kernel outside the cluster.  Each refusal is noted for the schedule dump.
+MAX_FUSED_NODES ops and MAX_ROW_REDUCTIONS reductions, no pass recomputes more than RECOMPUTE_BUDGET of
+per-element producers, and the merge closes no cycle through a kernel outside the cluster.  Each refusal is noted for the schedule dump.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from .ops import ELEMENTWISE, REDUCE, reduction
 from .passes import RECOMPUTE_BUDGET    # op cost a reduction pass may recompute of another group
 
 REACH_BUDGET = 512      # groups a cycle search may visit before the merge is refused
+MAX_ROW_REDUCTIONS = 8  # a pass per reduction: softmax and the norms need 2; longer chains of
+                        # passes cost compile time (each pass unrolls its cone) for no run-time gain
 
 
 def _row_reduce(cap, j):
@@ -155,6 +157,9 @@ def _refusal(cl, h, groups, group_of, succs, pos):
     if len(members) + len(cl.levels) > MAX_FUSED_NODES:
         return f"the kernel would exceed {MAX_FUSED_NODES} ops"
     levels = {**cl.levels, **lv}
+    reductions = sum(cap.nodes[j].op.category == REDUCE for j in levels)
+    if reductions > MAX_ROW_REDUCTIONS:
+        return f"the kernel would make more than {MAX_ROW_REDUCTIONS} reductions of a row"
     mine = set(members)
     for j in levels:
         inside = j in mine
@@ -164,13 +169,28 @@ def _refusal(cl, h, groups, group_of, succs, pos):
             if not register_read(cap, o, f, r, levels):
                 return f"n{j} reads n{o.index} through a view {o.shape} strides {o.strides}"
             if cap.nodes[j].op.category == REDUCE and levels[o.index] == "e":
-                src = groups[group_of[o.index]]
-                cost = sum(cap.nodes[x].op.cost for x in src if levels.get(x) == "e")
+                cost = _pass_cost(cap, o.index, levels)
                 if cost > RECOMPUTE_BUDGET:
                     return f"n{j} would recompute n{o.index}'s producers (cost {cost}) in an earlier pass"
     if _closes_cycle(cl.gids | {h}, succs, pos):
         return "a kernel outside it reads the cluster and feeds it"
     return None
+
+
+def _pass_cost(cap, j, levels) -> int:
+    """Op cost of the per-element values a reduction pass over node j's value recomputes: j's
+    row-long producers in the cluster, each once (a chain of row reductions, each reading the
+    one before, would otherwise recompute ever longer cones, quadratic code in the chain's
+    length).  Stops counting past RECOMPUTE_BUDGET, so a check costs O(budget)."""
+    seen, stack, cost = set(), [j], 0
+    while stack and cost <= RECOMPUTE_BUDGET:
+        x = stack.pop()
+        if x in seen or levels.get(x) != "e":
+            continue
+        seen.add(x)
+        cost += cap.nodes[x].op.cost
+        stack += [o.index for o in cap.operands[x] if o.kind == "node"]
+    return cost
 
 
 def _closes_cycle(cluster, succs, pos) -> bool:
