@@ -10,6 +10,9 @@ from .named_dims import is_symbolic
 
 
 def _rope_check(op, x, cos, sin, t_dim):
+    """x 4-D of a float dtype with an even last dim d; cos / sin (T, d/2) or (b, T, d/2) of x's
+    dtype with T at least x's sequence length t (candle-nn: a table precomputed for the longest
+    sequence is passed whole and its first t rows are used)."""
     if x.rank != 4:
         raise ShapeMismatchBinaryOp(f"{op}: x must be 4-D, got shape {x.shape} ({x.dtype.name})")
     if not x.dtype.is_float or x.dtype.storage_only:
@@ -17,18 +20,34 @@ def _rope_check(op, x, cos, sin, t_dim):
     d = x.shape[-1]
     if d % 2:
         raise ShapeMismatchBinaryOp(f"{op}: the last dim of x must be even, got shape {x.shape}")
-    want = (x.shape[t_dim], d // 2)
+    t = x.shape[t_dim]
     for name, c in (("cos", cos), ("sin", sin)):
         if c.dtype is not x.dtype:
             raise DTypeMismatchBinaryOp(f"{op}: {name} dtype {c.dtype.name} differs from x's {x.dtype.name} "
                                         f"(shapes {x.shape} and {c.shape})")
-        if c.shape != want and c.shape != (x.shape[0],) + want:
-            raise ShapeMismatchBinaryOp(f"{op}: {name} must have shape {want} (or (b, t, d/2)), got {c.shape} "
-                                        f"for x {x.shape}")
+        batch_ok = c.rank == 2 or (c.rank == 3 and c.shape[0] == x.shape[0])
+        if not batch_ok or c.shape[-1] != d // 2 or not _covers(c.shape[-2], t):
+            raise ShapeMismatchBinaryOp(f"{op}: {name} must have shape (T, {d // 2}) or ({x.shape[0]}, T, {d // 2}) "
+                                        f"with T >= the sequence length {t}, got {c.shape} for x {x.shape}")
+
+
+def _covers(rows, t) -> bool:
+    """Whether a table of `rows` positions covers a sequence of t; a comparison that needs a
+    symbolic size's value is left to the narrow's own check when the sizes are bound."""
+    if rows == t:
+        return True
+    try:
+        return bool(rows >= t)
+    except TypeError:
+        return True
 
 
 def _per_position(c, x, t_dim):
-    """cos / sin of shape (t, d/2) or (b, t, d/2) as a view broadcastable over x's halves."""
+    """cos / sin of shape (T, d/2) or (b, T, d/2): the first t rows, as a view broadcastable
+    over x's halves."""
+    t = x.shape[t_dim]
+    if c.shape[-2] != t:
+        c = c.narrow(-2, 0, t)
     if c.rank == 2:
         c = c.unsqueeze(0)
     return c.unsqueeze(1) if t_dim == 2 else c.unsqueeze(2)   # the head dim where x has it

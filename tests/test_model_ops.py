@@ -220,10 +220,37 @@ def test_rope_variants_match_references():
     close(lc.nn.rope(lc.tensor(xt).transpose(1, 2), c, s), _rope_ref(x, cos, sin))
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_rope_tables_longer_than_the_sequence_use_their_first_rows(batched):
+    """candle-nn: a table precomputed for max_position_embeddings is passed whole (issue 37)."""
+    r = np.random.default_rng(7)
+    x = r.standard_normal((2, 3, 5, 8))
+    cos, sin = np.cos(r.standard_normal((12, 4))), np.sin(r.standard_normal((12, 4)))
+    if batched:
+        cos, sin = np.stack([cos, cos[::-1]]), np.stack([sin, sin[::-1]])
+    c, s = lc.tensor(cos), lc.tensor(sin)
+    want_c, want_s = cos[..., :5, :], sin[..., :5, :]
+    if batched:
+        want = np.stack([_rope_ref(x[i:i + 1], want_c[i], want_s[i])[0] for i in range(2)])
+        want_i = np.stack([_rope_i_ref(x[i:i + 1], want_c[i], want_s[i])[0] for i in range(2)])
+    else:
+        want, want_i = _rope_ref(x, want_c, want_s), _rope_i_ref(x, want_c, want_s)
+    close(lc.nn.rope(lc.tensor(x), c, s), want)
+    close(lc.nn.rope_i(lc.tensor(x), c, s), want_i)
+    xt = np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+    close(lc.nn.rope_thd(lc.tensor(xt), c, s), want.transpose(0, 2, 1, 3))
+
+
 def test_rope_bad_shapes_raise():
     x = lc.zeros((1, 2, 5, 8))
     with pytest.raises(lc.ShapeMismatchBinaryOp, match="rope"):
         lc.nn.rope(x, lc.zeros((5, 8)), lc.zeros((5, 8)))
+    for op in (lc.nn.rope, lc.nn.rope_i, lc.nn.rope_thd):   # a table shorter than the sequence
+        xx = x if op is not lc.nn.rope_thd else lc.zeros((1, 5, 2, 8))
+        with pytest.raises(lc.ShapeMismatchBinaryOp, match=r"\(4, 4\).*\(1, (2, 5|5, 2), 8\)"):
+            op(xx, lc.zeros((4, 4)), lc.zeros((4, 4)))
+    with pytest.raises(lc.ShapeMismatchBinaryOp, match="rope"):     # a batch that is not x's
+        lc.nn.rope(x, lc.zeros((3, 5, 4)), lc.zeros((3, 5, 4)))
     with pytest.raises(lc.DTypeMismatchBinaryOp):
         lc.nn.rope_i(x, lc.zeros((5, 4), dtype=lc.f64), lc.zeros((5, 4), dtype=lc.f64))
 
