@@ -3,7 +3,8 @@
   conv_transpose1d / 2d  the GEMM `kernel^T @ input` per group (broadcast_matmul: BLAS or the
                          tiled kernel) gives the columns (b, c_out, kh, kw, ih, iw); the col2im
                          kernel (codegen/conv_transpose.py) sums them into the image.  Kernel
-                         layout (c_in, c_out/groups, k...) like candle / torch.
+                         layout (c_in, c_out/groups, k...) like candle / torch.  Low-precision
+                         dtypes run both in f32 and round each output once, as torch does.
   upsample_bilinear2d    per spatial dim, two index_selects (the neighbours) blended by weights
                          computed from torch's source-index rule; f16 / bf16 / f8 blend in f32 and
                          round once.
@@ -59,6 +60,10 @@ def _conv_transpose(op, x, kernel, padding, out_padding, stride, dilation, group
     if ih < 1 or iw < 1 or oh < 1 or ow < 1:
         raise ShapeMismatchBinaryOp(f"{op}: input {xs} with kernel {ks}, padding {padding}, dilation {dilation} "
                                     f"gives an empty output ({oh}, {ow}) ({x.dtype.name})")
+    if x.dtype.codec:      # f16 / bf16 / f8: the GEMM and the overlap sum in f32, one rounding
+        y = _conv_transpose(op, x.to_dtype(D.f32), kernel.to_dtype(D.f32), padding, out_padding, stride,
+                            dilation, groups, shapes)
+        return y.to_dtype(x.dtype)
     G, cig, co = groups, ci // groups, cog * groups
     w = kernel.reshape((G, cig, cog * kh * kw)).transpose(-2, -1)          # (G, cog*kh*kw, cig)
     cols = w.broadcast_matmul(x.reshape((b, G, cig, ih * iw)))           # (b, G, cog*kh*kw, ih*iw)

@@ -186,6 +186,21 @@ def test_conv_transpose_dtypes(dt):
     check(got, ref_conv_transpose1d(x1, k1, 2, 0, 2, 2), dt, f"conv_transpose1d {dt.name}")
 
 
+@pytest.mark.parametrize("dt", [lc.f16, lc.bf16], ids=["f16", "bf16"])
+def test_half_precision_conv_transpose_rounds_each_output_once(dt):
+    """The GEMM and col2im's overlap sum run in f32 and each output is rounded once, as torch
+    does (issue 37: rounding the GEMM's columns, then the sum, was 2-3 ulp off)."""
+    rng = rng_for("conv_transpose-round-once", dt.name)
+    x, k = data(dt, (2, 4, 5, 4), rng), data(dt, (4, 3, 3, 3), rng)
+    got = lc.tensor(x).conv_transpose2d(lc.tensor(k), padding=1, stride=2, groups=2).numpy()
+    want = ref_conv_transpose2d(x, k, (1, 1), (0, 0), (2, 2), (1, 1), 2).astype(np.float32).astype(dt.numpy)
+    np.testing.assert_array_equal(got, want)
+    x1, k1 = data(dt, (2, 3, 9), rng), data(dt, (3, 2, 4), rng)
+    got = lc.tensor(x1).conv_transpose1d(lc.tensor(k1), padding=1, stride=2, dilation=2).numpy()
+    want = ref_conv_transpose1d(x1, k1, 1, 0, 2, 2).astype(np.float32).astype(dt.numpy)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("dt", [lc.i32, lc.i64], ids=["i32", "i64"])
 def test_conv_transpose_integers_are_exact(dt):
     rng = rng_for("conv_transpose-int", dt.name)
