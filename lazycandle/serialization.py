@@ -272,9 +272,12 @@ def _check_entries(path, header: dict, data_len: int) -> dict:
             raise _fail(path, f"data_offsets start at {begin}, but the previous tensor ends at {pos} "
                               f"({'overlap' if begin < pos else 'gap'})", name)
         pos = end
+    if pos > data_len:
+        begin, end, name, _, _ = next(c for c in checked if c[1] > data_len)
+        raise _fail(path, f"truncated: the tensor's data is bytes [{begin}, {end}) of the data region, but the "
+                          f"file holds {data_len} data bytes (tensors cover {pos})", name)
     if pos != data_len:
-        raise _fail(path, f"tensors cover {pos} data bytes but the file holds {data_len}"
-                          + (" (truncated)" if pos > data_len else ""))
+        raise _fail(path, f"tensors cover {pos} data bytes but the file holds {data_len}")
     return {name: (code, shape, begin, end) for begin, end, name, code, shape in checked}
 
 

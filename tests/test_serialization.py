@@ -301,7 +301,9 @@ CORRUPT = {
     "bad utf8": ((8).to_bytes(8, "little") + b"{\xff}     ", "UTF-8 JSON"),
     "bad json": ((8).to_bytes(8, "little") + b"{'a':1} ", "UTF-8 JSON"),
     "not an object": ((8).to_bytes(8, "little") + b"[1,2]   ", "not an object"),
-    "truncated data": (handmade(GOOD, DATA[:12]), "truncated"),
+    "truncated data": (handmade(GOOD, DATA[:12]), "'b'.*truncated"),        # issue 37: names the tensor
+    "truncated in the first": (handmade(GOOD, DATA[:5]), "'a'.*truncated"),
+    "truncated at a boundary": (handmade(GOOD, DATA[:8]), "'b'.*truncated"),
     "trailing data": (handmade(GOOD, DATA + b"x"), "file holds 17"),
     "unknown dtype": (handmade(_with("b", dtype="Q7"), DATA), "'b'.*unknown dtype"),
     "overlap": (handmade(_with("b", data_offsets=[4, 12]), DATA[:12]), "'b'.*overlap|'b'.*needs"),
