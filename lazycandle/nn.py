@@ -3,6 +3,8 @@ like any user expression (no hand-written kernels here).  Rotary embeddings and 
 in nn_attention.py and are re-exported here."""
 from __future__ import annotations
 
+from math import prod
+
 from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDTypeForOp, names_op
 from .tensor_extras import _float_only as _float
 from .tensor_views import norm_dim
@@ -223,8 +225,15 @@ def mse_loss(a, b):
 
 @names_op("linear")
 def linear(x, w, b=None):
-    """x @ w.T (+ b): w has candle's (out_features, in_features) layout."""
-    y = x.broadcast_matmul(w.t())
+    """x @ w.T (+ b): w has candle's (out_features, in_features) layout.  x's leading dims are
+    merged into the rows of one 2-D product (a view when x's rows are contiguous), as torch
+    does: w's gradient is then one GEMM over all rows, not a batched product summed over the
+    batch (the (batch, out, in) partial products written and reduced)."""
+    if x.rank > 2 and w.rank == 2:
+        lead = x.shape[:-1]
+        y = x.reshape((prod(lead), x.shape[-1])).matmul(w.t()).reshape(lead + (w.shape[0],))
+    else:
+        y = x.broadcast_matmul(w.t())
     return y if b is None else y.broadcast_add(b)
 
 
