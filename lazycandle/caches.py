@@ -10,7 +10,7 @@ import os
 import threading
 from collections import OrderedDict
 
-from . import config
+from . import diskcache
 
 
 class LRU:
@@ -99,42 +99,23 @@ def _loaded_registry() -> dict:
 
 def clear_caches(disk: bool = False) -> None:
     """Drop every in-memory cache (compiled plans and kernels, kernel wrappers, matmul plans);
-    with `disk=True` also delete the objects in LAZYCANDLE_CACHE_DIR.  Programs and tensors
-    built before keep working: they hold their own compiled code."""
+    with `disk=True` also delete the disk kernel cache's entries (lazycandle/diskcache.py).
+    Programs and tensors built before keep working: they hold their own compiled code."""
     for cache, _ in _loaded_registry().values():
         cache.clear()
     if disk:
-        for path in _disk_files():
-            try:
-                os.remove(path)
-            except OSError:
-                pass
-
-
-def _disk_files() -> list:
-    d = config.cache_dir()
-    if not d or not os.path.isdir(d):
-        return []
-    out = []
-    for root, _, files in os.walk(d):
-        out.extend(os.path.join(root, f) for f in files if f.endswith(".o"))
-    return out
+        diskcache.clear()
 
 
 def cache_info() -> dict:
     """{"plans", "kernels": counts; "memory_bytes": bytes of compiled code and IR held in
-    memory; "disk_entries", "disk_bytes": the LAZYCANDLE_CACHE_DIR objects (0 without it);
-    "disk_dir"; "caches": entry count of every registered cache by name}."""
+    memory; "disk_entries", "disk_bytes": the disk kernel cache's objects (0 when it is off);
+    "disk_dir" (None when off), "disk_max": its bound in bytes; "caches": entry count of every
+    registered cache by name}."""
     reg = _loaded_registry()
     counts = {name: len(cache) for name, (cache, _) in reg.items()}
     memory = sum(nbytes() for _, nbytes in reg.values() if nbytes is not None)
-    disk_bytes = disk_entries = 0
-    for path in _disk_files():
-        try:
-            disk_bytes += os.path.getsize(path)
-            disk_entries += 1
-        except OSError:
-            pass
+    disk = diskcache.info()
     return {"plans": counts.get("plans", 0), "kernels": counts.get("kernels", 0), "memory_bytes": memory,
-            "disk_entries": disk_entries, "disk_bytes": disk_bytes, "disk_dir": config.cache_dir(),
-            "caches": counts}
+            "disk_entries": disk["entries"], "disk_bytes": disk["bytes"], "disk_dir": disk["dir"],
+            "disk_max": disk["max"], "caches": counts}

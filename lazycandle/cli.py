@@ -1,5 +1,5 @@
 """Command line: `lazycandle dump SCRIPT.py [--stage S] [--format F] [--out DIR]`,
-`lazycandle info`, `lazycandle bench [...]`."""
+`lazycandle info`, `lazycandle bench [...]`, `lazycandle cache info|clear`."""
 from __future__ import annotations
 
 import argparse
@@ -48,12 +48,26 @@ def _info(args) -> int:
         print(f"BLAS library:   {_blas_words(blas.info())}")
     except Exception as e:  # BLAS is optional for info
         print(f"BLAS library:   unavailable ({type(e).__name__}: {e})")
-    cd = config.cache_dir()
-    if cd:
-        n = sum(len(fs) for _, _, fs in os.walk(cd)) if os.path.isdir(cd) else 0
-        print(f"kernel cache:   {cd} ({n} objects)")
+    print(f"kernel cache:   {_cache_words()}")
+    return 0
+
+
+def _cache_words() -> str:
+    from . import diskcache
+    i = diskcache.info()
+    if not i["dir"]:
+        return "in memory only (LAZYCANDLE_CACHE_DIR=off)"
+    return f"{i['dir']} ({i['entries']} objects, {i['bytes'] / 2**20:.1f} of {i['max'] / 2**20:.0f} MiB)"
+
+
+def _cache(args) -> int:
+    """`lazycandle cache info|clear`: show or empty the disk kernel cache."""
+    from . import diskcache
+    if args.action == "clear":
+        n, freed = diskcache.clear()
+        print(f"removed {n} objects ({freed / 2**20:.1f} MiB) from {diskcache.info()['dir'] or 'no disk cache (off)'}")
     else:
-        print("kernel cache:   in memory only (set LAZYCANDLE_CACHE_DIR for a disk cache)")
+        print(f"kernel cache: {_cache_words()}")
     return 0
 
 
@@ -98,12 +112,15 @@ def main(argv=None) -> int:
     d.add_argument("--out", default=None, help="write dumps to files in this directory")
     sub.add_parser("info", help="CPU features, threads, BLAS, kernel cache")
     sub.add_parser("bench", help="run the benchmark suite")
+    sub.add_parser("cache", help="the disk kernel cache: info | clear").add_argument("action", choices=("info", "clear"))
     args, rest = p.parse_known_args(argv)
     if args.cmd == "dump":
         args.args = [a for a in rest if a != "--"]
         return _dump(args)
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.cmd == "cache":
+        return _cache(args)
     return _info(args)
 
 

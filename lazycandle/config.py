@@ -129,7 +129,29 @@ def dump_dir():
 
 
 def cache_dir():
-    return os.environ.get("LAZYCANDLE_CACHE_DIR") or None
+    """The disk kernel cache's directory: LAZYCANDLE_CACHE_DIR, else $XDG_CACHE_HOME/lazycandle
+    (~/.cache/lazycandle); None (no disk cache) for LAZYCANDLE_CACHE_DIR=off."""
+    env = os.environ.get("LAZYCANDLE_CACHE_DIR", "").strip()
+    if env:
+        return None if env.lower() == "off" else os.path.expanduser(env)
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return os.path.join(xdg, "lazycandle")
+    home = os.path.expanduser("~")
+    return os.path.join(home, ".cache", "lazycandle") if os.path.isabs(home) else None
+
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def cache_max() -> int:
+    """The disk cache's bound in bytes, env LAZYCANDLE_CACHE_MAX (an integer, optionally with a
+    K/M/G/T suffix of powers of 1024); default 1 GiB."""
+    text = os.environ.get("LAZYCANDLE_CACHE_MAX", "").strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        return max(0, int(float(text[:-1] if text[-1:] in _SUFFIX else text) * _SUFFIX.get(text[-1:], 1)))
+    except (ValueError, OverflowError):
+        return 1 << 30
 
 
 def plan_cache_size() -> int:

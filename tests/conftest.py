@@ -12,17 +12,26 @@ and then to the target, exactly as `op(x.astype(f32)).astype(target)`.
 """
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import warnings
 
 import numpy as np
 import pytest
 
-import lazycandle as lc
+# The disk kernel cache is on by default (~/.cache/lazycandle): a session that has not chosen
+# a directory gets its own, deleted at exit, so the suite neither reads nor fills the user's.
+if not os.environ.get("LAZYCANDLE_CACHE_DIR"):
+    os.environ["LAZYCANDLE_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazycandle-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["LAZYCANDLE_CACHE_DIR"], True)
+
+import lazycandle as lc     # noqa: E402 - after the cache directory is chosen
 
 # ---- dtypes ------------------------------------------------------------------------------
 ALL_DTYPES = [lc.u8, lc.u32, lc.i16, lc.i32, lc.i64, lc.bf16, lc.f16, lc.f32, lc.f64, lc.f8e4m3,

@@ -158,6 +158,7 @@ def test_unsplittable_dim_is_merged_when_small_and_an_error_when_large(monkeypat
 def client(tmp_path_factory):
     distributed = pytest.importorskip("distributed", reason="needs distributed: pip install -e '.[dask]'")
     cache = tmp_path_factory.mktemp("lc-cache")
+    before = os.environ.get("LAZYCANDLE_CACHE_DIR")
     os.environ["LAZYCANDLE_CACHE_DIR"] = str(cache)    # inherited by the worker processes
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                        dashboard_address=None, silence_logs=40)
@@ -166,6 +167,8 @@ def client(tmp_path_factory):
     c.close()
     cluster.close()
     os.environ.pop("LAZYCANDLE_CACHE_DIR", None)
+    if before is not None:                             # the session's directory (conftest.py)
+        os.environ["LAZYCANDLE_CACHE_DIR"] = before
 
 
 def test_distributed_cluster_matches_numpy(client):

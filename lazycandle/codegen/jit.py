@@ -1,12 +1,13 @@
 """The JIT: LLVM IR text -> optimised module (new pass manager, O3, loop + SLP vectorisation,
 host CPU) -> object code -> linked into one long-lived ORC LLJIT.  Objects are cached in
-memory by IR text and, with LAZYCANDLE_CACHE_DIR, on disk, so a new process skips LLVM's
-optimiser and code generator entirely.  Kernels of a KernelCache are also found by their spec
-(plus a hash of the code generator's source and the host), so a warm process does not even
-build their IR.  llvmlite.binding is loaded on the first compile, not at import.  Each disk
-entry carries the sha256 of its object bytes and its full compile key; an entry that fails
-either check, cannot be read or does not link is deleted, recompiled and rewritten (with one
-warning per process) — never loaded as is."""
+memory by IR text and in the disk cache (lazycandle/diskcache.py, on by default), so a new
+process skips LLVM's optimiser and code generator entirely.  Kernels of a KernelCache are also
+found by their spec, so a warm process does not even build their IR.  Every disk key holds the
+code generator's source hash and the host (triple, CPU, features, LLVM and llvmlite versions):
+another CPU or version never loads these objects.  An entry that fails its checks or does not
+link is deleted, recompiled and rewritten (one warning per process) -- never loaded as is.
+llvmlite.binding is loaded on the first compile, not at import.  A compile streak that passes
+a second says what it is compiling on stderr (codegen/progress.py)."""
 from __future__ import annotations
 
 import glob
@@ -15,11 +16,11 @@ import json
 import os
 import sys
 import threading
-import warnings
 
 import llvmlite
 
-from .. import caches, config
+from .. import caches, config, diskcache
+from . import progress
 
 _lock = threading.RLock()
 _state = {}
@@ -48,7 +49,8 @@ def _create_host() -> dict:
         features += ",-prefer-256-bit"   # explicit 512-bit vectors are our choice on AVX-512
     tm = target.create_target_machine(cpu=cpu, features=features, opt=3, codemodel="jitdefault", jit=True)
     return dict(llvm=llvm, target=target, cpu=cpu, features=features, tm=tm, triple=tm.triple,
-                data_layout=str(tm.target_data), lljit=llvm.create_lljit_compiler(tm))
+                data_layout=str(tm.target_data), lljit=llvm.create_lljit_compiler(tm),
+                llvm_version=".".join(map(str, llvm.llvm_version_info)))
 
 
 def host_info() -> dict:
@@ -177,19 +179,19 @@ _mem_cache = _kernels.by_ir          # IR compile key -> CompiledModule
 _counter = [0]
 
 DISK_FORMAT = 3          # bump when the on-disk entry layout changes
-_MAGIC = b"LCKOBJ\n"
 
 
 def _host_key() -> dict:
     h = _host()
     return {"triple": h["triple"], "cpu": h["cpu"], "features": h["features"],
-            "llvmlite": llvmlite.__version__}
+            "llvm": h["llvm_version"], "llvmlite": llvmlite.__version__}
 
 
 def _compile_key(ir_text: str) -> dict:
-    """Everything the object code of an IR text depends on; stored in each disk entry and
-    checked on load."""
-    return dict(_host_key(), format=DISK_FORMAT, ir_sha256=hashlib.sha256(ir_text.encode()).hexdigest())
+    """Everything the object code of an IR text depends on (the optimiser's settings are in
+    the code generator's stamp); stored in each disk entry and checked on load."""
+    return dict(_host_key(), format=DISK_FORMAT, codegen=_codegen_stamp(),
+                ir_sha256=hashlib.sha256(ir_text.encode()).hexdigest())
 
 
 def _spec_compile_key(spec_key: str) -> dict:
@@ -232,7 +234,7 @@ def compile_ir(ir_text: str, export: list, name: str = "kernel") -> CompiledModu
     with _lock:
         cm = _mem_cache.get(key)
         if cm is None:
-            cm = _mem_cache[key] = _load_or_compile(key, ckey, lambda: (ir_text, list(export)), name)
+            cm = _mem_cache[key] = _load_or_compile(key, ckey, lambda: (ir_text, list(export)), name, name)
         return cm
 
 
@@ -249,12 +251,14 @@ def compile_spec(kind: str, spec, build):
     with _lock:
         cm = _kernels.by_spec.get(spec_key)
         if cm is None:
+            what = _describe(kind, spec)
             if not config.cache_dir() or " at 0x" in spec_key:   # no disk, or no stable key
-                text, name = build()
-                cm = compile_ir(text, [name], name=name)
+                with progress.compiling(what):
+                    text, name = build()
+                    cm = compile_ir(text, [name], name=name)
             else:
                 ckey = _spec_compile_key(spec_key)
-                cm = _load_or_compile(_disk_key(ckey), ckey, lambda: _one_export(build()), None)
+                cm = _load_or_compile(_disk_key(ckey), ckey, lambda: _one_export(build()), None, what)
             _kernels.by_spec[spec_key] = cm
         return cm, cm.name
 
@@ -264,25 +268,37 @@ def _one_export(built):
     return text, [name]
 
 
-def _load_or_compile(key, ckey, build, name) -> CompiledModule:
+def _describe(kind: str, spec) -> str:
+    """What a kernel is, in a few words, for the progress line of a long compile."""
+    describe = getattr(spec, "describe", None)
+    text = describe() if callable(describe) else f"{kind.rsplit('.', 1)[-1]} kernel"
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _load_or_compile(key, ckey, build, name, what) -> CompiledModule:
     """The module under disk key `key` (its entry verified against `ckey`), else
     `build() -> (ir_text, exported names)` optimised, compiled, linked and written to disk.
-    `name` defaults to the first exported name.  Runs under _lock."""
-    got = _disk_get(key, ckey)
-    if got is not None:
-        obj, export = got
+    `name` defaults to the first exported name; `what` names the kernel for the progress
+    line.  Runs under _lock."""
+    got = diskcache.read(key, ckey)
+    export = got[1].get("export") if got is not None else None
+    if not (isinstance(export, list) and export and all(isinstance(n, str) for n in export)):
+        if got is not None:
+            diskcache.drop(key, "its header names no exported function")
+    else:
         try:
-            lib = _link(obj, export, key)
+            lib = _link(got[0], export, key)
         except RuntimeError as e:
-            _disk_drop(key, f"it does not link ({e})")
+            diskcache.drop(key, f"it does not link ({e})")
         else:
             stats["disk_hits"] += 1
             stats["compiled"] += 1
-            return CompiledModule(name or export[0], lambda: build()[0], obj, lib)
-    ir_text, export = build()
-    obj = _host()["tm"].emit_object(_optimize(ir_text))
+            return CompiledModule(name or export[0], lambda: build()[0], got[0], lib)
+    with progress.compiling(what):
+        ir_text, export = build()
+        obj = _host()["tm"].emit_object(_optimize(ir_text))
     cm = CompiledModule(name or export[0], ir_text, obj, _link(obj, export, key))
-    _disk_put(key, dict(ckey, export=export), obj)
+    diskcache.write(key, dict(ckey, export=export), obj)
     stats["compiled"] += 1
     return cm
 
@@ -325,97 +341,8 @@ def link_ir(ir_text: str, export: list, imports: dict | None = None, process: bo
 _objects = caches.register("glue objects", caches.LRU(256))
 
 
-stats = {"compiled": 0, "disk_hits": 0, "disk_dropped": 0, "glue_compiled": 0}
-_warned = [False]
-
-
-def _disk_path(key):
-    d = config.cache_dir()
-    return os.path.join(d, key[:2], key + ".o") if d else None
-
-
-def _encode_entry(ckey: dict, obj: bytes) -> bytes:
-    """A disk entry: magic line, one JSON header line (compile key, object sha256 and length),
-    then the object bytes."""
-    head = dict(ckey, obj_sha256=hashlib.sha256(obj).hexdigest(), obj_len=len(obj))
-    return _MAGIC + json.dumps(head, sort_keys=True, separators=(",", ":")).encode() + b"\n" + obj
-
-
-def _decode_entry(data: bytes, ckey: dict):
-    """(object bytes, exported function names) of a disk entry, or a string saying why the
-    entry is not usable."""
-    if not data.startswith(_MAGIC):
-        return "it has no lazycandle header"
-    nl = data.find(b"\n", len(_MAGIC))
-    if nl < 0:
-        return "its header is cut off"
-    try:
-        head = json.loads(data[len(_MAGIC):nl])
-    except ValueError:
-        return "its header is unreadable"
-    if not isinstance(head, dict):
-        return "its header is unreadable"
-    for field, want in ckey.items():
-        if head.get(field) != want:
-            return f"its compile key differs ({field})"
-    obj = data[nl + 1:]
-    if head.get("obj_len") != len(obj):
-        return f"it holds {len(obj)} object bytes, its header says {head.get('obj_len')}"
-    if head.get("obj_sha256") != hashlib.sha256(obj).hexdigest():
-        return "its object bytes do not match their sha256"
-    export = head.get("export")
-    if not (isinstance(export, list) and export and all(isinstance(n, str) for n in export)):
-        return "its header names no exported function"
-    return obj, export
-
-
-def _disk_get(key, ckey):
-    p = _disk_path(key)
-    if not p or not os.path.exists(p):
-        return None
-    try:
-        with open(p, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        _disk_drop(key, f"it is unreadable ({e.strerror})")
-        return None
-    got = _decode_entry(data, ckey)
-    if isinstance(got, str):
-        _disk_drop(key, got)
-        return None
-    return got
-
-
-def _disk_drop(key, why):
-    """Delete a bad disk entry (it is rewritten after the recompile) and warn once per process."""
-    p = _disk_path(key)
-    stats["disk_dropped"] += 1
-    try:
-        os.remove(p)
-    except OSError:
-        pass
-    if not _warned[0]:
-        _warned[0] = True
-        warnings.warn(f"lazycandle: dropped kernel cache entry {p}: {why}; recompiling it "
-                      f"(further bad entries in this process are replaced without a warning)",
-                      RuntimeWarning, stacklevel=2)
-
-
-def _disk_put(key, ckey, obj):
-    p = _disk_path(key)
-    if not p:
-        return
-    tmp = p + f".{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(_encode_entry(ckey, obj))
-        os.replace(tmp, p)
-    except OSError:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
+stats = diskcache.stats          # one counter dict: compiles here, disk traffic there
+stats.update(compiled=0, glue_compiled=0)
 
 
 class KernelCache:
