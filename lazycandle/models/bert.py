@@ -17,6 +17,7 @@ import numpy as np
 from .. import nn
 from ..dtype import f32, i64, u8
 from ..nn_layers import Embedding, LayerNorm, Linear, Module
+from ..graph_api import jit
 from ..tensor import Tensor, arange, tensor
 from .hub import HFConfig, check_length, report
 
@@ -81,6 +82,7 @@ class Bert(Module):
         self.layers = [BertLayer(cfg, vb.pp(f"encoder.layer.{i}")) for i in range(cfg.num_hidden_layers)]
         self.pooler = Linear(h, h, vb=vb.pp("pooler.dense")) if vb.contains("pooler.dense.weight") else None
         self.tokenizer = None
+        self._embed_program = jit(self._embed_graph)
 
     def forward(self, ids, attention_mask=None, token_type_ids=None) -> Tensor:
         ids = _ids("ids", ids)
@@ -114,15 +116,19 @@ class Bert(Module):
         for s in range(0, len(texts), batch_size):
             chunk = order[s:s + batch_size]
             enc = self.tokenizer.batch([texts[i] for i in chunk], self.max_seq_length)
-            mask = tensor(enc.attention_mask)
-            hidden = self.forward(tensor(enc.input_ids), mask, tensor(enc.token_type_ids))
-            vec = self._pool(hidden, mask)
-            if normalize:
-                vec = vec.broadcast_div(vec.sqr().sum_keepdim(-1).sqrt().maximum(1e-12))
-            rows = vec.to_dtype(f32).numpy()
+            check_length(enc.input_ids.shape[1], self.config.max_position_embeddings, "Bert: sequence")
+            rows = self._embed_program(enc.input_ids, enc.attention_mask, enc.token_type_ids, bool(normalize))
             for j, i in enumerate(chunk):
                 out[i] = rows[j]
         return np.stack(out) if out else np.zeros((0, self.pooled_dim), np.float32)
+
+    def _embed_graph(self, ids, mask, types, normalize):
+        """Pooled (and normalised) f32 vectors of a tokenized batch: traced once per batch
+        shape by lc.jit (self._embed_program), so a call only runs the compiled program."""
+        vec = self._pool(self.forward(ids, mask, types), mask)
+        if normalize:
+            vec = vec.broadcast_div(vec.sqr().sum_keepdim(-1).sqrt().maximum(1e-12))
+        return vec.to_dtype(f32)
 
     @property
     def pooled_dim(self) -> int:
