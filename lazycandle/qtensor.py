@@ -36,7 +36,7 @@ def _check_shape(shape, f: QFormat, op, what="tensor"):
 class QTensor:
     """A tensor of `shape` stored as GGML `kind` blocks along its last dim (row-major rows)."""
 
-    __slots__ = ("shape", "kind", "_buf")
+    __slots__ = ("shape", "kind", "_buf", "_node")
 
     def __init__(self, buf: np.ndarray, shape, kind: str):
         f = _format(kind, "QTensor")
@@ -46,7 +46,7 @@ class QTensor:
         buf = np.asarray(buf).reshape(-1).view(np.uint8)
         if buf.size != want:
             raise ShapeMismatch(f"QTensor: {f.name} {shape} needs {want} bytes, got {buf.size}")
-        self.shape, self.kind, self._buf = shape, f.name, buf
+        self.shape, self.kind, self._buf, self._node = shape, f.name, buf, None
 
     @property
     def format(self) -> QFormat:
@@ -73,6 +73,14 @@ class QTensor:
         v = self._buf.view()
         v.flags.writeable = False
         return v
+
+    def node(self):
+        """The blocks as a graph input: a realized u8 buffer node (made once, so every graph
+        using this weight reads the same input)."""
+        if self._node is None:
+            from .ir.node import Node
+            self._node = Node("buffer", (), None, (self.nbytes,), D.u8, buffer=self.buffer())
+        return self._node
 
     def dequantize(self) -> Tensor:
         """The values as a realized f32 tensor (GGML's dequantize_row_*, bit for bit)."""
@@ -156,11 +164,12 @@ def _tile(m: int, f: QFormat):
 
 def qmatmul(x, qw: QTensor) -> Tensor:
     """x @ qw.dequantize().T for qw of shape (out, in), computed from the blocks (candle's
-    QMatMul::forward).  x: float (..., in); the result has x's leading dims and, for f32 x, dtype
-    f32 (other float dtypes: computed in f32, returned in x's dtype)."""
-    from .codegen import qmatmul as QM
-    from .runtime import buffers, qsteps
-    from .tensor_interop import _buffer_tensor
+    QMatMul::forward): a lazy node (op qmatmul, step in runtime/qsteps.py) like any other, so it
+    sits in graphs, programs and jit.  x: float (..., in); the result has x's leading dims and,
+    for f32 x, dtype f32 (other float dtypes: computed in f32, returned in x's dtype)."""
+    from .ir import ops_model  # noqa: F401  (registers qmatmul)
+    from .ir.node import Node
+    from .runtime import qsteps  # noqa: F401  (registers its step)
     if not isinstance(qw, QTensor):
         raise TypeError(f"qmatmul: the weight must be a QTensor, got {type(qw).__name__}")
     if not isinstance(x, Tensor):
@@ -173,20 +182,9 @@ def qmatmul(x, qw: QTensor) -> Tensor:
     N, K = qw.shape
     lead = x.shape[:-1]
     m = prod(lead)
-    xf = np.ascontiguousarray(x.to_dtype(D.f32).numpy()).reshape(-1)
-    out = buffers.alloc(m * N, D.f32)
-    if m and N:
-        path, isa = _choose(m)
-        mt, nt = _tile(m, qw.format)
-        spec, fn = QM.kernel(qw.kind, path, isa, mt, nt)
-        if path == "int8":
-            nc = K // 32
-            xq, xd, xs = np.empty(m * K, np.int8), np.empty(m * nc, np.float32), np.empty(m * nc, np.float32)
-            aspec, afn = QM.act_kernel()
-            qsteps.run(afn, [xq, xd, xs, xf], (K,), m, float(K) * 4)
-            bufs = [out, qw._buf, xq, xd, xs]
-        else:
-            bufs = [out, qw._buf, xf]
-        qsteps.run(fn, bufs, (m, N, K), N, float(K) * m, align=nt)
-    res = _buffer_tensor(out, D.f32, lead + (N,))
+    xc = x.to_dtype(D.f32).contiguous().materializable()
+    path, isa = _choose(m)
+    mt, nt = _tile(m, qw.format)
+    res = Tensor(Node("qmatmul", (xc._node, qw.node()), (qw.kind, N, K, path, isa, mt, nt), lead + (N,), D.f32,
+                      label=f"qmatmul {qw.kind} {path}"))
     return res if x.dtype is D.f32 else res.to_dtype(x.dtype)

@@ -313,3 +313,24 @@ def test_qmatmul_bf16_input_and_path_switch(path):
     assert y.dtype == lc.bf16
     with pytest.raises(ValueError):
         path("avx9")
+
+
+def test_qmatmul_is_a_lazy_graph_node():
+    rng = np.random.default_rng(6)
+    w = _data((24, 64), seed=6)
+    q = lc.quantize(lc.tensor(w), "q4_0")
+    x = rng.standard_normal((3, 64)).astype(f32)
+    bias = rng.standard_normal(24).astype(f32)
+    y = lc.qmatmul(lc.tensor(x), q)
+    assert y.is_lazy
+    z = (y + lc.tensor(bias)).relu()                    # elementwise after it, in the same graph
+    ref = np.maximum(lc.qmatmul(lc.tensor(x), q).numpy() + bias, 0)
+    np.testing.assert_allclose(z.numpy(), ref, rtol=1e-6, atol=1e-6)
+    xt = lc.tensor(x.T.copy()).T                        # a strided view: made contiguous first
+    np.testing.assert_allclose(lc.qmatmul(xt, q).numpy(), y.numpy(), rtol=1e-6, atol=1e-6)
+
+    f = lc.jit(lambda a: lc.qmatmul(a, q).relu())
+    for s in (0, 1):
+        xs = rng.standard_normal((2, 64)).astype(f32) + s
+        np.testing.assert_allclose(f(xs), np.maximum(lc.qmatmul(lc.tensor(xs), q).numpy(), 0), rtol=1e-6, atol=1e-6)
+    assert lc.qmatmul(lc.zeros((0, 64)), q).shape == (0, 24)

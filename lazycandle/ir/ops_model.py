@@ -9,6 +9,15 @@ steps), registered into the one op table.
            softmax(q k^T scale + mask) v by an online softmax, one unit per (b, h, query block),
            never writing the scores.  mask kind: None | "add" | the integer mask's dtype name.
            Kernel in codegen/attention.py, step in runtime/attention_steps.py.
+  flash_attention_lse   srcs and arg as flash_attention -> (b, h, L): each query row's
+           log-sum-exp of its scaled, masked scores (+inf for a row with every key masked).
+  flash_attention_grad  srcs (q, k, v, dO, lse, D) or (..., mask)   arg as flash_attention
+           -> [dq | dk | dv] flat: the backward, scores recomputed per block (FlashAttention-2).
+           Kernel in codegen/attention_grad.py, step in runtime/attention_steps.py.
+  qmatmul  srcs (x, w)   arg (kind, N, K, path, isa, mt, nt)
+           x (..., K) f32 contiguous times the transposed GGML-block weight (N, K) whose bytes
+           are the u8 buffer w -> (..., N) f32.  Kernels in codegen/qmatmul.py (path "int8":
+           int8 activation blocks first), step in runtime/qsteps.py.
 """
 from __future__ import annotations
 
@@ -16,3 +25,6 @@ from .ops import _op, INDEX
 
 _op("col2im", INDEX, arity=1, doc="sum of convolution columns (b, c, kh, kw, ih, iw) into an image (b, c, oh, ow)")
 _op("flash_attention", INDEX, arity=-1, cost=4, doc="fused scaled dot-product attention (online softmax)")
+_op("flash_attention_lse", INDEX, arity=-1, cost=4, doc="flash attention's per-row log-sum-exp")
+_op("flash_attention_grad", INDEX, arity=-1, cost=4, doc="fused flash-attention backward (dq, dk, dv packed)")
+_op("qmatmul", INDEX, arity=2, cost=2, doc="x @ W.T with W in GGML blocks (quantized weights)")

@@ -1,14 +1,18 @@
 """Running the quantized-weight kernels (codegen/quantize.py, codegen/qmatmul.py) on the pool:
-each call passes its buffers' addresses and run-time sizes in the common kernel ABI and splits
-its units (blocks, or output rows of qmatmul) over the threads."""
+`run` launches one kernel over its units (blocks for quantize / dequantize); the qmatmul node's
+step (`QMatmulStep`, op in ir/ops_model.py) quantizes the activations per block to int8 (path
+"int8") and then splits the weight rows over the threads."""
 from __future__ import annotations
 
 import ctypes
+from math import prod
 
 import numpy as np
 
+from ..codegen import qmatmul as QM
 from . import pool
 from .buffers import address
+from .steps import NodeStep, register
 
 
 def run(fn, arrays, sizes, units: int, cost_per_unit: float, align: int = 1) -> None:
@@ -21,3 +25,37 @@ def run(fn, arrays, sizes, units: int, cost_per_unit: float, align: int = 1) -> 
     base, sizes_ptr = ctypes.addressof(addrs), sz.ctypes.data
     pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, units,
                       cost_per_item=cost_per_unit, align=align)
+
+
+@register("qmatmul")
+class QMatmulStep(NodeStep):
+    def setup(self, cap):
+        kind, N, K, path, isa, mt, nt = self.arg
+        lx = self.operands[0][3]
+        if lx.shape[-1] != K or (K > 1 and lx.strides[-1] != 1) or \
+                any(s != K * prod(lx.shape[d + 1:-1]) for d, s in enumerate(lx.strides[:-1]) if lx.shape[d] > 1):
+            raise ValueError(f"qmatmul: x must be contiguous rows of {K}, got {lx}")
+        self.m, self.N, self.K, self.nt = prod(lx.shape[:-1]), N, K, nt
+        self.int8 = path == "int8"
+        self.spec, self.fn = QM.kernel(kind, path, isa, mt, nt)
+        self.module = self.fn._module
+        if self.int8:
+            self.act = QM.act_kernel()[1]
+        self.detail = (f"qmatmul ({self.m}, {K}) x ({kind} {N}, {K})^T: {self.spec.describe()}"
+                       + ("; activations quantized per 32 to int8 first" if self.int8 else ""))
+
+    def run_node(self, in_bufs, offsets, bufs):
+        m, N, K = self.m, self.N, self.K
+        if m == 0 or N == 0:
+            return
+        x, lx = self.operand(0, in_bufs, offsets, bufs)
+        w, lw = self.operand(1, in_bufs, offsets, bufs)
+        xa, wa = address(x) + lx.offset * x.itemsize, address(w) + lw.offset
+        out = bufs[self.out]
+        if self.int8:
+            nc = K // 32
+            xq, xd, xs = np.empty(m * K, np.int8), np.empty(m * nc, np.float32), np.empty(m * nc, np.float32)
+            run(self.act, [xq, xd, xs, xa], (K,), m, float(K) * 4)
+            run(self.fn, [out, wa, xq, xd, xs], (m, N, K), N, float(K) * m, align=self.nt)
+        else:
+            run(self.fn, [out, wa, xa], (m, N, K), N, float(K) * m, align=self.nt)
