@@ -1,12 +1,13 @@
 """The k-quant quantizers (q4_k, q6_k) of codegen/quantize.py: llama.cpp's quantize_row_q4_K_ref
 and quantize_row_q6_K_ref with their scale searches make_qkx2_quants (min/scale fit over 21
 candidate scales, weights av_x + |x|) and make_qx_quants (rmse_type 1: weights x^2, 18 candidate
-scales), emitted as scalar f32 code in the reference's exact operation order."""
+scales), in the reference's exact f32 operation order: elementwise steps as vector code (the same
+IEEE operations per element), every sum lane by lane in order (never a tree)."""
 from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .llvmutil import F32, I8, I32, I64, call_intrinsic
+from .llvmutil import F32, I8, I32, I64, call_intrinsic, splat
 from .qscalar import half_back, scan, store, store_half
 
 
@@ -27,86 +28,107 @@ def _zeroed(s, *ptrs):
         s.put(p, s.f(0))
 
 
-def _make_qkx2(s, x, w, L, Laux, nmax=15, rmin=-1.0, rdelta=0.1, nstep=20):
-    """make_qkx2_quants(32, nmax, x, w, L, &the_min, Laux, rmin, rdelta, nstep, false):
-    returns (scale, the_min) as f32 values; writes the codes to L (i8*)."""
+def _vt(n, t=F32):
+    return ir.VectorType(t, n)
+
+
+def _vload(b, p, n):
+    return b.load(b.bitcast(p, _vt(n).as_pointer()), align=4)
+
+
+def _vstore_codes(b, v, p):
+    """Store the <n x i32> codes v as bytes at i8* p."""
+    b.store(b.trunc(v, _vt(v.type.count, I8)), b.bitcast(p, _vt(v.type.count, I8).as_pointer()), align=1)
+
+
+def _vc(n, value, t=F32):
+    return ir.Constant(_vt(n, t), [ir.Constant(t, value)] * n)
+
+
+def _seq(b, v, start=None):
+    """Sum of v's lanes in lane order, like the reference's `sum += v[i]` loop (starting from
+    `start`, or from lane 0 when None): exact, not a tree."""
+    n = v.type.count
+    acc, first = (start, 0) if start is not None else (b.extract_element(v, I32(0)), 1)
+    for i in range(first, n):
+        acc = b.fadd(acc, b.extract_element(v, I32(i)))
+    return acc
+
+
+def _vnearest(b, v):
+    n = v.type.count
+    bits = b.bitcast(b.fadd(v, _vc(n, 12582912.0)), _vt(n, I32))
+    return b.sub(b.and_(bits, _vc(n, 0x7FFFFF, I32)), _vc(n, 0x400000, I32))
+
+
+def _vclamp(b, v, lo, hi):
+    n = v.type.count
+    v = b.select(b.icmp_signed("<", v, _vc(n, hi, I32)), v, _vc(n, hi, I32))
+    return b.select(b.icmp_signed(">", v, _vc(n, lo, I32)), v, _vc(n, lo, I32))
+
+
+def _splat(b, v, n):
+    return splat(b, v, n)
+
+
+def _make_qkx2(s, xv, wv, L, nmax=15, rmin=-1.0, rdelta=0.1, nstep=20):
+    """make_qkx2_quants(32, nmax, x, w, L, &the_min, Laux, rmin, rdelta, nstep, false) on the
+    <32 x float> x and weights: returns (scale, the_min); writes the codes to L (i8*).  Vector
+    code per element, sums in the reference's order (exact)."""
     b, n = s.b, 32
-    mn, mx, sw, sx = (s.local(F32) for _ in range(4))
-    x0, w0 = _ld(b, x, 0), _ld(b, w, 0)
-    s.put(mn, x0), s.put(mx, x0), s.put(sw, w0), s.put(sx, b.fmul(w0, x0))
-    with s.loop(n, "i", 1) as i:
-        v, wi = _ld(b, x, i), _ld(b, w, i)
-        s.put(mn, b.select(b.fcmp_ordered("<", v, s.get(mn)), v, s.get(mn)))
-        s.put(mx, b.select(b.fcmp_ordered(">", v, s.get(mx)), v, s.get(mx)))
-        _acc(s, sw, wi)
-        _acc(s, sx, b.fmul(wi, v))
-    m0 = s.get(mn)
-    s.put(mn, b.select(b.fcmp_ordered(">", m0, s.f(0)), s.f(0), m0))
-    scale, best = s.local(F32), s.local(F32)
-    rscale, rmin_ = s.local(F32), s.local(F32)
-    hi = s.get(mx)
-
-    def code(iscale, xi, lo):
-        return s.clamp(s.nearest_int(b.fmul(iscale, b.fsub(xi, lo))), 0, nmax)
-
-    with b.if_else(b.fcmp_ordered("==", hi, s.get(mn))) as (flat, search):
+    mn, mx = b.extract_element(xv, I32(0)), b.extract_element(xv, I32(0))
+    for i in range(1, n):
+        e = b.extract_element(xv, I32(i))
+        mn = b.select(b.fcmp_ordered("<", e, mn), e, mn)
+        mx = b.select(b.fcmp_ordered(">", e, mx), e, mx)
+    sum_w, sum_x = _seq(b, wv), _seq(b, b.fmul(wv, xv))
+    vmn, scale, best = s.local(F32), s.local(F32), s.local(F32)
+    rscale, rmin_, Lv = s.local(F32), s.local(F32), s.local(_vt(n, I32))
+    s.put(vmn, b.select(b.fcmp_ordered(">", mn, s.f(0)), s.f(0), mn))
+    with b.if_else(b.fcmp_ordered("==", mx, s.get(vmn))) as (flat, search):
         with flat:
-            with s.loop(n, "z") as i:
-                b.store(I8(0), _el(b, L, i))
+            s.put(Lv, _vc(n, 0, I32))
             s.put(rscale, s.f(0))
-            s.put(rmin_, b.fneg(s.get(mn)))
+            s.put(rmin_, b.fneg(s.get(vmn)))
         with search:
-            lo = s.get(mn)
-            rng = b.fsub(hi, lo)
-            iscale = b.fdiv(s.f(nmax), rng)
+            lo = s.get(vmn)
+            iscale = b.fdiv(s.f(nmax), b.fsub(mx, lo))
             s.put(scale, b.fdiv(s.f(1), iscale))
-            s.put(best, s.f(0))
-            with s.loop(n) as i:
-                xi = _ld(b, x, i)
-                l = code(iscale, xi, lo)
-                b.store(b.trunc(l, I8), _el(b, L, i))
-                diff = b.fsub(b.fadd(b.fmul(s.get(scale), b.sitofp(l, F32)), lo), xi)
-                _acc(s, best, b.fmul(_ld(b, w, i), b.fmul(diff, diff)))
-            _qkx2_steps(s, x, w, L, Laux, nmax, rmin, rdelta, nstep, hi, sw, sx, scale, best, mn)
+            l = _vclamp(b, _vnearest(b, b.fmul(_splat(b, iscale, n), b.fsub(xv, _splat(b, lo, n)))), 0, nmax)
+            s.put(Lv, l)
+            diff = b.fsub(b.fadd(b.fmul(_splat(b, s.get(scale), n), b.sitofp(l, _vt(n))), _splat(b, lo, n)), xv)
+            s.put(best, _seq(b, b.fmul(wv, b.fmul(diff, diff)), s.f(0)))
+            _qkx2_steps(s, xv, wv, Lv, nmax, rmin, rdelta, nstep, mx, sum_w, sum_x, scale, best, vmn)
             s.put(rscale, s.get(scale))
-            s.put(rmin_, b.fneg(s.get(mn)))
+            s.put(rmin_, b.fneg(s.get(vmn)))
+    _vstore_codes(b, s.get(Lv), L)
     return s.get(rscale), s.get(rmin_)
 
 
-def _qkx2_steps(s, x, w, L, Laux, nmax, rmin, rdelta, nstep, hi, sw, sx, scale, best, mn):
+def _qkx2_steps(s, xv, wv, Lv, nmax, rmin, rdelta, nstep, hi, sw, sx, scale, best, mn):
     """The candidate-scale loop of make_qkx2_quants (keeps the best by weighted squared error;
     like the reference, a better candidate's min moves the grid of the candidates after it)."""
     b, n = s.b, 32
-    sl, sl2, sxl, mad = (s.local(F32) for _ in range(4))
     with s.loop(nstep + 1, "is") as k:
         lo = s.get(mn)
         step = b.fadd(b.fadd(s.f(rmin), b.fmul(s.f(rdelta), b.sitofp(k, F32))), s.f(nmax))
         iscale = b.fdiv(step, b.fsub(hi, lo))
-        _zeroed(s, sl, sl2, sxl)
-        with s.loop(n) as i:
-            xi, wi = _ld(b, x, i), _ld(b, w, i)
-            l = s.clamp(s.nearest_int(b.fmul(iscale, b.fsub(xi, lo))), 0, nmax)
-            b.store(b.trunc(l, I8), _el(b, Laux, i))
-            wl = b.fmul(wi, b.sitofp(l, F32))
-            _acc(s, sl, wl)
-            _acc(s, sl2, b.fmul(wl, b.sitofp(l, F32)))
-            _acc(s, sxl, b.fmul(wl, xi))
-        vsw, vsx, vl, vl2, vxl = s.get(sw), s.get(sx), s.get(sl), s.get(sl2), s.get(sxl)
-        D = b.fsub(b.fmul(vsw, vl2), b.fmul(vl, vl))
+        l = _vclamp(b, _vnearest(b, b.fmul(_splat(b, iscale, n), b.fsub(xv, _splat(b, lo, n)))), 0, nmax)
+        lf = b.sitofp(l, _vt(n))
+        wl = b.fmul(wv, lf)
+        vl, vl2, vxl = _seq(b, wl, s.f(0)), _seq(b, b.fmul(wl, lf), s.f(0)), _seq(b, b.fmul(wl, xv), s.f(0))
+        D = b.fsub(b.fmul(sw, vl2), b.fmul(vl, vl))
         with b.if_then(b.fcmp_ordered(">", D, s.f(0))):
-            ts = b.fdiv(b.fsub(b.fmul(vsw, vxl), b.fmul(vsx, vl)), D)
-            tm = b.fdiv(b.fsub(b.fmul(vl2, vsx), b.fmul(vl, vxl)), D)
+            ts = b.fdiv(b.fsub(b.fmul(sw, vxl), b.fmul(sx, vl)), D)
+            tm = b.fdiv(b.fsub(b.fmul(vl2, sx), b.fmul(vl, vxl)), D)
             pos = b.fcmp_ordered(">", tm, s.f(0))
             ts = b.select(pos, b.fdiv(vxl, vl2), ts)
             tm = b.select(pos, s.f(0), tm)
-            s.put(mad, s.f(0))
-            with s.loop(n) as i:
-                diff = b.fsub(b.fadd(b.fmul(ts, b.uitofp(_ld(b, Laux, i), F32)), tm), _ld(b, x, i))
-                _acc(s, mad, b.fmul(_ld(b, w, i), b.fmul(diff, diff)))
-            with b.if_then(b.fcmp_ordered("<", s.get(mad), s.get(best))):
-                with s.loop(n) as i:
-                    b.store(_ld(b, Laux, i), _el(b, L, i))
-                s.put(best, s.get(mad))
+            diff = b.fsub(b.fadd(b.fmul(_splat(b, ts, n), lf), _splat(b, tm, n)), xv)
+            mad = _seq(b, b.fmul(wv, b.fmul(diff, diff)), s.f(0))
+            with b.if_then(b.fcmp_ordered("<", mad, s.get(best))):
+                s.put(Lv, l)
+                s.put(best, mad)
                 s.put(scale, ts)
                 s.put(mn, tm)
 
@@ -116,21 +138,16 @@ def q4_k(s, x, y, nan):
     b = s.b
     for _ in scan(s, x, 256, nan):
         pass
-    L, Laux, w = s.local(I8, 256), s.local(I8, 32), s.local(F32, 32)
+    L = s.local(I8, 256)
     scales, mins = s.local(F32, 8), s.local(F32, 8)
-    max_scale, max_min, sum_x2 = s.local(F32), s.local(F32), s.local(F32)
+    max_scale, max_min = s.local(F32), s.local(F32)
     _zeroed(s, max_scale, max_min)
-    Lp, Lauxp, wp = s.at(L, 0), s.at(Laux, 0), s.at(w, 0)
+    Lp = s.at(L, 0)
     with s.loop(8, "sub") as j:
-        xj = _el(b, x, b.mul(j, I64(32)))
-        s.put(sum_x2, s.f(0))
-        with s.loop(32, "l") as l:
-            v = _ld(b, xj, l)
-            _acc(s, sum_x2, b.fmul(v, v))
-        av_x = call_intrinsic(b, "sqrt", [b.fdiv(s.get(sum_x2), s.f(32))])
-        with s.loop(32, "l") as l:
-            b.store(b.fadd(av_x, s.fabs(_ld(b, xj, l))), _el(b, wp, l))
-        sc, mn = _make_qkx2(s, xj, wp, _el(b, Lp, b.mul(j, I64(32))), Lauxp)
+        xv = _vload(b, _el(b, x, b.mul(j, I64(32))), 32)
+        av_x = call_intrinsic(b, "sqrt", [b.fdiv(_seq(b, b.fmul(xv, xv), s.f(0)), s.f(32))])
+        wv = b.fadd(_splat(b, av_x, 32), call_intrinsic(b, "fabs", [xv]))
+        sc, mn = _make_qkx2(s, xv, wv, _el(b, Lp, b.mul(j, I64(32))))
         b.store(sc, _el(b, s.at(scales, 0), j))
         b.store(mn, _el(b, s.at(mins, 0), j))
         s.put(max_scale, b.select(b.fcmp_ordered(">", sc, s.get(max_scale)), sc, s.get(max_scale)))
@@ -162,10 +179,9 @@ def q4_k(s, x, y, nan):
         dj = b.fmul(dq, b.uitofp(ls[j], F32))
         with b.if_then(b.fcmp_unordered("!=", dj, s.f(0))):
             dm = b.fmul(dminq, b.uitofp(lm[j], F32))
-            with s.loop(32, "ii") as i:
-                at = b.add(i, I64(32 * j))
-                l = s.clamp(s.nearest_int(b.fdiv(b.fadd(_ld(b, x, at), dm), dj)), 0, 15)
-                b.store(b.trunc(l, I8), _el(b, Lp, at))
+            xv = _vload(b, _el(b, x, 32 * j), 32)
+            q = _vnearest(b, b.fdiv(b.fadd(xv, _splat(b, dm, 32)), _splat(b, dj, 32)))
+            _vstore_codes(b, _vclamp(b, q, 0, 15), _el(b, Lp, 32 * j))
     for p in range(4):
         with s.loop(32, "l") as l:
             at = b.add(l, I64(64 * p))
@@ -174,57 +190,48 @@ def q4_k(s, x, y, nan):
 
 
 def _make_qx(s, x, L, n=16, nmax=32):
-    """make_qx_quants(n, nmax, x, L, 1, NULL): returns the scale; writes codes + nmax to L."""
+    """make_qx_quants(n, nmax, x, L, 1, NULL): returns the scale; writes codes + nmax to L.
+    Vector code per element, sums in the reference's order (exact)."""
     b = s.b
-    amax, mx, res, scale, best, slx, sl2 = (s.local(F32) for _ in range(7))
-    _zeroed(s, amax, mx)
-    with s.loop(n) as i:
-        v = _ld(b, x, i)
-        a = s.fabs(v)
-        gt = b.fcmp_ordered(">", a, s.get(amax))
-        s.put(mx, b.select(gt, v, s.get(mx)))
-        s.put(amax, b.select(gt, a, s.get(amax)))
+    xv = _vload(b, x, n)
+    amax, mx = s.f(0), s.f(0)
+    for i in range(n):
+        e = b.extract_element(xv, I32(i))
+        a = call_intrinsic(b, "fabs", [e])
+        gt = b.fcmp_ordered(">", a, amax)
+        amax, mx = b.select(gt, a, amax), b.select(gt, e, mx)
+    res, scale, best, Lv = s.local(F32), s.local(F32), s.local(F32), s.local(_vt(n, I32))
+    w = b.fmul(xv, xv)
+    wx = b.fmul(w, xv)
 
-    def sums(iscale, write):
-        _zeroed(s, slx, sl2)
-        with s.loop(n) as i:
-            xi = _ld(b, x, i)
-            l = s.clamp(s.nearest_int(b.fmul(iscale, xi)), -nmax, nmax - 1)
-            if write:
-                b.store(b.trunc(b.add(l, I32(nmax)), I8), _el(b, L, i))
-            fl = b.sitofp(l, F32)
-            wv = b.fmul(xi, xi)
-            _acc(s, slx, b.fmul(b.fmul(wv, xi), fl))
-            _acc(s, sl2, b.fmul(b.fmul(wv, fl), fl))
+    def sums(iscale):
+        l = _vclamp(b, _vnearest(b, b.fmul(_splat(b, iscale, n), xv)), -nmax, nmax - 1)
+        lf = b.sitofp(l, _vt(n))
+        return b.add(l, _vc(n, nmax, I32)), _seq(b, b.fmul(wx, lf), s.f(0)), _seq(b, b.fmul(b.fmul(w, lf), lf), s.f(0))
 
-    with b.if_else(b.fcmp_ordered("<", s.get(amax), s.f(1e-15))) as (zero, search):
+    with b.if_else(b.fcmp_ordered("<", amax, s.f(1e-15))) as (zero, search):
         with zero:
-            with s.loop(n, "z") as i:
-                b.store(I8(0), _el(b, L, i))
+            s.put(Lv, _vc(n, 0, I32))
             s.put(res, s.f(0))
         with search:
-            m = s.get(mx)
-            sums(b.fdiv(s.f(-nmax), m), True)
-            v2 = s.get(sl2)
-            s.put(scale, b.select(b.fcmp_unordered("!=", v2, s.f(0)), b.fdiv(s.get(slx), v2), s.f(0)))
-            s.put(best, b.fmul(s.get(scale), s.get(slx)))
+            codes, slx, sl2 = sums(b.fdiv(s.f(-nmax), mx))
+            s.put(Lv, codes)
+            s.put(scale, b.select(b.fcmp_unordered("!=", sl2, s.f(0)), b.fdiv(slx, sl2), s.f(0)))
+            s.put(best, b.fmul(s.get(scale), slx))
             with s.loop(19, "is") as k:
                 is_ = b.sub(k, I64(9))
                 with b.if_then(b.icmp_signed("!=", is_, I64(0))):
                     step = b.fadd(s.f(nmax), b.fmul(s.f(0.1), b.sitofp(is_, F32)))
-                    iscale = b.fdiv(b.fneg(step), m)
-                    sums(iscale, False)
-                    vx, v2 = s.get(slx), s.get(sl2)
+                    codes, vx, v2 = sums(b.fdiv(b.fneg(step), mx))
                     better = b.and_(b.fcmp_ordered(">", v2, s.f(0)),
                                     b.fcmp_ordered(">", b.fmul(vx, vx), b.fmul(s.get(best), v2)))
                     with b.if_then(better):
-                        with s.loop(n, "w") as i:
-                            l = s.clamp(s.nearest_int(b.fmul(iscale, _ld(b, x, i))), -nmax, nmax - 1)
-                            b.store(b.trunc(b.add(l, I32(nmax)), I8), _el(b, L, i))
+                        s.put(Lv, codes)
                         sc = b.fdiv(vx, v2)
                         s.put(scale, sc)
                         s.put(best, b.fmul(sc, vx))
             s.put(res, s.get(scale))
+    _vstore_codes(b, s.get(Lv), L)
     return s.get(res)
 
 
@@ -268,10 +275,9 @@ def _q6_codes(s, x, y, Lp, dq):
         sc = b.load(b.gep(y, [b.add(j, I64(192))], inbounds=True))
         dj = b.fmul(dq, b.sitofp(sc, F32))
         with b.if_then(b.fcmp_unordered("!=", dj, s.f(0))):
-            with s.loop(16, "ii") as i:
-                at = b.add(i, b.mul(j, I64(16)))
-                l = s.clamp(s.nearest_int(b.fdiv(_ld(b, x, at), dj)), -32, 31)
-                b.store(b.trunc(b.add(l, I32(32)), I8), _el(b, Lp, at))
+            at = b.mul(j, I64(16))
+            q = _vclamp(b, _vnearest(b, b.fdiv(_vload(b, _el(b, x, at), 16), _splat(b, dj, 16))), -32, 31)
+            _vstore_codes(b, b.add(q, _vc(16, 32, I32)), _el(b, Lp, at))
 
 
 def _q6_pack(s, y, Lp):
