@@ -249,8 +249,16 @@ class Embedding(Module):
     """Rows of weight (n, dim) at integer ids."""
     PARAMS = ("weight",)
 
-    def __init__(self, n, dim, *, vb=None, dtype=None):
-        self.weight = _builder(vb, dtype).get((n, dim), "weight", normal_init(1.0))
+    def __init__(self, n, dim, padding_idx=None, *, vb=None, dtype=None):
+        init = normal_init(1.0)
+        if padding_idx is not None:         # torch: that row starts at zero
+            if not -n <= padding_idx < n:
+                raise ValueError(f"Embedding: padding_idx {padding_idx} is outside [-{n}, {n})")
+            row, normal = padding_idx % n, init
+            init = lambda shape, dt: normal(shape, dt).slice_assign(  # noqa: E731
+                [slice(row, row + 1)], full(0.0, (1, shape[1]), dt))
+        self.padding_idx = padding_idx
+        self.weight = _builder(vb, dtype).get((n, dim), "weight", init)
 
     @classmethod
     def from_weights(cls, weight) -> "Embedding":

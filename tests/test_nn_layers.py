@@ -49,6 +49,8 @@ def test_embedding():
     close(emb(lc.tensor(ids)).numpy(), w[ids], 0)
     with pytest.raises(IndexError):
         emb(lc.tensor([10])).numpy()
+    padded = lc.nn.Embedding(5, 3, padding_idx=-1).weight.numpy()
+    assert not padded[4].any() and padded[:4].all()
 
 
 def test_layer_norm_and_rms_norm():

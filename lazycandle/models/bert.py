@@ -74,7 +74,7 @@ class Bert(Module):
     def __init__(self, cfg: BertConfig, vb, pooling=("mean_tokens",), max_seq_length=None):
         e, h = vb.pp("embeddings"), cfg.hidden_size
         self.config, self.pooling = cfg, tuple(pooling)
-        self.max_seq_length = max_seq_length or cfg.max_position_embeddings
+        self.max_seq_length = min(max_seq_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.word_embeddings = Embedding(cfg.vocab_size, h, vb=e.pp("word_embeddings"))
         self.position_embeddings = Embedding(cfg.max_position_embeddings, h, vb=e.pp("position_embeddings"))
         self.token_type_embeddings = Embedding(cfg.type_vocab_size, h, vb=e.pp("token_type_embeddings"))
