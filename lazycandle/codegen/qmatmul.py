@@ -55,6 +55,8 @@ class QMatSpec(KernelSpec):
     isa: str
     mt: int
     nt: int = 1
+    centred: bool = False     # q4_0 / q5_0 codes centred (psign) or unsigned + offset term (measured
+                              # faster: 5% at m = 1, up to 20% at m = 32, bench of 18:46)
 
     def describe(self) -> str:
         return f"qmatmul {self.fmt} ({self.path}, {self.isa}, {self.mt} rows per tile)"
@@ -221,7 +223,7 @@ def _block_loop(b, fn, spec, f, nb, ncx, wrows, rows, nacc, dot, act):
         for u in range(nt):
             bp = b.gep(wrows[u], [b.mul(blk, I64(f.nbytes))], inbounds=True)
             if int8:
-                vals, signed, (s0, s1), coef = chunk(b, spec.fmt, bp, c)
+                vals, signed, (s0, s1), coef = chunk(b, spec.fmt, bp, c, spec.centred)
                 for t in range(mt):
                     prod = b.sitofp(dot(b, vals, yq[t], signed), V8F)
                     new_acc[u][t][0] = _fma(b, prod, _lane_scales(b, s0, s1, dx[t]), new_acc[u][t][0])
@@ -270,6 +272,6 @@ def act_kernel():
     return spec, _kernels(spec)
 
 
-def kernel(fmt: str, path: str, isa: str, mt: int, nt: int):
-    spec = QMatSpec(fmt, path, isa if path == "int8" else "none", int(mt), int(nt))
+def kernel(fmt: str, path: str, isa: str, mt: int, nt: int, centred: bool = False):
+    spec = QMatSpec(fmt, path, isa if path == "int8" else "none", int(mt), int(nt), bool(centred))
     return spec, _kernels(spec)
