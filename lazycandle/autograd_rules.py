@@ -343,15 +343,37 @@ def _col2im(n, g, xs, out):
 # ---- flash_attention ------------------------------------------------------------------------
 @_rule("flash_attention")
 def _flash_attention(n, g, xs, out):
-    """The graph version's gradient, taken from leaf copies of the operands so the inner walk
-    stops at them (the outer walk carries the gradients on)."""
-    from .autograd import gradients, no_grad
-    from .nn_attention import _graph_sdpa
+    """The fused backward (codegen/attention_grad.py): per block, the scores are recomputed from
+    q, k, the mask and the rows' log-sum-exp (the forward kernel run again in its `lse` mode: the
+    forward's output stays as it is for callers that never take a gradient, and that pass costs
+    the scores' product without P @ V), with D = rowsum(dO * O).  One packed [dq | dk | dv]
+    buffer; an additive mask's gradient, dS itself, is the graph of the same formulas."""
+    from .ir.node import Node
     causal, kind, scale = n.arg
-    with no_grad():
-        leaves = [x.copy() for x in xs]
-    q, k, v = leaves[:3]
-    mask = leaves[3] if kind is not None else None
-    y = _graph_sdpa(q, k, v, mask, causal, scale)
-    store = gradients(y, [t for t in leaves if t.dtype.is_float], grad=g, keep_all=False)
-    return tuple(store.get(t) if t.dtype.is_float else None for t in leaves)
+    q, k, v = xs[:3]
+    B, H, L, E = q.shape
+    S, EV = k.shape[2], v.shape[3]
+    T = type(q)
+    lse = T(Node("flash_attention_lse", tuple(x._node for x in xs), n.arg, (B, H, L), q.dtype,
+                 label="flash_attention log-sum-exp"))
+    dd = (g * out).sum(-1).contiguous()
+    do, qc = _last_contiguous(g.materializable()), _last_contiguous(q)
+    srcs = (qc, k, v, do, lse, dd) + tuple(xs[3:])
+    sizes = (B * H * L * E, B * H * S * E, B * H * S * EV)
+    flat = T(Node("flash_attention_grad", tuple(x._node for x in srcs), n.arg, (sum(sizes),), q.dtype,
+                  label=f"flash_attention backward{' causal' if causal else ''}{f' mask {kind}' if kind else ''}"))
+    grads, at = [], 0
+    for size, shape in zip(sizes, ((B, H, L, E), (B, H, S, E), (B, H, S, EV))):
+        grads.append(flat.narrow(0, at, size).reshape(shape))
+        at += size
+    if kind is None:
+        return tuple(grads)
+    if kind != "add":
+        return tuple(grads) + (None,)
+    p = (q.matmul(k.transpose(-2, -1)) * scale + xs[3] - lse.unsqueeze(-1)).exp()
+    return tuple(grads) + (p * (g.matmul(v.transpose(-2, -1)) - dd.unsqueeze(-1)),)
+
+
+def _last_contiguous(t):
+    """t, or a copy when its last dim (of size > 1) is strided: the backward loads vectors along it."""
+    return t.contiguous() if t.shape[-1] > 1 and t._node.layout.strides[-1] != 1 else t

@@ -20,7 +20,10 @@ over keys instead ("keys" mode): a score is a vector dot product over E (q rows 
 QR (BQ, E), k's last dim contiguous), the softmax statistics are scalars per row and a block's
 probabilities are vectors over its keys, P (BQ, BK).
 
-Compile-time: dtype, E, Ev, the mask kind, the mode and the blocking (from the host's vector width).
+In `lse` mode (the backward's first pass, codegen/attention_grad.py) the unit skips P @ V and
+writes its rows' log-sum-exp m + log l instead (+inf for a fully masked row), (B, H, L).
+
+Compile-time: dtype, E, Ev, the mask kind, the mode, lse and the blocking (from the host's vector width).
 Run time (the `sizes` array, SIZES order): H, L, S, the number of query blocks and every
 operand's strides (the last dim of v is contiguous; q, k and the mask are read through any
 strides, stride 0 for broadcast batch dims); `scalars[0]` is the scale (f64 bits).  So a new
@@ -58,6 +61,7 @@ class AttentionSpec:
     cb: int             # keys per score tile ("rows")
     mode: str = "rows"  # "rows": score vectors over query rows; "keys": over keys (few query rows)
     we: int = 1         # lanes of the q . k dot products over E ("keys"; divides e)
+    lse: bool = False   # write each row's log-sum-exp (B, H, L) instead of the output (the backward's)
 
 
 def _lanes(n: int, width: int) -> int:
@@ -170,16 +174,34 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
                 _scores(b, spec, ct, VT, RV, k, k_base, sz, S, j0, nk, QT, PT, sacc, zero_t, al)
                 for rv in range(RV):
                     _softmax_step(b, spec, ct, VT, rv, r0, j0, nk, L, PT, M, LS, AL, red, mask, m_base, sz, ninf, al)
-            _accumulate(b, spec, ct, VV, v, v_base, sz, j0, nk, nr, PT, ACC, AL, oacc, al)
-        o_base = b.mul(b.add(b.mul(bh, L), r0), I64(EV))
-        with counted_loop(b, I64(0), nr, 1, "o") as r:
-            ls = b.load(_at(b, LS, r), align=al)      # 0 only for a row with every key masked: torch's 0 output
-            den = splat(b, b.select(b.fcmp_ordered("==", ls, const(ct, 0.0)), const(ct, 1.0), ls), WV)
-            with counted_loop(b, I64(0), I64(EV), WV, "oe") as e:
-                off = b.add(b.mul(r, I64(EV)), e)
-                _vstore(b, b.fdiv(_vload(b, ACC, off, VV, al), den), out, b.add(o_base, off), al)
+            if not spec.lse:
+                _accumulate(b, spec, ct, VV, v, v_base, sz, j0, nk, nr, PT, ACC, AL, oacc, al)
+        if spec.lse:
+            _store_lse(b, ct, out, b.add(b.mul(bh, L), r0), nr, M, LS, al)
+        else:
+            _store_rows(b, ct, out, b.mul(b.add(b.mul(bh, L), r0), I64(EV)), nr, EV, WV, VV, ACC, LS, al)
     b.ret_void()
     return str(m)
+
+
+def _store_rows(b, ct, out, o_base, nr, EV, WV, VV, ACC, LS, al):
+    """out rows = ACC / l; a row with every key masked (l = 0) is 0, as torch gives."""
+    with counted_loop(b, I64(0), nr, 1, "o") as r:
+        ls = b.load(_at(b, LS, r), align=al)
+        den = splat(b, b.select(b.fcmp_ordered("==", ls, const(ct, 0.0)), const(ct, 1.0), ls), WV)
+        with counted_loop(b, I64(0), I64(EV), WV, "oe") as e:
+            off = b.add(b.mul(r, I64(EV)), e)
+            _vstore(b, b.fdiv(_vload(b, ACC, off, VV, al), den), out, b.add(o_base, off), al)
+
+
+def _store_lse(b, ct, out, base, nr, M, LS, al):
+    """out[base + r] = m + log(l), the rows' log-sum-exp; +inf for a row with every key masked
+    (l = 0), so the backward's exp(s - lse) is 0 there and its gradients are 0, as torch's."""
+    with counted_loop(b, I64(0), nr, 1, "o") as r:
+        ls = b.load(_at(b, LS, r), align=al)
+        lse = b.fadd(b.load(_at(b, M, r), align=al), vmath.emit(b, "log", ls))
+        dead = b.fcmp_ordered("==", ls, const(ct, 0.0))
+        b.store(b.select(dead, const(ct, float("inf")), lse), _at(b, out, b.add(base, r)), align=al)
 
 
 def _scores(b, spec, ct, VT, RV, k, k_base, sz, S, j0, nk, QT, PT, sacc, zero_t, al):

@@ -1,22 +1,44 @@
-"""Step of flash_attention: `setup` compiles the kernel for the operands' dtype, head dims and
-mask kind (once per structure: sizes and strides go in the run-time `sizes` array) and builds
-that array from the plan's layouts; `run_node` folds the operands' offsets into the pointers and
-runs the (batch, head, query block) units over the thread pool."""
+"""Steps of flash_attention, flash_attention_lse (its rows' log-sum-exp) and flash_attention_grad:
+`setup` compiles the kernel for the operands' dtype, head dims and mask kind (once per
+structure: sizes and strides go in the run-time `sizes` array) and builds that array from the
+plan's layouts; `run_node` folds the operands' offsets into the pointers and runs the units
+((batch, head, query block) forward, (batch, head) backward) over the thread pool."""
 from __future__ import annotations
 
 import ctypes
 import struct
+from dataclasses import replace
 from math import prod
 
 import numpy as np
 
 from ..codegen import attention as A
+from ..codegen import attention_grad as AG
 from . import pool
 from .buffers import address
 from .steps import NodeStep, register
 
 
-@register("flash_attention")
+def _f64_bits(x):
+    return np.array(struct.unpack("<q", struct.pack("<d", float(x))), np.int64)
+
+
+def _run_units(step, in_bufs, offsets, bufs):
+    """The kernel over the step's units: out first, then each operand at its offset."""
+    if step.fn is None:
+        return
+    addrs = [address(bufs[step.out])]
+    for i in range(len(step.operands)):
+        x, lx = step.operand(i, in_bufs, offsets, bufs)
+        addrs.append(address(x) + lx.offset * x.itemsize)
+    ptrs = (ctypes.c_void_p * len(addrs))(*addrs)
+    base, sizes, scalars = ctypes.addressof(ptrs), address(step.sizes), address(step.scalars)
+    fn = step.fn
+    pool.parallel_for(lambda a, b: fn(base, sizes, scalars, a, b), 0, step.units, cost_per_item=step.cost)
+    del ptrs
+
+
+@register("flash_attention", "flash_attention_lse")
 class FlashAttentionStep(NodeStep):
     def setup(self, cap):
         causal, mask_kind, scale = self.arg
@@ -24,6 +46,9 @@ class FlashAttentionStep(NodeStep):
         B, H, L, E = lq.shape
         S, EV = lk.shape[2], lv.shape[3]
         self.spec = A.attention_spec(dt, E, EV, causal, mask_kind, L)
+        lse = cap.nodes[self.out].op.name == "flash_attention_lse"
+        if lse:
+            self.spec = replace(self.spec, lse=True)
         nqb = -(-L // self.spec.bq)
         lm = self.operands[3][3] if mask_kind is not None else None
         mstr = tuple(lm.strides) if lm is not None else (0, 0, 0, 0)
@@ -37,7 +62,7 @@ class FlashAttentionStep(NodeStep):
                                                                             lk.strides[2], lk.strides[3], lv.strides[2])
         vals["m_b"], vals["m_h"], vals["m_l"], vals["m_s"] = mstr
         self.sizes = np.array([vals[n] for n in A.SIZES], np.int64)
-        self.scalars = np.array(struct.unpack("<q", struct.pack("<d", float(scale))), np.int64)
+        self.scalars = _f64_bits(scale)
         self.units = B * H * nqb
         self.cost = float(self.spec.bq * max(S, 1) * (E + EV) * 2)
         self.fn = None
@@ -46,19 +71,53 @@ class FlashAttentionStep(NodeStep):
         s = self.spec
         tiles = (f"score vectors of {s.width} keys, dot products over E in {s.we} lanes" if s.mode == "keys" else
                  f"score tiles {s.bq // s.width}x{s.width} rows x {s.cb} keys")
-        self.detail = (f"flash attention {dt.name} (b, h)=({B}, {H}) L={L} S={S} E={E} Ev={EV}"
+        self.detail = (f"flash attention{' log-sum-exp' if lse else ''} {dt.name} (b, h)=({B}, {H}) L={L} S={S} E={E} Ev={EV}"
                        f"{' causal' if causal else ''}{f' mask {mask_kind}' if mask_kind else ''}: {self.units} units "
                        f"of {s.bq} query rows, key blocks of {s.bk}, {tiles}")
 
     def run_node(self, in_bufs, offsets, bufs):
-        if self.fn is None:
-            return
-        addrs = [address(bufs[self.out])]
-        for i in range(len(self.operands)):
-            x, lx = self.operand(i, in_bufs, offsets, bufs)
-            addrs.append(address(x) + lx.offset * x.itemsize)
-        ptrs = (ctypes.c_void_p * len(addrs))(*addrs)
-        base, sizes, scalars = ctypes.addressof(ptrs), address(self.sizes), address(self.scalars)
-        fn = self.fn
-        pool.parallel_for(lambda a, b: fn(base, sizes, scalars, a, b), 0, self.units, cost_per_item=self.cost)
-        del ptrs
+        _run_units(self, in_bufs, offsets, bufs)
+
+
+@register("flash_attention_grad")
+class FlashAttentionGradStep(NodeStep):
+    """Operands q, k, v, dO, lse, D (, mask), each (b, h, ., .) (lse, D: (b, h, L) contiguous);
+    the output is [dq | dk | dv] flat."""
+
+    def setup(self, cap):
+        causal, mask_kind, scale = self.arg
+        (_, _, _, lq, dt), (_, _, _, lk, _), (_, _, _, lv, _), (_, _, _, lo, _) = self.operands[:4]
+        B, H, L, E = lq.shape
+        S, EV = lk.shape[2], lv.shape[3]
+        for name, lay, last in (("q", lq, E), ("dO", lo, EV)):
+            if lay.strides[3] != 1 and last > 1:
+                raise ValueError(f"flash_attention_grad: {name} needs a contiguous last dim, got strides {lay.strides}")
+        for name, (_, _, _, lay, _) in zip(("lse", "D"), self.operands[4:6]):
+            if lay.shape != (B, H, L) or any(n > 1 and st != want for n, st, want
+                                             in zip(lay.shape, lay.strides, (H * L, L, 1))):
+                raise ValueError(f"flash_attention_grad: {name} must be ({B}, {H}, {L}) contiguous, got "
+                                 f"{lay.shape} strides {lay.strides}")
+        self.spec = AG.grad_spec(dt, E, EV, causal, mask_kind)
+        lm = self.operands[6][3] if mask_kind is not None else None
+        vals = {"H": H, "L": L, "S": S, "dk_off": B * H * L * E, "dv_off": B * H * (L + S) * E}
+        for p, st in (("q", lq.strides), ("k", lk.strides), ("v", lv.strides)):
+            vals[f"{p}_b"], vals[f"{p}_h"] = st[0], st[1]
+        vals["q_l"], vals["q_e"], vals["k_s"], vals["k_e"] = lq.strides[2], lq.strides[3], lk.strides[2], lk.strides[3]
+        vals["v_s"], vals["v_e"] = lv.strides[2], lv.strides[3]
+        vals["o_b"], vals["o_h"], vals["o_l"] = lo.strides[:3]
+        vals["m_b"], vals["m_h"], vals["m_l"], vals["m_s"] = tuple(lm.strides) if lm is not None else (0, 0, 0, 0)
+        self.sizes = np.array([vals[n] for n in AG.SIZES], np.int64)
+        self.scalars = _f64_bits(scale)
+        self.units = B * H
+        pairs = L * S / (2 if causal else 1)
+        self.cost = float(pairs * (3 * E + 2 * EV) * 2)
+        self.fn = None
+        if prod(self.shape) > 0:
+            self.module, self.fn = AG.get_kernel(self.spec)
+        s = self.spec
+        self.detail = (f"flash attention backward {dt.name} (b, h)=({B}, {H}) L={L} S={S} E={E} Ev={EV}"
+                       f"{' causal' if causal else ''}{f' mask {mask_kind}' if mask_kind else ''}: {self.units} units "
+                       f"of one head, blocks of {s.bq} query rows x {s.bk} keys recomputed")
+
+    def run_node(self, in_bufs, offsets, bufs):
+        _run_units(self, in_bufs, offsets, bufs)

@@ -1,0 +1,272 @@
+"""The fused flash-attention backward (f32 / f64), FlashAttention-2's recomputation: the scores
+are rebuilt per (query block, key block) from q, k, the mask and the rows' log-sum-exp (the
+forward kernel's `lse` mode), so neither the (L, S) probabilities nor their gradient is written.
+
+One unit per (batch, head): it owns that head's dq, dk and dv, so nothing is shared between
+units (a broadcast operand's gradient is summed over its broadcast dims afterwards, by the view
+rule).  Per key block j (BK keys) the unit copies K_j scaled (KS (BK, E) and KT (E, BK)) and
+V_j^T (VT (Ev, BK)) to the stack and zeroes the dK / dV accumulators; then for each query block
+i (BQ rows; causal: from row j0 on, earlier rows see none of these keys):
+  S  = Q_i KT                  P = exp(S + mask - lse) (0 where masked or past S)
+  dP = dO_i VT                 dS = P (dP - D), D = rowsum(dO * O) (an input)
+  dV_j += P^T dO_i             dK_j += dS^T Q_i       dQ_i += dS KS (in the output)
+each product a register tile of MR rows x NV vectors (over keys, E or Ev) of broadcast-A FMAs.
+Finally dK_j (times scale) and dV_j are stored.  Output: one flat buffer [dq | dk | dv], each
+(B, H, ., .) contiguous; the gradients are views of it.
+
+Compile-time: dtype, E, Ev, causal, the mask kind and the blocking.  Run time (`sizes`, SIZES
+order): H, L, S, the operands' strides (q and dO: last dim contiguous; k, v and the mask: any)
+and where dk and dv start; `scalars[0]` is the scale.  lse and D are (B, H, L) contiguous.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llvmlite.ir as ir
+
+from .. import dtype as D
+from . import jit, vmath
+from .attention import _at, _lanes, _min, _stack, _vload, _vstore
+from .llvmutil import F64, I32, I64, call_intrinsic, const, ltype, splat
+from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_module, unit_range
+
+SIZES = ("H", "L", "S", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h", "k_s", "k_e", "v_b", "v_h", "v_s", "v_e",
+         "o_b", "o_h", "o_l", "m_b", "m_h", "m_l", "m_s", "dk_off", "dv_off")
+MR, NV = 4, 2           # register tile: rows x vectors
+STACK_ELEMS = 24576     # budget of a key block's stack copies and accumulators, BK (3 E + 2 Ev)
+
+
+@dataclass(frozen=True)
+class GradSpec:
+    dtype: str          # f32 | f64
+    e: int              # head dim of q and k
+    ev: int             # head dim of v
+    causal: bool
+    mask: str | None    # None | "add" | an integer dtype name (attend where != 0)
+    width: int          # lanes of the vectors over keys
+    we: int             # lanes of the vectors over E (divides e)
+    wv: int             # lanes of the vectors over Ev (divides ev)
+    bq: int             # query rows per block
+    bk: int             # keys per block (a multiple of width)
+
+
+def grad_spec(dt: D.DType, e: int, ev: int, causal: bool, mask: str | None) -> GradSpec:
+    """The blocking for the host's vector width: BK keys as large as the stack budget allows."""
+    width = jit.vector_bits() // (8 * dt.size_in_bytes)
+    bk = 64
+    while bk > width and bk * (3 * e + 2 * ev) > STACK_ELEMS:
+        bk //= 2
+    bk = max(bk, width)
+    return GradSpec(dt.name, e, ev, causal, mask, width, _lanes(e, width), _lanes(ev, width), 32, bk)
+
+
+class _Gemm:
+    """C[i, :n] (+)= sum_x A[i, x] B[x, :n] for rows i < m, in register tiles of MR rows (single
+    rows for m's tail) by NV vectors of `wn` lanes (fewer for n's tail).  Callbacks: a_row(i) ->
+    a handle made once per tile row, a_at(handle, x) -> the scalar A[i, x], b_row(x) -> pointer to
+    B[x, 0], c_row(i) -> pointer to C[i, 0]; n and wn are compile-time, m and k values."""
+
+    def __init__(self, b, ct, wn, al):
+        self.b, self.ct, self.wn, self.al = b, ct, wn, al
+        self.vt = ir.VectorType(ct, wn) if wn > 1 else ct
+        self.acc = _stack(b, self.vt, MR * NV)
+
+    def __call__(self, m, k, n, a_row, a_at, b_row, c_row, accumulate, m_aligned=False):
+        b = self.b
+        m_full = m if m_aligned else b.and_(m, I64(-MR))
+        with counted_loop(b, I64(0), m_full, MR, "gm") as i:
+            self._over_n(i, MR, k, n, a_row, a_at, b_row, c_row, accumulate)
+        if not m_aligned:
+            with counted_loop(b, m_full, m, 1, "gt") as i:
+                self._over_n(i, 1, k, n, a_row, a_at, b_row, c_row, accumulate)
+
+    def _over_n(self, i, rows, k, n, a_row, a_at, b_row, c_row, accumulate):
+        group = NV * self.wn
+        full, tail = n // group, (n % group) // self.wn
+        if full:
+            with counted_loop(self.b, I64(0), I64(full * group), group, "gn") as n0:
+                self._tile(i, rows, n0, NV, k, a_row, a_at, b_row, c_row, accumulate)
+        if tail:
+            self._tile(i, rows, I64(full * group), tail, k, a_row, a_at, b_row, c_row, accumulate)
+
+    def _tile(self, i, rows, n0, nvec, k, a_row, a_at, b_row, c_row, accumulate):
+        b, wn, al, vt = self.b, self.wn, self.al, self.vt
+        hs = [a_row(b.add(i, I64(r))) for r in range(rows)]
+        cs = [c_row(b.add(i, I64(r))) for r in range(rows)]
+        slots = [[_at(b, self.acc, I64(r * NV + v)) for v in range(nvec)] for r in range(rows)]
+        for r in range(rows):
+            for v in range(nvec):
+                init = _vload(b, cs[r], b.add(n0, I64(v * wn)), vt, al) if accumulate else const(vt, 0.0)
+                b.store(init, slots[r][v], align=64)
+        with counted_loop(b, I64(0), k, 1, "gk") as x:
+            bp = b_row(x)
+            bv = [_vload(b, bp, b.add(n0, I64(v * wn)), vt, al) for v in range(nvec)]
+            for r in range(rows):
+                a = splat(b, a_at(hs[r], x), wn)
+                for v in range(nvec):
+                    b.store(call_intrinsic(b, "fma", [a, bv[v], b.load(slots[r][v], align=64)]), slots[r][v], align=64)
+        for r in range(rows):
+            for v in range(nvec):
+                _vstore(b, b.load(slots[r][v], align=64), cs[r], b.add(n0, I64(v * wn)), al)
+
+
+def build_attention_grad(spec: GradSpec, name: str = "attention_grad") -> str:
+    dt = D.DType.from_name(spec.dtype)
+    ct = ltype(dt.compute)
+    al = dt.size_in_bytes
+    W, BQ, BK, E, EV = spec.width, spec.bq, spec.bk, spec.e, spec.ev
+    m = new_module(name)
+    fn, b = kernel_function(m, name)
+    bufs, sizes, scalars = fn.args[0], fn.args[1], fn.args[2]
+    out = arg_pointer(b, bufs, 0, ct, "out")
+    q, k, v, do, lse, dd = (arg_pointer(b, bufs, i + 1, ct, n) for i, n in enumerate(("q", "k", "v", "do", "lse", "d")))
+    int_mask = spec.mask not in (None, "add")
+    mt = ir.IntType(8 * D.DType.from_name(spec.mask).size_in_bytes) if int_mask else ct
+    mask = arg_pointer(b, bufs, 7, mt, "mask") if spec.mask else None
+    sz = {n: b.load(_at(b, sizes, I64(i)), align=8, name=n) for i, n in enumerate(SIZES)}
+    scale = b.load(b.bitcast(scalars, F64.as_pointer()), align=8)
+    if ct != F64:
+        scale = b.fptrunc(scale, ct)
+    st = {"KT": _stack(b, ct, E * BK), "KS": _stack(b, ct, BK * E), "VT": _stack(b, ct, EV * BK),
+          "DK": _stack(b, ct, BK * E), "DV": _stack(b, ct, BK * EV), "P": _stack(b, ct, BQ * BK),
+          "DS": _stack(b, ct, BQ * BK)}
+    gemms = {w: _Gemm(b, ct, w, al) for w in {W, spec.we, spec.wv}}
+    lo, hi = unit_range(fn)
+    L, S, H = sz["L"], sz["S"], sz["H"]
+    with counted_loop(b, lo, hi, 1, "u") as u:
+        hh, bb = b.urem(u, H), b.udiv(u, H)
+
+        def base(p):
+            return b.add(b.mul(bb, sz[f"{p}_b"]), b.mul(hh, sz[f"{p}_h"]))
+        ctx = {"q": base("q"), "k": base("k"), "v": base("v"), "o": base("o"),
+               "m": base("m") if mask is not None else None, "row": b.mul(u, L),
+               "dq": b.mul(b.mul(u, L), I64(E)), "dk": b.add(sz["dk_off"], b.mul(b.mul(u, S), I64(E))),
+               "dv": b.add(sz["dv_off"], b.mul(b.mul(u, S), I64(EV)))}
+        with counted_loop(b, I64(0), b.mul(L, I64(E)), 1, "z") as z:
+            b.store(const(ct, 0.0), _at(b, out, b.add(ctx["dq"], z)), align=al)
+        nblk = b.udiv(b.add(S, I64(BK - 1)), I64(BK))
+        with counted_loop(b, I64(0), nblk, 1, "blk") as jb:
+            j0 = b.mul(jb, I64(BK))
+            nk = _min(b, I64(BK), b.sub(S, j0))
+            _load_keys(b, spec, ct, k, v, sz, ctx, j0, st, scale, al)
+            i_start = _min(b, j0, L) if spec.causal else I64(0)
+            with counted_loop(b, i_start, L, BQ, "qb") as i0:
+                nr = _min(b, I64(BQ), b.sub(L, i0))
+                _pair(b, spec, ct, gemms, (q, do, lse, dd, mask, out), sz, ctx, i0, nr, j0, nk, st, al)
+            _store_keys(b, spec, ct, out, ctx, j0, nk, st, scale, al)
+    b.ret_void()
+    return str(m)
+
+
+def _load_keys(b, spec, ct, k, v, sz, ctx, j0, st, scale, al):
+    """KS = KT^T = scale k[j0 : j0 + BK], VT = v[j0 : j0 + BK]^T (keys past S read key S - 1),
+    and zero the block's dK / dV accumulators."""
+    BK, E, EV = spec.bk, spec.e, spec.ev
+    last = b.sub(sz["S"], I64(1))
+    with counted_loop(b, I64(0), I64(BK), 1, "lk") as c:
+        j = _min(b, b.add(j0, c), last)
+        krow, vrow = b.add(ctx["k"], b.mul(j, sz["k_s"])), b.add(ctx["v"], b.mul(j, sz["v_s"]))
+        with counted_loop(b, I64(0), I64(E), 1, "le") as e:
+            x = b.fmul(b.load(_at(b, k, b.add(krow, b.mul(e, sz["k_e"]))), align=al), scale)
+            b.store(x, _at(b, st["KS"], b.add(b.mul(c, I64(E)), e)), align=al)
+            b.store(x, _at(b, st["KT"], b.add(b.mul(e, I64(BK)), c)), align=al)
+            b.store(const(ct, 0.0), _at(b, st["DK"], b.add(b.mul(c, I64(E)), e)), align=al)
+        with counted_loop(b, I64(0), I64(EV), 1, "lv") as e:
+            x = b.load(_at(b, v, b.add(vrow, b.mul(e, sz["v_e"]))), align=al)
+            b.store(x, _at(b, st["VT"], b.add(b.mul(e, I64(BK)), c)), align=al)
+            b.store(const(ct, 0.0), _at(b, st["DV"], b.add(b.mul(c, I64(EV)), e)), align=al)
+
+
+def _store_keys(b, spec, ct, out, ctx, j0, nk, st, scale, al):
+    """dk rows j0 .. j0 + nk = scale dK, dv rows = dV."""
+    E, EV = spec.e, spec.ev
+    with counted_loop(b, I64(0), nk, 1, "sk") as c:
+        j = b.add(j0, c)
+        with counted_loop(b, I64(0), I64(E), 1, "se") as e:
+            x = b.fmul(b.load(_at(b, st["DK"], b.add(b.mul(c, I64(E)), e)), align=al), scale)
+            b.store(x, _at(b, out, b.add(ctx["dk"], b.add(b.mul(j, I64(E)), e))), align=al)
+        with counted_loop(b, I64(0), I64(EV), 1, "sv") as e:
+            x = b.load(_at(b, st["DV"], b.add(b.mul(c, I64(EV)), e)), align=al)
+            b.store(x, _at(b, out, b.add(ctx["dv"], b.add(b.mul(j, I64(EV)), e))), align=al)
+
+
+def _pair(b, spec, ct, gemms, ptrs, sz, ctx, i0, nr, j0, nk, st, al):
+    """One (query block, key block) pair: the scores and dP, P and dS, then the three updates."""
+    q, do, lse, dd, mask, out = ptrs
+    W, BK, E, EV = spec.width, spec.bk, spec.e, spec.ev
+    last = b.sub(sz["L"], I64(1))
+    m_up = b.and_(b.add(nr, I64(MR - 1)), I64(-MR))      # rows past nr read row L - 1, never used
+
+    def row_of(p, stride):
+        return lambda r: b.add(ctx[p], b.mul(_min(b, b.add(i0, r), last), sz[stride]))
+    P, DS = st["P"], st["DS"]
+    gemms[W](m_up, I64(E), BK, row_of("q", "q_l"), lambda h, x: b.load(_at(b, q, b.add(h, b.mul(x, sz["q_e"]))), align=al),
+             lambda x: _at(b, st["KT"], b.mul(x, I64(BK))), lambda r: _at(b, P, b.mul(r, I64(BK))), False, True)
+    gemms[W](m_up, I64(EV), BK, row_of("o", "o_l"), lambda h, x: b.load(_at(b, do, b.add(h, x)), align=al),
+             lambda x: _at(b, st["VT"], b.mul(x, I64(BK))), lambda r: _at(b, DS, b.mul(r, I64(BK))), False, True)
+    _probabilities(b, spec, ct, lse, dd, mask, sz, ctx, i0, nr, j0, nk, P, DS, al)
+    q_row, o_row = row_of("q", "q_l"), row_of("o", "o_l")
+    gemms[spec.wv](nk, nr, EV, lambda c: c, lambda c, r: b.load(_at(b, P, b.add(b.mul(r, I64(BK)), c)), align=al),
+                   lambda r: _at(b, do, o_row(r)), lambda c: _at(b, st["DV"], b.mul(c, I64(EV))), True)
+    gemms[spec.we](nk, nr, E, lambda c: c, lambda c, r: b.load(_at(b, DS, b.add(b.mul(r, I64(BK)), c)), align=al),
+                   lambda r: _at(b, q, q_row(r)), lambda c: _at(b, st["DK"], b.mul(c, I64(E))), True)
+    gemms[spec.we](nr, nk, E, lambda r: b.mul(r, I64(BK)), lambda h, c: b.load(_at(b, DS, b.add(h, c)), align=al),
+                   lambda c: _at(b, st["KS"], b.mul(c, I64(E))),
+                   lambda r: _at(b, out, b.add(ctx["dq"], b.mul(b.add(i0, r), I64(E)))), True)
+
+
+def _probabilities(b, spec, ct, lse, dd, mask, sz, ctx, i0, nr, j0, nk, P, DS, al):
+    """P = exp(S + mask - lse) where attended (key < S, causal, integer mask) else 0;
+    DS (holding dP) = P (dP - D)."""
+    W, BK = spec.width, spec.bk
+    VT = ir.VectorType(ct, W)
+    iota = ir.Constant(ir.VectorType(I64, W), list(range(W)))
+    zero = const(VT, 0.0)
+    with counted_loop(b, I64(0), nr, 1, "pr") as r:
+        row = b.add(i0, r)
+        at = b.add(ctx["row"], row)
+        l_r = splat(b, b.load(_at(b, lse, at), align=al), W)
+        d_r = splat(b, b.load(_at(b, dd, at), align=al), W)
+        for cv in range(BK // W):
+            off = b.add(b.mul(r, I64(BK)), I64(cv * W))
+            s = _vload(b, P, off, VT, al)
+            lane = b.add(splat(b, I64(cv * W), W), iota)
+            ok = b.icmp_signed("<", lane, splat(b, nk, W))
+            j = b.add(splat(b, j0, W), lane)
+            if spec.causal:
+                ok = b.and_(ok, b.icmp_signed("<=", j, splat(b, row, W)))
+            if mask is not None:
+                mv = _mask_row(b, spec, mask, sz, ctx["m"], row, j0, cv)
+                if spec.mask == "add":
+                    s = b.fadd(s, mv)
+                else:
+                    ok = b.and_(ok, b.icmp_unsigned("!=", mv, const(mv.type, 0)))
+            p = b.select(ok, vmath.emit(b, "exp", b.fsub(s, l_r)), zero)
+            _vstore(b, p, P, off, al)
+            ds = b.fmul(p, b.fsub(_vload(b, DS, off, VT, al), d_r))
+            _vstore(b, b.select(ok, ds, zero), DS, off, al)
+
+
+def _mask_row(b, spec, mask, sz, m_base, row, j0, cv):
+    """The mask at `row`, keys j0 + cv W .. + W - 1 (clamped to S - 1), as a vector."""
+    W = spec.width
+    mrow = b.add(m_base, b.mul(row, sz["m_l"]))
+    last = b.sub(sz["S"], I64(1))
+    mv = ir.Constant(ir.VectorType(mask.type.pointee, W), ir.Undefined)
+    for ln in range(W):
+        jj = _min(b, b.add(j0, I64(cv * W + ln)), last)
+        mv = b.insert_element(mv, b.load(_at(b, mask, b.add(mrow, b.mul(jj, sz["m_s"])))), I32(ln))
+    return mv
+
+
+def _build(spec):
+    return build_attention_grad(spec), "attention_grad"
+
+
+_kernels = jit.KernelCache(_build, KERNEL_FN)
+
+
+def get_kernel(spec: GradSpec):
+    """(CompiledModule, ctypes function) for a spec, compiled once per structure."""
+    fn = _kernels(spec)
+    return fn._module, fn
