@@ -24,8 +24,8 @@ import numpy as np
 
 import lazycandle as lc
 from bench.peers import load_peers, threads
-from lazycandle.models import gpt2
-from lazycandle.models.generation import Session
+from lazycandle.models import Session, gpt2
+from lazycandle.models.textgen import random_model
 
 
 # ---- NumPy (float32, preallocated cache) ----------------------------------------------------
@@ -106,25 +106,25 @@ class TorchGPT2:
 # ---- lazycandle ---------------------------------------------------------------------------
 class LcGPT2:
     def __init__(self, model, max_len):
-        self.session = Session(model, max_len)
+        self.session = Session(model, 1, max_len)
 
     def step(self, tokens):
         s = self.session
-        return (s.prefill(tokens) if s.pos == 0 else s.decode(tokens[0])).numpy()
+        return (s.prefill([tokens]) if s.pos == 0 else s.decode(tokens))[0]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="124M", choices=sorted(gpt2.CONFIGS))
+    ap.add_argument("--config", default="124M", choices=sorted(gpt2.PRESETS))
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="prefill timings per implementation")
     a = ap.parse_args(argv)
-    cfg = gpt2.CONFIGS[a.config]
     max_len = a.prompt + a.tokens
-    model = gpt2.GPT2.random(cfg, seed=0)
-    weights = {k: t.numpy() for k, t in model.w.items()}
+    model, varmap = random_model(gpt2, gpt2.PRESETS[a.config], seed=0)
+    cfg = model.config
+    weights = {k: t.numpy() for k, t in varmap.data().items()}
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, min(cfg.vocab, 256), a.prompt).tolist()
     tokens = rng.integers(0, cfg.vocab, a.tokens).tolist()

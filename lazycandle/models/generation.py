@@ -1,38 +1,94 @@
-"""What the generators share: the KV cache, the prefill + decode loop with its timings, weight
-creation and checkpoint loading, byte-level tokens and the command line.
+"""What the causal LMs share per forward pass: where the new tokens sit (`Step`: cache slot,
+left padding, positions), the KV cache, and causal attention over cache + new rows.
 
-A model is an object with `config` (with max_len), `new_cache(batch, max_len)` and
-`forward(ids, cache, pos, span=None)` -> lazy logits (batch, T, vocab) for tokens `ids`
-(batch, T) at positions pos..pos+T-1, which also hands those positions' keys and values to
-`cache` (KVCache.update; KVCache.commit writes them once the step is realized); pos is an
-int, or a (1,) i64 tensor (one token, attending over `span` cache slots)."""
+A model's `forward(ids, cache, step, last=False)` gives the logits (b, t, vocab) of tokens `ids`
+(b, t) placed at cache slots step.start.. (only the last position's with `last`), and hands
+those slots' keys and values to `cache` (KVCache.update; KVCache.commit writes them once the
+step is realized).  `cache` may be None: the tokens attend to each other only (a full sequence).
+
+A batch of prompts of different lengths is left-padded to one length: sequence i's tokens start
+at slot pad[i], its position ids are slot - pad[i] (0 at its first token, like transformers'
+attention-mask cumsum), and its queries never see slots before pad[i]."""
 from __future__ import annotations
 
-import argparse
 import math
-import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from .. import nn
-from ..caches import cache_info
-from ..dtype import DType, f32, i64
-from ..graph_api import compile
-from ..serialization import load_safetensors, take_tensors
-from ..tensor import Tensor, arange, placeholder, randn, realize, tensor, zeros
+from ..autograd import no_grad
+from ..dtype import f32, f64, i64
+from ..tensor import Tensor, arange, tensor, zeros
 from ..tensor_extras import triangle_mask
 
 
+@dataclass(frozen=True)
+class Step:
+    """Where one forward pass's t new tokens per sequence go.  `start`: the cache slot of the
+    first one, an int, or a (1,) i64 tensor in a compiled decode step (then t = 1 and the
+    attention reads `span` cache slots, masking those from start on).  `pad`: None, or a (b,)
+    i64 tensor of each sequence's left padding."""
+    start: object
+    t: int
+    span: int | None = None
+    pad: Tensor | None = None
+
+    @property
+    def runtime(self) -> bool:
+        return isinstance(self.start, Tensor)
+
+    @property
+    def cached(self) -> int:
+        """Cache slots the attention reads besides the new rows."""
+        return self.span if self.runtime else self.start
+
+    def positions(self):
+        """Position ids (b or 1, t) i64, or None when they are start..start+t-1 for every
+        sequence (an int start, no padding: the tables are narrowed instead)."""
+        if self.pad is None and not self.runtime:
+            return None
+        slots = self.start.reshape((1, 1)) if self.runtime else \
+            arange(self.start, self.start + self.t, dtype=i64).reshape((1, self.t))
+        if self.pad is None:
+            return slots
+        return slots.broadcast_sub(self.pad.reshape((-1, 1))).clip(0)
+
+    def masks(self, groups: int):
+        """(masked cached slots (b|1, 1, 1, S) or None, masked new keys (b|1, 1, groups*t, t)
+        or None) as u8, nonzero = masked.  New rows see themselves and earlier new rows; a real
+        row never sees a pad slot.  Pad rows see earlier pads, so every row keeps a key."""
+        old = new = None
+        s, t = self.cached, self.t
+        if s:
+            slots = arange(0, s, dtype=i64).reshape((1, 1, 1, s))
+            if self.runtime:
+                old = slots.broadcast_ge(self.start.reshape((1, 1, 1, 1)))
+            if self.pad is not None:
+                before = slots.broadcast_lt(self.pad.reshape((-1, 1, 1, 1)))
+                old = before if old is None else old.broadcast_maximum(before)
+        if t > 1:
+            new = (triangle_mask(t, t, 0, True) == 0).reshape((1, 1, t, t))
+        if self.pad is not None and not self.runtime and t > 1:
+            at = arange(self.start, self.start + t, dtype=i64)
+            pad = self.pad.reshape((-1, 1, 1, 1))
+            key_pad = at.reshape((1, 1, 1, t)).broadcast_lt(pad)
+            row_real = at.reshape((1, 1, t, 1)).broadcast_ge(pad)
+            both = key_pad.broadcast_mul(row_real)
+            new = both if new is None else new.broadcast_maximum(both)
+        if new is not None and groups > 1:
+            new = new.repeat((1, 1, groups, 1))
+        return old, new
+
+
 class KVCache:
-    """Preallocated keys and values per layer, (batch, kv_heads, max_len, head_dim) each: lc
-    tensors that own their buffers (or placeholders, inside a compiled decode step).
+    """Preallocated keys and values per layer, (batch, kv_heads, max_len, head_dim) each, in
+    the model's dtype: lc tensors that own their buffers (or placeholders, inside a compiled
+    decode step).
 
     A step never copies the cache: `update` keeps the step's new keys and values aside
     (`pending`) and returns, for attention, the cached part written so far together with the
-    new rows (`causal_attention` attends over both).  Once the step is realized, `commit`
-    writes the new rows into the cache buffers with slice_set_ (buffer donation: O(new rows),
-    in place while the cache is the buffers' only holder)."""
+    new rows.  Once the step is realized, `commit` writes the new rows into the cache buffers
+    with slice_set_ (buffer donation: O(new rows), in place while the cache is the buffers'
+    only holder)."""
 
     def __init__(self, k: list, v: list):
         self.k, self.v = list(k), list(v)
@@ -45,228 +101,79 @@ class KVCache:
         return cls([zeros(shape, dtype).realize() for _ in range(n_layer)],
                    [zeros(shape, dtype).realize() for _ in range(n_layer)])
 
-    def update(self, layer: int, k: Tensor, v: Tensor, pos, span: int | None = None):
-        """Keys and values for attention of new rows k, v (batch, kv_heads, T, head_dim) at
-        positions pos..pos+T-1: ((cached keys, k), (cached values, v)), the cached part being
-        positions 0..pos-1, or, for a runtime `pos` (a tensor, T = 1), slots 0..span-1 (attention
-        masks the ones from pos on).  The rows are kept for `commit`."""
+    @property
+    def dtype(self):
+        return self.k[0].dtype
+
+    def update(self, layer: int, k: Tensor, v: Tensor, step: Step):
+        """(cached keys or None, k), (cached values or None, v) for attention of the new rows
+        k, v (batch, kv_heads, t, head_dim) at `step`; the rows are kept for `commit`."""
         self.pending[layer] = (k, v)
-        n = pos if span is None else span
+        n = step.cached
+        if not n:
+            return (None, k), (None, v)
         return (self.k[layer].narrow(2, 0, n), k), (self.v[layer].narrow(2, 0, n), v)
 
     def rows(self) -> list:
         """The current step's new keys then new values, layer by layer."""
         return [self.pending[i][0] for i in range(len(self.k))] + [self.pending[i][1] for i in range(len(self.k))]
 
-    def commit(self, pos: int, rows=None) -> None:
+    def commit(self, start: int, rows=None) -> None:
         """Write the step's new rows (realized tensors, or `rows` as `rows()` orders them,
-        e.g. arrays a compiled step returned) into the cache at `pos`, in place."""
+        e.g. arrays a compiled step returned) into the cache at slot `start`, in place."""
         n = len(self.k)
         rows = self.rows() if rows is None else [r if hasattr(r, "_node") else tensor(r) for r in rows]
         self.pending = {}
-        for i in range(n):
-            self.k[i].slice_set_(rows[i], 2, pos)
-            self.v[i].slice_set_(rows[n + i], 2, pos)
+        with no_grad():             # (a copy made while a Var lives would keep the old cache)
+            for i in range(n):
+                self.k[i].slice_set_(rows[i], 2, start)
+                self.v[i].slice_set_(rows[n + i], 2, start)
 
     def tensors(self) -> list:
         return self.k + self.v
 
 
-def causal_attention(q, k, v, pos):
-    """Attention of queries q (b, heads, T, d) at positions pos.. over keys k, v: each a pair
-    (cached (b, kv_heads, S, d), new (b, kv_heads, T, d)) from KVCache.update, or a plain
-    tensor.  heads is a multiple of kv_heads (grouped-query attention: each group of query
-    heads is one batch of rows against its key head, so keys are never repeated).  New rows
-    see the cached ones (for a runtime pos, a (1,) i64 tensor: the slots before pos) and the
-    new ones up to their own position."""
+def update_or_pass(cache, layer, k, v, step):
+    """cache.update(...), or the new rows alone when there is no cache."""
+    return cache.update(layer, k, v, step) if cache is not None else ((None, k), (None, v))
+
+
+def causal_attention(q, k, v, step: Step, scale: float | None = None):
+    """Attention of queries q (b, heads, t, d) at `step` over k, v: pairs (cached (b, kv_heads,
+    S, d) or None, new (b, kv_heads, t, d)) from KVCache.update.  heads is a multiple of
+    kv_heads (grouped-query attention: each group of query heads is one batch of rows against
+    its key head, so keys are never repeated).  bf16 / f16 attend in f32 (scores, softmax and
+    the weighted sum) and return q's dtype, as transformers' eager attention keeps its softmax
+    in f32."""
+    dt = q.dtype
     b, heads, t, d = q.shape
-    if isinstance(k, tuple) and k[0].shape[2] == 0:
-        k, v = k[1], v[1]
-    if not isinstance(k, tuple):
-        return _attention_over(q, k, v, pos)
     (k_old, k_new), (v_old, v_new) = k, v
-    kv, s = k_old.shape[1], k_old.shape[2]
+    if dt not in (f32, f64):
+        q, k_new, v_new = q.astype(f32), k_new.astype(f32), v_new.astype(f32)
+        k_old, v_old = (None, None) if k_old is None else (k_old.astype(f32), v_old.astype(f32))
+    kv = k_new.shape[1]
     groups = heads // kv
     qg = q.reshape((b, kv, groups * t, d)) if groups > 1 else q
-    scale = 1.0 / math.sqrt(d)
-    old = qg.broadcast_matmul(k_old.transpose(-2, -1)) * scale
-    if hasattr(pos, "_node"):
-        old = old.masked_fill((arange(0, s) >= pos.broadcast_as((s,))).reshape((1, s)), float("-inf"))
-    new = qg.broadcast_matmul(k_new.transpose(-2, -1)) * scale
-    if t > 1:
-        mask = triangle_mask(t, t, 0, True) == 0
-        new = new.masked_fill(mask if groups == 1 else mask.repeat((groups, 1)), float("-inf"))
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    old_mask, new_mask = step.masks(groups)
+    if k_old is None:
+        attend = None if new_mask is None else new_mask == 0
+        y = nn.scaled_dot_product_attention(qg, k_new, v_new, mask=attend, scale=scale)
+    else:
+        y = _two_part(qg, k_old, v_old, k_new, v_new, old_mask, new_mask, scale)
+    y = y.reshape((b, heads, t, d))
+    return y if y.dtype is dt else y.astype(dt)
+
+
+def _two_part(q, k_old, v_old, k_new, v_new, old_mask, new_mask, scale):
+    """One softmax over the cached keys and the new ones, without concatenating them."""
+    old = q.broadcast_matmul(k_old.transpose(-2, -1)) * scale
+    if old_mask is not None:
+        old = old.masked_fill(old_mask, float("-inf"))
+    new = q.broadcast_matmul(k_new.transpose(-2, -1)) * scale
+    if new_mask is not None:
+        new = new.masked_fill(new_mask, float("-inf"))
     top = old.max(-1, keepdim=True).maximum(new.max(-1, keepdim=True))
     p_old, p_new = (old - top).exp(), (new - top).exp()
-    y = (p_old.broadcast_matmul(v_old) + p_new.broadcast_matmul(v_new)) / \
-        (p_old.sum(-1, keepdim=True) + p_new.sum(-1, keepdim=True))
-    return y.reshape((b, heads, t, d))
-
-
-def _attention_over(q, k, v, pos):
-    """Attention over plain cached keys k, v (b, kv_heads, S, d) of queries at pos.. (an int)."""
-    b, heads, t, d = q.shape
-    kv, s = k.shape[1], k.shape[2]
-    groups = heads // kv
-    mask = None if t == 1 else triangle_mask(t, s, pos, True)
-    if mask is not None and groups > 1:
-        mask = mask.repeat((groups, 1))
-    if groups > 1:
-        q = q.reshape((b, kv, groups * t, d))
-    return nn.scaled_dot_product_attention(q, k, v, mask=mask).reshape((b, heads, t, d))
-
-
-class Session:
-    """One sequence being generated (batch 1): `prefill(tokens)` runs the prompt eagerly,
-    `decode(token)` one new token.  Decode steps run a compiled Program (cached on the model,
-    one per span of `span_block` cache positions): the position is fed as data, the caches go
-    in (read in place) and only the step's new keys and values come back, written into the
-    caches by KVCache.commit, so a step builds no graph, compiles nothing and writes O(new
-    rows) of cache.  `compiled=False` builds each decode step eagerly instead.  Both return the
-    last position's logits, a realized (vocab,) tensor."""
-
-    def __init__(self, model, max_len: int, compiled: bool = True, span_block: int = 128):
-        self.model, self.compiled, self.span_block = model, compiled, span_block
-        self.cache = model.new_cache(1, max_len)
-        self.max_len, self.pos = self.cache.max_len, 0
-
-    def _room(self, n: int):
-        if self.pos + n > self.max_len:
-            raise ValueError(f"generate: {self.pos + n} positions exceed the cache's max_len {self.max_len}")
-
-    def prefill(self, tokens) -> Tensor:
-        return self._eager(list(tokens))
-
-    def decode(self, token: int) -> Tensor:
-        if not self.compiled:
-            return self._eager([token])
-        self._room(1)
-        span = min(self.max_len, -(-(self.pos + 1) // self.span_block) * self.span_block)
-        prog = self._program(span)
-        n = len(self.cache.k)
-        feeds = {"ids": np.array([[token]], np.int64), "pos": np.array([self.pos], np.int64)}
-        feeds.update({f"k{i}": a for i, a in enumerate(self.cache.k)})
-        feeds.update({f"v{i}": a for i, a in enumerate(self.cache.v)})
-        logits, *rows = prog.run(**feeds)
-        del feeds                       # the caches' only holder is the cache again (donation)
-        self.cache.commit(self.pos, rows)
-        self.pos += 1
-        return tensor(logits)
-
-    def _eager(self, tokens) -> Tensor:
-        self._room(len(tokens))
-        logits = self.model.forward(tensor(np.array([tokens], np.int64), i64), self.cache, self.pos)
-        last = logits[0, -1]
-        del logits                      # the graph reads the caches: drop it before commit
-        rows = self.cache.rows()
-        realize(last, *rows)
-        self.cache.commit(self.pos, rows)
-        self.pos += len(tokens)
-        return last
-
-    def _program(self, span: int):
-        key = ("decode", self.max_len, span)
-        progs = self.model.__dict__.setdefault("_programs", {})
-        if key not in progs:
-            like = self.cache.k[0]
-            shape, dt = tuple(like.shape), DType.from_numpy(np.asarray(like).dtype)
-            n = len(self.cache.k)
-            cache = KVCache([placeholder(f"k{i}", shape, dt) for i in range(n)],
-                            [placeholder(f"v{i}", shape, dt) for i in range(n)])
-            pos = placeholder("pos", (1,), i64)
-            logits = self.model.forward(placeholder("ids", (1, 1), i64), cache, pos, span)
-            progs[key] = compile([logits[0, -1]] + cache.rows())
-        return progs[key]
-
-
-@dataclass
-class Generation:
-    tokens: list            # the new tokens (batch 1)
-    prefill_ms: float       # the whole prompt's forward pass
-    decode_ms: list         # per generated token after the first
-    kernels_after_warmup: int   # kernels compiled during decode after `warmup` steps
-
-    @property
-    def decode_ms_per_token(self) -> float:
-        return float(np.median(self.decode_ms)) if self.decode_ms else float("nan")
-
-
-def generate(model, prompt, n_tokens: int, sampler, warmup: int = 3, max_len: int | None = None,
-             compiled: bool = True) -> Generation:
-    """Prefill `prompt` (a list of ids), then decode `n_tokens` tokens one at a time with the
-    KV cache, picking each with `sampler` (logits row -> id)."""
-    prompt = list(prompt)
-    if not prompt:
-        raise ValueError("generate: the prompt needs at least one token")
-    session = Session(model, max_len or min(model.config.max_len, len(prompt) + n_tokens), compiled)
-    t0 = time.perf_counter()
-    logits = session.prefill(prompt)
-    prefill_ms = (time.perf_counter() - t0) * 1e3
-    tokens, times, kernels_at = [sampler(logits)], [], None
-    while len(tokens) < n_tokens:
-        if len(times) == warmup:
-            kernels_at = cache_info()["kernels"]
-        t0 = time.perf_counter()
-        tokens.append(sampler(session.decode(tokens[-1])))
-        times.append((time.perf_counter() - t0) * 1e3)
-    compiled_after = 0 if kernels_at is None else cache_info()["kernels"] - kernels_at
-    return Generation(tokens, prefill_ms, times, compiled_after)
-
-
-# ---- weights -------------------------------------------------------------------------------
-def random_weights(shapes: dict, seed: int, std: float = 0.02, gains=()) -> dict:
-    """Seeded N(0, std) weights for `shapes` (name -> shape); names ending in one of `gains`
-    (norm weights) are N(1, 0.1) instead."""
-    out = {}
-    for i, (name, shape) in enumerate(shapes.items()):
-        gain = name.endswith(tuple(gains))
-        out[name] = randn(1.0 if gain else 0.0, 0.1 if gain else std, shape, f32, seed=seed * 100003 + i)
-    return out
-
-
-def load_checkpoint(path, shapes: dict, prefixes=("",)) -> dict:
-    """The model's tensors from a safetensors file (SerializationError for a missing tensor or
-    a wrong shape), as f32."""
-    got = take_tensors(load_safetensors(path), shapes, path, prefixes)
-    return {k: t if t.dtype is f32 else t.astype(f32).realize() for k, t in got.items()}
-
-
-# ---- tokens and the command line ----------------------------------------------------------
-def byte_tokens(text: str) -> list:
-    """Byte-level tokens: the UTF-8 bytes of `text` (ids 0..255)."""
-    return list(text.encode("utf-8"))
-
-
-def parse_args(prog: str, configs, argv=None):
-    ap = argparse.ArgumentParser(prog=prog, description=f"Generate text with {prog} on lazycandle "
-                                 "(byte-level tokens: no tokenizer needed).")
-    ap.add_argument("--config", default="tiny", choices=sorted(configs))
-    ap.add_argument("--random-weights", action="store_true", help="seeded random weights (no download)")
-    ap.add_argument("--weights", help="a safetensors checkpoint with Hugging Face tensor names")
-    ap.add_argument("--prompt", default="Hello, lazycandle!", help="text, tokenized as UTF-8 bytes")
-    ap.add_argument("--tokens", type=int, default=32, help="new tokens to generate")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    if not args.random_weights and not args.weights:
-        ap.error("pass --random-weights or --weights FILE")
-    if args.tokens < 1:
-        ap.error("--tokens must be >= 1")
-    return args
-
-
-def run_cli(model, args) -> Generation:
-    """Generate and print the tokens and the timings."""
-    from .sampling import Sampler
-    prompt = byte_tokens(args.prompt)
-    gen = generate(model, prompt, args.tokens, Sampler(args.temperature, args.top_k, args.top_p, args.seed))
-    print("prompt tokens:", prompt)
-    print("new tokens:", gen.tokens)
-    text = bytes(t for t in gen.tokens if t < 256).decode("utf-8", errors="replace")
-    print("as bytes:", repr(text))
-    print(f"prefill: {gen.prefill_ms:.1f} ms for {len(prompt)} tokens ({gen.prefill_ms / len(prompt):.2f} ms/token)")
-    print(f"decode: {gen.decode_ms_per_token:.2f} ms/token (median of {len(gen.decode_ms)}), "
-          f"kernels compiled after warm-up: {gen.kernels_after_warmup}")
-    return gen
+    total = p_old.sum(-1, keepdim=True) + p_new.sum(-1, keepdim=True)
+    return (p_old.broadcast_matmul(v_old) + p_new.broadcast_matmul(v_new)) / total

@@ -1,9 +1,10 @@
-"""GPT-2 with Hugging Face's tensor names and layouts, generating with a KV cache.
+"""GPT-2 from a Hugging Face folder (model_type "gpt2"), written with lc.nn layers.
 
-Names: wte, wpe, h.N.ln_1.{weight,bias}, h.N.attn.c_attn.{weight,bias}, h.N.attn.c_proj,
-h.N.ln_2, h.N.mlp.c_fc, h.N.mlp.c_proj, ln_f; a checkpoint may prefix them with
-"transformer.".  The linear layers are Conv1D: weight (in, out), so y = x @ W + b.  The lm head
-is tied to wte.  Pre-norm blocks, tanh-gelu MLP, layer norm eps 1e-5.
+Tensor names: wte, wpe, h.N.ln_1, h.N.attn.c_attn, h.N.attn.c_proj, h.N.ln_2, h.N.mlp.c_fc,
+h.N.mlp.c_proj, ln_f, optionally prefixed "transformer." (what GPT2LMHeadModel saves), and
+lm_head.weight when the head is not tied to wte.  The projections are HF Conv1D: weight (in,
+out), used as a Linear over its transpose (a view: no copy).  Pre-norm blocks, causal attention
+with a KV cache (generation.py), MLP with the config's activation.
 
     python -m lazycandle.models.gpt2 --random-weights --config 124M --tokens 32
 """
@@ -13,9 +14,20 @@ import sys
 from dataclasses import dataclass
 
 from .. import nn
-from .generation import KVCache, causal_attention, load_checkpoint, parse_args, random_weights, run_cli
+from ..dtype import f32
+from ..nn_layers import Embedding, LayerNorm, Linear, Module
+from .causal_lm import CausalLM
+from .generation import KVCache, causal_attention, update_or_pass
 
-EPS = 1e-5
+ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none",
+               "relu": "relu", "silu": "silu", "swish": "silu"}
+
+PRESETS = {      # config.json contents of the shapes the command line and the benchmarks build
+    "124M": {"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024,
+             "vocab_size": 50257, "bos_token_id": 50256, "eos_token_id": 50256},
+    "tiny": {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "n_positions": 128,
+             "vocab_size": 320},
+}
 
 
 @dataclass(frozen=True)
@@ -24,95 +36,123 @@ class GPT2Config:
     n_head: int
     n_embd: int
     vocab: int
-    max_len: int       # n_positions
+    max_len: int                # n_positions
+    n_inner: int
+    eps: float = 1e-5
+    activation: str = "tanh"    # a gelu approximation, or "relu" / "silu"
+    tied: bool = True
+    scale_attn_weights: bool = True
+    scale_by_layer: bool = False    # scale_attn_by_inverse_layer_idx
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
 
-CONFIGS = {
-    "124M": GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab=50257, max_len=1024),
-    "tiny": GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab=320, max_len=128),
-}
+def read_config(cfg) -> GPT2Config:
+    """The GPT2Config of an hub.HFConfig (transformers' defaults for absent fields)."""
+    d = cfg.get("n_embd", 768)
+    act = cfg.get("activation_function", "gelu_new")
+    if act not in ACTIVATIONS:
+        cfg.unsupported("activation_function", f"not one of {', '.join(ACTIVATIONS)}")
+    if cfg.get("add_cross_attention", False):
+        cfg.unsupported("add_cross_attention", "cross-attention (an encoder-decoder GPT-2) is not implemented")
+    c = GPT2Config(n_layer=cfg.get("n_layer", 12), n_head=cfg.get("n_head", 12), n_embd=d,
+                   vocab=cfg.get("vocab_size", 50257), max_len=cfg.get("n_positions", 1024),
+                   n_inner=cfg.get("n_inner", None) or 4 * d, eps=cfg.get("layer_norm_epsilon", 1e-5),
+                   activation=ACTIVATIONS.get(act, "tanh"), tied=cfg.get("tie_word_embeddings", True),
+                   scale_attn_weights=cfg.get("scale_attn_weights", True),
+                   scale_by_layer=cfg.get("scale_attn_by_inverse_layer_idx", False))
+    if d % c.n_head:
+        cfg.unsupported("n_head", f"n_embd {d} is not a multiple of it")
+    return c
 
 
-def param_shapes(cfg: GPT2Config) -> dict:
-    """Every tensor of the model, by its Hugging Face name, with its shape."""
-    d = cfg.n_embd
-    shapes = {"wte.weight": (cfg.vocab, d), "wpe.weight": (cfg.max_len, d)}
-    for i in range(cfg.n_layer):
-        h = f"h.{i}."
-        shapes.update({
-            h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
-            h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
-            h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
-            h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
-            h + "mlp.c_fc.weight": (d, 4 * d), h + "mlp.c_fc.bias": (4 * d,),
-            h + "mlp.c_proj.weight": (4 * d, d), h + "mlp.c_proj.bias": (d,),
-        })
-    shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
-    return shapes
+def conv1d(vb, n_in: int, n_out: int) -> Linear:
+    """HF's Conv1D (weight (in, out), bias) as a Linear over the weight's transpose."""
+    return Linear.from_weights(vb.get((n_in, n_out), "weight").t(), vb.get((n_out,), "bias"))
 
 
-class GPT2:
-    def __init__(self, config: GPT2Config, weights: dict):
-        self.config = config
-        self.w = weights
+class Block(Module):
+    def __init__(self, c: GPT2Config, vb, i: int):
+        d = c.n_embd
+        self.i, self.c = i, c
+        self.ln_1 = LayerNorm(d, c.eps, vb=vb.pp("ln_1"))
+        self.c_attn = conv1d(vb.pp("attn.c_attn"), d, 3 * d)
+        self.c_proj = conv1d(vb.pp("attn.c_proj"), d, d)
+        self.ln_2 = LayerNorm(d, c.eps, vb=vb.pp("ln_2"))
+        self.c_fc = conv1d(vb.pp("mlp.c_fc"), d, c.n_inner)
+        self.mlp_proj = conv1d(vb.pp("mlp.c_proj"), c.n_inner, d)
+        for buf in ("attn.bias", "attn.masked_bias"):       # old checkpoints' causal-mask buffers
+            if vb.contains(buf):
+                vb.mark_used(buf)
 
-    @classmethod
-    def random(cls, config: GPT2Config, seed: int = 0) -> "GPT2":
-        """Seeded random weights (GPT-2's init scale); norm gains near 1."""
-        return cls(config, random_weights(param_shapes(config), seed, gains=("ln_1.weight", "ln_2.weight",
-                                                                              "ln_f.weight")))
+    def forward(self, x, cache, step):
+        x = x + self._attention(self.ln_1(x), cache, step)
+        m = self.c_fc(self.ln_2(x))
+        act = self.c.activation
+        m = nn.relu(m) if act == "relu" else nn.silu(m) if act == "silu" else nn.gelu(m, approximate=act)
+        return x + self.mlp_proj(m)
 
-    @classmethod
-    def from_safetensors(cls, path, config: GPT2Config) -> "GPT2":
-        """Load a checkpoint with HF GPT-2 names (with or without "transformer.")."""
-        return cls(config, load_checkpoint(path, param_shapes(config), prefixes=("", "transformer.")))
+    def _attention(self, x, cache, step):
+        c = self.c
+        b, t, d = x.shape
+        q, k, v = (z.reshape((b, t, c.n_head, c.head_dim)).transpose(1, 2) for z in self.c_attn(x).chunk(3, -1))
+        k, v = update_or_pass(cache, self.i, k, v, step)
+        scale = (c.head_dim ** -0.5 if c.scale_attn_weights else 1.0) / (self.i + 1 if c.scale_by_layer else 1)
+        y = causal_attention(q, k, v, step, scale)
+        return self.c_proj(y.transpose(1, 2).reshape((b, t, d)))
+
+
+class GPT2(CausalLM):
+    def __init__(self, config: GPT2Config, vb):
+        self.config = c = config
+        base = vb.pp("transformer") if vb.contains("transformer.wte.weight") else vb
+        self.wte = Embedding(c.vocab, c.n_embd, vb=base.pp("wte"))
+        self.wpe = Embedding(c.max_len, c.n_embd, vb=base.pp("wpe"))
+        self.h = [Block(c, base.pp(f"h.{i}"), i) for i in range(c.n_layer)]
+        self.ln_f = LayerNorm(c.n_embd, c.eps, vb=base.pp("ln_f"))
+        if c.tied:
+            if vb.contains("lm_head.weight"):
+                vb.mark_used("lm_head.weight")      # saved beside the embedding it equals
+            self.lm_head = Linear.from_weights(self.wte.weight)
+        else:
+            self.lm_head = Linear(c.n_embd, c.vocab, bias=False, vb=vb.pp("lm_head"))
+
+    @property
+    def dtype(self):
+        return self.wte.weight.dtype
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.config
-        return KVCache.zeros(c.n_layer, batch, c.n_head, min(max_len, c.max_len), c.head_dim)
+        return KVCache.zeros(c.n_layer, batch, c.n_head, min(max_len, c.max_len), c.head_dim, self.dtype)
 
-    def forward(self, ids, cache: KVCache, pos, span=None):
-        """Logits (batch, T, vocab) of tokens `ids` (batch, T) at positions pos..pos+T-1 (pos:
-        an int, or a (1,) i64 tensor with T = 1 reading `span` cache slots)."""
-        c, w = self.config, self.w
-        b, t = ids.shape
-        wpe = w["wpe.weight"]
-        where = nn.embedding(pos, wpe) if hasattr(pos, "_node") else wpe.narrow(0, pos, t)
-        x = nn.embedding(ids, w["wte.weight"]) + where
-        for i in range(c.n_layer):
-            h = f"h.{i}."
-            a = nn.layer_norm(x, w[h + "ln_1.weight"], w[h + "ln_1.bias"], EPS)
-            x = x + self._attention(i, a, cache, pos, span)
-            m = nn.layer_norm(x, w[h + "ln_2.weight"], w[h + "ln_2.bias"], EPS)
-            m = _conv1d(_conv1d(m, w, h + "mlp.c_fc").gelu(), w, h + "mlp.c_proj")
-            x = x + m
-        x = nn.layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], EPS)
-        return x @ w["wte.weight"].t()
-
-    def _attention(self, i, x, cache, pos, span):
-        c, w = self.config, self.w
-        b, t, d = x.shape
-        qkv = _conv1d(x, w, f"h.{i}.attn.c_attn")
-        q, k, v = (z.reshape((b, t, c.n_head, c.head_dim)).transpose(1, 2) for z in qkv.chunk(3, -1))
-        k, v = cache.update(i, k, v, pos, span)
-        y = causal_attention(q, k, v, pos)
-        return _conv1d(y.transpose(1, 2).reshape((b, t, d)), w, f"h.{i}.attn.c_proj")
+    def forward(self, ids, cache, step, last: bool = False):
+        """Logits (b, t, vocab) f32 of tokens `ids` (b, t) at `step` (generation.py); only the
+        last position's (b, 1, vocab) with `last`."""
+        t = ids.shape[1]
+        pos = step.positions()
+        where = self.wpe.weight.narrow(0, step.start, t) if pos is None else self.wpe(pos)
+        x = self.wte(ids) + where
+        for block in self.h:
+            x = block(x, cache, step)
+        if last and t > 1:
+            x = x.narrow(1, t - 1, 1)
+        logits = self.lm_head(self.ln_f(x))
+        return logits if logits.dtype is f32 else logits.astype(f32)
 
 
-def _conv1d(x, w, name):
-    """HF's Conv1D: x @ weight (in, out) + bias."""
-    return x @ w[name + ".weight"] + w[name + ".bias"]
+def from_config(cfg, vb) -> GPT2:
+    """hub.py's builder: the model of a gpt2 folder."""
+    model = GPT2(read_config(cfg), vb)
+    model.eos_token_id = cfg.get("eos_token_id", 50256)
+    model.bos_token_id = cfg.get("bos_token_id", 50256)
+    return model
 
 
 def main(argv=None):
-    args = parse_args("lazycandle.models.gpt2", CONFIGS, argv)
-    cfg = CONFIGS[args.config]
-    model = GPT2.random(cfg, args.seed) if args.random_weights else GPT2.from_safetensors(args.weights, cfg)
-    run_cli(model, args)
+    from .textgen import module_main
+    return module_main("lazycandle.models.gpt2", sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

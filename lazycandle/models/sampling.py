@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import nn
 from ..dtype import i64
+from ..tensor import tensor
 
 
 @dataclass
@@ -28,7 +29,9 @@ class Sampler:
         self._rng = np.random.default_rng(self.seed)
 
     def __call__(self, logits) -> int:
-        """The next token id for `logits`, a 1-D lc tensor over the vocabulary."""
+        """The next token id for `logits`, a 1-D lc tensor (or array) over the vocabulary."""
+        if not hasattr(logits, "_node"):
+            logits = tensor(logits)
         if logits.rank != 1:
             raise ValueError(f"Sampler: logits must be 1-D (vocab,), got shape {logits.shape}")
         if self.temperature == 0.0:
@@ -38,6 +41,15 @@ class Sampler:
         pick = (probs.cumsum(0) <= u * probs.sum()).astype(probs.dtype).sum().astype(ids.dtype)
         last = probs.shape[0] - 1
         return int(ids[pick.clip(0, last).unsqueeze(0)].item())
+
+
+    def pick(self, rows) -> list:
+        """One token id per row of `rows`, a (batch, vocab) array or tensor: greedy is one
+        argmax over the batch; sampling draws row by row from the one seeded generator."""
+        rows = rows if hasattr(rows, "_node") else tensor(rows)
+        if self.temperature == 0.0:
+            return [int(i) for i in rows.argmax(-1).numpy()]
+        return [self(rows[j]) for j in range(rows.shape[0])]
 
 
 def candidates(logits, temperature: float, top_k: int = 0, top_p: float = 1.0):

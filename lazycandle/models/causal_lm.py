@@ -1,0 +1,239 @@
+"""What GPT-2 and Llama share above the forward pass: `model(ids)` (full sequences) and
+`model.generate(...)` (a batch of prompts of different lengths, left-padded, one compiled decode
+step for the whole batch), with the timings a benchmark reads (`run`).
+
+A model subclasses CausalLM and defines `config` (with `max_len` and `vocab`),
+`new_cache(batch, max_len)` and `forward(ids, cache, step, last=False)` (generation.py)."""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..autograd import no_grad
+from ..caches import cache_info
+from ..dtype import i64
+from ..errors import IndexOutOfBounds
+from ..graph_api import compile
+from ..nn_layers import Module
+from ..tensor import Tensor, placeholder, realize, tensor
+from .generation import KVCache, Step
+from .hub import check_length
+
+
+class CausalLM(Module):
+    tokenizer = None
+    eos_token_id = None         # an int, a list of ints, or None (set from the folder's config)
+    bos_token_id = None
+
+    def __call__(self, ids) -> Tensor:
+        """Logits (b, t, vocab), f32, of full sequences `ids` (a list of ints, a list of equal
+        length lists, or a (b, t) integer array / tensor), no cache."""
+        ids = ids if isinstance(ids, Tensor) else tensor(_as_rows(ids), i64)
+        if ids.rank != 2:
+            raise IndexOutOfBounds(f"{type(self).__name__}: ids must be (batch, tokens), got shape {ids.shape}")
+        check_length(ids.shape[1], self.config.max_len)
+        return self.forward(ids, None, Step(0, ids.shape[1]))
+
+    def generate(self, ids, max_new_tokens: int, sampler=None, eos_token_id=None, stop=None,
+                 return_logits: bool = False):
+        """The new tokens of each prompt (`ids`: a list of ints, or a list of such lists of any
+        lengths): a list (a list of lists); with return_logits also the (n_new, vocab) f32
+        logits each token was picked from.  Stops a sequence after `eos_token_id` (default:
+        the config's; the token is kept) or once its text contains a `stop` string (needs
+        model.tokenizer).  An empty prompt starts from the config's bos token (none: nothing
+        is generated)."""
+        batched = isinstance(ids, (list, tuple)) and bool(ids) and not _is_int(ids[0])
+        prompts = [list(p) for p in ids] if batched else [list(ids)]
+        gen = run(self, prompts, max_new_tokens, sampler, eos_token_id, stop, keep_logits=return_logits)
+        tokens = gen.tokens if batched else gen.tokens[0]
+        if not return_logits:
+            return tokens
+        return tokens, (gen.logits if batched else gen.logits[0])
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer))
+
+
+def _as_rows(ids) -> np.ndarray:
+    a = np.asarray(ids)
+    if a.dtype == object:
+        raise IndexOutOfBounds("ids: the sequences of a batch must have one length for model(ids) "
+                               "(generate takes prompts of different lengths)")
+    return (a.reshape(1, -1) if a.ndim == 1 else a).astype(np.int64)
+
+
+# ---- one batch of sequences being generated --------------------------------------------------
+class Session:
+    """A batch of sequences sharing one KV cache (batch, kv_heads, max_len, head_dim).
+    `prefill(prompts)` runs the left-padded prompts eagerly; `decode(tokens)` one new token per
+    sequence.  Decode steps run a compiled Program cached on the model, one per (batch,
+    max_len, span of `span_block` cache slots): the cache slot is fed as data, the caches go in
+    (read in place) and only the step's new keys and values come back, written into the caches
+    by KVCache.commit, so a step builds no graph, compiles nothing and writes O(new rows) of
+    cache.  `compiled=False` builds each decode step eagerly instead.  Both return the last
+    position's logits, a (batch, vocab) f32 array."""
+
+    def __init__(self, model, batch: int, max_len: int, compiled: bool = True, span_block: int = 128):
+        self.model, self.compiled, self.span_block = model, compiled, span_block
+        self.cache = model.new_cache(batch, max_len)
+        self.batch, self.max_len, self.pos = batch, self.cache.max_len, 0
+        self.pad = None                  # (batch,) i64 tensor of left padding, when any
+
+    def _room(self, n: int):
+        if self.pos + n > self.max_len:
+            raise IndexOutOfBounds(f"generate: {self.pos + n} positions exceed the cache's max_len {self.max_len}")
+
+    def prefill(self, prompts) -> np.ndarray:
+        """Run `prompts` (one list of ids per sequence, left-padded to the longest)."""
+        if len(prompts) != self.batch:
+            raise IndexOutOfBounds(f"prefill: {len(prompts)} prompts for a batch of {self.batch}")
+        t = max(len(p) for p in prompts)
+        if self.pos == 0 and any(len(p) < t for p in prompts):
+            self.pad = tensor(np.array([t - len(p) for p in prompts], np.int64))
+        ids = np.array([[0] * (t - len(p)) + list(p) for p in prompts], np.int64)
+        return self._eager(ids)
+
+    def decode(self, tokens) -> np.ndarray:
+        ids = np.asarray(tokens, np.int64).reshape(self.batch, 1)
+        if not self.compiled:
+            return self._eager(ids)
+        self._room(1)
+        span = min(self.max_len, -(-(self.pos + 1) // self.span_block) * self.span_block)
+        prog = self._program(span)
+        feeds = {"ids": ids, "start": np.array([self.pos], np.int64)}
+        if self.pad is not None:
+            feeds["pad"] = self.pad
+        feeds.update({f"k{i}": a for i, a in enumerate(self.cache.k)})
+        feeds.update({f"v{i}": a for i, a in enumerate(self.cache.v)})
+        logits, *rows = prog.run(**feeds)
+        del feeds                       # the caches' only holder is the cache again (donation)
+        self.cache.commit(self.pos, rows)
+        self.pos += 1
+        return logits
+
+    def _eager(self, ids: np.ndarray) -> np.ndarray:
+        self._room(ids.shape[1])
+        step = Step(self.pos, ids.shape[1], pad=self.pad)
+        with no_grad():     # (trainable weights would make realized nodes keep the graph)
+            logits = self.model.forward(tensor(ids, i64), self.cache, step, last=True)[:, -1]
+        rows = self.cache.rows()
+        realize(logits, *rows)
+        out = logits.numpy()
+        del logits                      # the graph reads the caches: drop it before commit (donation)
+        self.cache.commit(self.pos, rows)
+        self.pos += ids.shape[1]
+        return out
+
+    def _program(self, span: int):
+        key = ("decode", self.batch, self.max_len, span, self.pad is not None)
+        progs = self.model.__dict__.setdefault("_programs", {})
+        if key not in progs:
+            like = self.cache.k[0]
+            shape, dt = tuple(like.shape), like.dtype
+            n = len(self.cache.k)
+            cache = KVCache([placeholder(f"k{i}", shape, dt) for i in range(n)],
+                            [placeholder(f"v{i}", shape, dt) for i in range(n)])
+            pad = None if self.pad is None else placeholder("pad", (self.batch,), i64)
+            step = Step(placeholder("start", (1,), i64), 1, span, pad)
+            with no_grad():
+                logits = self.model.forward(placeholder("ids", (self.batch, 1), i64), cache, step, last=True)
+            progs[key] = compile([logits[:, -1]] + cache.rows())
+        return progs[key]
+
+
+# ---- the generation loop ------------------------------------------------------------------------
+@dataclass
+class Generation:
+    tokens: list                # per sequence, its new tokens
+    logits: list                # per sequence, (n_new, vocab) f32 (empty when not kept)
+    prefill_ms: float = 0.0     # the prompts' forward pass
+    decode_ms: list = field(default_factory=list)   # per decode step (the whole batch)
+    kernels_after_warmup: int = 0   # kernels compiled during decode after `warmup` steps
+
+    @property
+    def decode_ms_per_token(self) -> float:
+        """Median ms of a decode step (one token for every sequence of the batch)."""
+        return float(np.median(self.decode_ms)) if self.decode_ms else float("nan")
+
+
+def run(model, prompts, max_new_tokens: int, sampler=None, eos_token_id=None, stop=None,
+        keep_logits: bool = False, warmup: int = 3, compiled: bool = True, on_token=None) -> Generation:
+    """Generate for every prompt of `prompts` (lists of ids) as model.generate describes,
+    timing the prefill and each decode step.  `on_token(seq, token)` sees each new token."""
+    from .sampling import Sampler
+    sampler = Sampler() if sampler is None else sampler
+    if isinstance(max_new_tokens, bool) or not _is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    cfg = model.config
+    eos = _id_set(model.eos_token_id if eos_token_id is None else eos_token_id)
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if stops and model.tokenizer is None:
+        raise ValueError("generate: stop strings need model.tokenizer (the folder has no tokenizer.json)")
+    for p in prompts:
+        check_length(len(p), cfg.max_len, "prompt")
+        bad = [t for t in p if not _is_int(t) or not 0 <= t < cfg.vocab]
+        if bad:
+            raise IndexOutOfBounds(f"generate: token id {bad[0]!r} is outside the vocabulary (0..{cfg.vocab - 1})")
+    bos = model.bos_token_id
+    prompts = [p if p or bos is None else [int(bos)] for p in prompts]
+    live = [i for i, p in enumerate(prompts) if p]
+    gen = Generation([[] for _ in prompts], [[] for _ in prompts])
+    longest = max((len(prompts[i]) for i in live), default=0)
+    n = min(max_new_tokens, cfg.max_len - longest)
+    if n < max_new_tokens and live:
+        warnings.warn(f"generate: {max_new_tokens} new tokens after a prompt of {longest} pass the model's "
+                      f"max_position_embeddings {cfg.max_len}; generating {n}", stacklevel=3)
+    if live and n > 0:
+        _loop(model, [prompts[i] for i in live], n, sampler, eos, stops, keep_logits, warmup, compiled,
+              on_token, gen, live)
+    vocab = cfg.vocab
+    gen.logits = [np.stack(rows).astype(np.float32) if rows else np.zeros((0, vocab), np.float32)
+                  for rows in gen.logits] if keep_logits else []
+    return gen
+
+
+def _loop(model, prompts, n, sampler, eos, stops, keep_logits, warmup, compiled, on_token, gen, live):
+    b = len(prompts)
+    session = Session(model, b, max(len(p) for p in prompts) + n, compiled)
+    t0 = time.perf_counter()
+    logits = session.prefill(prompts)
+    gen.prefill_ms = (time.perf_counter() - t0) * 1e3
+    done, kernels_at = [False] * b, None
+    for step in range(n):
+        picks = sampler.pick(logits)
+        for j, tok in enumerate(picks):
+            if done[j]:
+                continue
+            i = live[j]
+            gen.tokens[i].append(tok)
+            if keep_logits:
+                gen.logits[i].append(np.array(logits[j], np.float32))
+            if on_token is not None:
+                on_token(i, tok)
+            done[j] = tok in eos or _hit(model.tokenizer, gen.tokens[i], stops)
+        if all(done) or step == n - 1:
+            break
+        if step == warmup:
+            kernels_at = cache_info()["kernels"]
+        t0 = time.perf_counter()
+        logits = session.decode(picks)
+        gen.decode_ms.append((time.perf_counter() - t0) * 1e3)
+    gen.kernels_after_warmup = 0 if kernels_at is None else cache_info()["kernels"] - kernels_at
+
+
+def _id_set(ids) -> set:
+    if ids is None:
+        return set()
+    return {int(ids)} if _is_int(ids) else {int(i) for i in ids}
+
+
+def _hit(tokenizer, tokens, stops) -> bool:
+    """Whether the text of `tokens` contains a stop string (only its tail can be new)."""
+    if not stops:
+        return False
+    tail = tokenizer.decode(tokens[-max(8, max(len(s) for s in stops) + 4):])
+    return any(s in tail for s in stops)
