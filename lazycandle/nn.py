@@ -208,12 +208,47 @@ def nll(log_probs, targets):
 
 
 @names_op("cross_entropy")
-def cross_entropy(logits, targets):
-    """torch.nn.functional.cross_entropy with class-id targets: nll of log_softmax over dim 1."""
+def cross_entropy(logits, targets, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """torch.nn.functional.cross_entropy with class-id targets, the classes on the LAST dim:
+    logits (..., C), targets (...) of any integer dtype.  Per target: (1 - eps) * -log p[t] +
+    eps * mean_c(-log p[c]) (eps = label_smoothing); a target equal to `ignore_index` gives 0
+    and is not counted by "mean" (all ignored: NaN, as torch); "sum" and "none" as torch.  A
+    target outside [0, C) other than ignore_index raises IndexOutOfBounds when the loss runs."""
     op = "cross_entropy"
     _float(op, logits)
-    targets = _class_ids(op, logits, targets)
-    return nll(log_softmax(logits, 1), targets)
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    eps = float(label_smoothing)
+    if not 0.0 <= eps <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    targets = _class_targets(op, logits, targets)
+    c = logits.rank - 1
+    logp = log_softmax(logits, c)
+    keep = targets.ne(int(ignore_index))
+    picked = logp.gather(keep.where_cond(targets, 0).unsqueeze(c), c).squeeze(c)
+    loss = -picked if not eps else -picked * (1.0 - eps) - logp.mean(c) * eps
+    loss = keep.where_cond(loss, 0.0)
+    if reduction == "none":
+        return loss
+    acc = "f64" if logits.dtype.name == "f64" else "f32"      # (a bf16 count of targets would round)
+    total = loss.to_dtype(acc).sum_all()
+    if reduction == "mean":
+        total = total / keep.to_dtype(acc).sum_all()
+    return total.to_dtype(logits.dtype)
+
+
+def _class_targets(op, logits, targets):
+    """`targets` as an i64 Tensor of shape logits.shape[:-1]."""
+    from .tensor import Tensor, tensor
+    if not isinstance(targets, Tensor):
+        targets = tensor(targets)
+    if not targets.dtype.is_int:
+        raise UnsupportedDTypeForOp(f"{op}: targets must be integer class ids, got {targets.dtype.name} "
+                                    f"(shape {targets.shape}; logits {logits.shape} {logits.dtype.name})")
+    if logits.rank < 1 or tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise ShapeMismatchBinaryOp(f"{op}: needs logits (..., C) and targets of their leading shape, got "
+                                    f"{logits.shape} ({logits.dtype.name}) and {targets.shape} ({targets.dtype.name})")
+    return targets if targets.dtype.name == "i64" else targets.to_dtype("i64")
 
 
 @names_op("mse_loss")
