@@ -242,6 +242,8 @@ class Linear(Module):
 
     def forward(self, x):
         from .nn import linear
+        if x.rank == 1:                     # torch takes an unbatched (in_dim,) input too
+            return linear(x.unsqueeze(0), self.weight, self.bias).squeeze(0)
         return linear(x, self.weight, self.bias)
 
 

@@ -20,7 +20,7 @@ def close(a, b, tol=1e-5):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("shape", [(5, 6), (2, 3, 6), (0, 6)])
+@pytest.mark.parametrize("shape", [(5, 6), (2, 3, 6), (0, 6), (6,)])
 def test_linear(bias, shape):
     lin = lc.nn.Linear(6, 4, bias=bias)
     names = [n for n, _ in lin.named_parameters()]
