@@ -1,5 +1,6 @@
 """Command line: `lazycandle dump SCRIPT.py [--stage S] [--format F] [--out DIR]`,
-`lazycandle info`, `lazycandle bench [...]`, `lazycandle cache info|clear`."""
+`lazycandle info`, `lazycandle bench [...]`, `lazycandle cache info|clear`,
+`lazycandle generate FOLDER --prompt TEXT [...]`."""
 from __future__ import annotations
 
 import argparse
@@ -113,7 +114,11 @@ def main(argv=None) -> int:
     sub.add_parser("info", help="CPU features, threads, BLAS, kernel cache")
     sub.add_parser("bench", help="run the benchmark suite")
     sub.add_parser("cache", help="the disk kernel cache: info | clear").add_argument("action", choices=("info", "clear"))
+    from .models.textgen import add_generate, run_generate
+    add_generate(sub)
     args, rest = p.parse_known_args(argv)
+    if args.cmd == "generate" and not rest:
+        return run_generate(args)
     if args.cmd == "dump":
         args.args = [a for a in rest if a != "--"]
         return _dump(args)
