@@ -94,6 +94,36 @@ class QTensor:
         qsteps.run(fn, [out, self._buf], (nblocks,), nblocks, spec.cost((1,)))
         return _buffer_tensor(out, D.f32, self.shape)
 
+    def embedding(self, ids) -> Tensor:
+        """Rows of this (n, dim) QTensor at integer `ids` (any shape) as f32: ids.shape + (dim,),
+        dequantizing only those rows (an embedding table kept in blocks, like llama.cpp's
+        token_embd).  Eager: each row is one call of the dequantize kernel."""
+        from .codegen import quantize as Q
+        from .errors import IndexOutOfBounds
+        from .runtime import buffers
+        from .tensor_interop import _buffer_tensor
+        import ctypes
+        if self.rank != 2:
+            raise ShapeMismatch(f"embedding: needs a (n, dim) QTensor, got shape {self.shape}")
+        ids_np = np.asarray(ids.numpy() if isinstance(ids, Tensor) else ids)
+        if ids_np.dtype.kind not in "iu":
+            raise UnsupportedDTypeForOp(f"embedding: ids must be integers, got {ids_np.dtype}")
+        n, dim = self.shape
+        flat = ids_np.reshape(-1).astype(np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() >= n):
+            bad = flat[(flat < 0) | (flat >= n)][0]
+            raise IndexOutOfBounds(f"embedding: id {bad} out of range for {n} rows ({self.kind} {self.shape})")
+        f = self.format
+        per_row = dim // f.block
+        out = buffers.alloc(flat.size * dim, D.f32)
+        _, fn = Q.kernel(f.name, False)
+        sizes = np.zeros(1, np.int64)
+        base, wa = buffers.address(out), buffers.address(self._buf)
+        for i, r in enumerate(flat.tolist()):
+            ptrs = (ctypes.c_void_p * 2)(base + (i * dim - r * per_row * f.block) * 4, wa)
+            fn(ctypes.addressof(ptrs), sizes.ctypes.data, None, r * per_row, (r + 1) * per_row)
+        return _buffer_tensor(out, D.f32, ids_np.shape + (dim,))
+
     def __repr__(self):
         return f"QTensor[{self.kind}, shape={self.shape}, {self.nbytes} bytes]"
 

@@ -337,3 +337,18 @@ def test_qmatmul_is_a_lazy_graph_node():
         xs = rng.standard_normal((2, 64)).astype(f32) + s
         np.testing.assert_allclose(f(xs), np.maximum(lc.qmatmul(lc.tensor(xs), q).numpy(), 0), rtol=1e-6, atol=1e-6)
     assert lc.qmatmul(lc.zeros((0, 64)), q).shape == (0, 24)
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q6_k"])
+def test_embedding_rows(kind):
+    w = _data((10, 256), seed=8)
+    q = lc.quantize(lc.tensor(w), kind)
+    d = q.dequantize().numpy()
+    ids = np.array([[3, 0, 9], [3, 3, 1]])
+    e = q.embedding(lc.tensor(ids))
+    assert e.shape == (2, 3, 256) and e.dtype == lc.f32
+    np.testing.assert_array_equal(e.numpy(), d[ids])
+    with pytest.raises(lc.IndexOutOfBounds):
+        q.embedding([10])
+    with pytest.raises(lc.UnsupportedDTypeForOp):
+        q.embedding(np.array([0.5]))
