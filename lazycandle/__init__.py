@@ -2,7 +2,9 @@
 from .dtype import DType, u8, u32, i16, i32, i64, bf16, f16, f32, f64, f8e4m3, f6e2m3, f6e3m2, f4, f8e8m0
 from .errors import (Error, DTypeMismatchBinaryOp, UnsupportedDTypeForOp, UnsupportedDType, ShapeMismatchBinaryOp,
                      BroadcastIncompatibleShapes, ShapeMismatch, DimOutOfRange, NarrowInvalidArgs, IndexOutOfBounds,
-                     EmptyReduction, UnboundPlaceholder, FeedError, SerializationError, SchedulerError)
+                     EmptyReduction, UnboundPlaceholder, FeedError, SerializationError, SchedulerError,
+                     SymbolicSizeError)
+from .sizes import Size
 from .tensor import (Tensor, tensor, from_numpy, full, zeros, ones, zeros_like, ones_like, arange, randn, rand,
                      placeholder, realize, cpu, from_dlpack)
 from .tensor_index import cat, stack

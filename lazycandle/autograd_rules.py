@@ -153,6 +153,8 @@ _rule("sum")(lambda n, g, xs, out: (g.broadcast_as(xs[0].shape),))
 @_rule("mean")
 def _mean(n, g, xs, out):
     count = prod(xs[0].shape[d] for d in n.arg)
+    if count.__class__ is not int:      # a size of named dims: a runtime scalar (g is empty at 0)
+        return ((g / count).broadcast_as(xs[0].shape),)
     return ((g * (1.0 / count) if count else g).broadcast_as(xs[0].shape),)
 
 

@@ -395,12 +395,12 @@ def realize_nodes(nodes) -> None:
         work, finish, aliases = _prepare_targets(nodes)
     if work:
         cap = capture(work)
-        if _big(cap):
-            _wake_pool()
         for inp in cap.inputs:
             if inp.buffer is None:
                 raise UnboundPlaceholder(f"placeholder {inp.arg!r} {inp.shape} {inp.dtype.name} is not bound: "
                                          f"realize it through lc.compile([...]).run({inp.arg}=...)")
+        if _big(cap):
+            _wake_pool()
         plan = get_plan(cap, work)
         outs = plan.run([n.buffer for n in cap.inputs], cap.offsets, cap.scalars)
         for n, orig, buf in zip(work, finish, outs):

@@ -54,6 +54,11 @@ class FeedError(Error, ValueError):
     pass
 
 
+class SymbolicSizeError(Error, TypeError):
+    """A Python value was asked of an lc.Size (int(), bool(), range(), an `if`) before its
+    named dims are bound."""
+
+
 class SerializationError(Error, ValueError):
     """A tensor file that is truncated, corrupt or does not match what it declares."""
 

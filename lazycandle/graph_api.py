@@ -83,12 +83,14 @@ class _BoundInstance(_Instance):
     """A named-dim Program at one binding, bound by a ProgramBinder of its traced graph
     (symbolic_plan.py): nothing rebuilt, captured or scheduled."""
 
-    def __init__(self, traced, binder, bound):
+    def __init__(self, traced, binder, bound, sizes):
         binding, self.offsets, self.out_shapes, self.out_offsets = bound
         self.binder = binder
         self.outputs = _output_slices(self.out_shapes, self.out_offsets)
         self.user_nodes, self.targets, self.inputs, self.scalars = traced.user_nodes, traced.targets, \
             traced.cap.inputs, traced.cap.scalars
+        if binder.scalars is not None:          # scalar operands that are sizes: their bound values
+            self.scalars = binder.scalars(sizes)
         self.plan = compiler.BoundPlan(binder.plan, binding)
 
 
@@ -106,6 +108,7 @@ class _Traced:
         self.out_offsets = [off for _, off in targets]
         self.cap = capture(self.targets)
         self.views = _view_nodes(user_nodes)
+        self.checks = _node_checks(user_nodes)
         self.binders = []
         self.direct = []            # DirectRunners, one per size class that has one
         self.direct_runs = []       # (DirectRunner, its prepared Program.run: feeds_runner)
@@ -114,7 +117,7 @@ class _Traced:
         for pb in list(self.binders):
             got = pb(sizes)
             if got is not None:
-                return _BoundInstance(self, pb, got)
+                return _BoundInstance(self, pb, got, sizes)
         return None
 
     def learn_direct(self, pb, named) -> None:
@@ -136,7 +139,7 @@ class _Traced:
         if entry is None or len(self.binders) >= 8:
             return
         pb = derive_program_binder(self.cap, self.views, self.user_nodes, self.out_offsets, self.names,
-                                   inst.cap, entry[0], entry[1], sizes)
+                                   inst.cap, entry[0], entry[1], sizes, self.checks)
         if pb is not None:
             self.binders.append(pb)
 
@@ -151,6 +154,19 @@ def _view_nodes(roots) -> list:
         seen.add(id(n))
         if n.op.category == "view":
             out.append(n)
+        stack.extend(n.srcs)
+    return out
+
+
+def _node_checks(roots) -> list:
+    """The bind-time checks (named_dims.require) of the unrealized nodes behind `roots`."""
+    out, seen, stack = [], set(), list(roots)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or n.realized:
+            continue
+        seen.add(id(n))
+        out.extend(named_dims.checks_of(n))
         stack.extend(n.srcs)
     return out
 

@@ -1,7 +1,7 @@
 """Pickling a Program: its output graph is stored as a flat, topologically ordered list of node
 records (op name, source indices, arg, shape, dtype, view layout, the raw bytes of a realized
-buffer, label).  Sizes traced from named dims are stored as their polynomials of the names
-(named_dims.Size), since another process gives the names other probe values.  Unpickling rebuilds the nodes and compiles them again, which the kernel cache
+buffer, label, the op's bind-time checks).  Sizes of named dims pickle as their expressions
+(lc.Size).  Unpickling rebuilds the nodes and compiles them again, which the kernel cache
 (keyed by the graph's structure) usually answers without compiling."""
 from __future__ import annotations
 
@@ -27,19 +27,15 @@ def _topo_order(roots) -> list:
 
 def graph_state(roots) -> tuple:
     """(records, indices of `roots`) describing the graph behind the nodes `roots`."""
-    from .layout import Layout
-    from .named_dims import sized
+    from .named_dims import checks_of
     order = _topo_order(roots)
     index = {id(n): i for i, n in enumerate(order)}
     records = []
     for n in order:
         data = None if n.buffer is None else np.ascontiguousarray(n.buffer).tobytes()
-        layout = None
-        if n.op.category == "view":
-            lay = n.layout
-            layout = Layout(sized(lay.shape), sized(lay.strides), sized(lay.offset))
-        records.append((n.op.name, tuple(index[id(s)] for s in n.srcs), sized(n.arg), sized(n.shape), n.dtype,
-                        layout, data, n.label))
+        layout = n.layout if n.op.category == "view" else None
+        records.append((n.op.name, tuple(index[id(s)] for s in n.srcs), n.arg, n.shape, n.dtype,
+                        layout, data, n.label, checks_of(n)))
     return records, [index[id(n)] for n in roots]
 
 
@@ -50,15 +46,14 @@ def rebuild_nodes(state) -> list:
     from .runtime.buffers import alloc
     records, roots = state
     nodes = []
-    for op, srcs, arg, shape, dtype, layout, data, label in records:
+    for op, srcs, arg, shape, dtype, layout, data, label, checks in records:
         buf = None
         if data is not None:
             buf = alloc(int(np.prod(shape, dtype=np.int64)), dtype)
             buf.view(np.uint8)[:] = np.frombuffer(data, np.uint8)
         nodes.append(Node(op, tuple(nodes[i] for i in srcs), arg, shape, dtype, layout=layout, buffer=buf,
                           label=label))
-        if op == "placeholder":
-            named_dims.track(nodes[-1], shape)      # its names stay registered while it lives
+        named_dims.require(nodes[-1], checks)       # the bind-time checks of its op
     return [nodes[i] for i in roots]
 
 

@@ -8,15 +8,16 @@ import operator
 from dataclasses import dataclass
 from math import prod
 
+from .sizes import Size, decide_ge0, is_one
+
 
 def as_index(value, op: str, what: str = "index") -> int:
     """`value` as a Python int the way NumPy takes dims, sizes and indices: ints and NumPy
     integers (anything with __index__) pass; floats, bools and strings raise TypeError.  An
-    int is returned as it is, so a traced size of named dims (named_dims.Size, an int
-    subclass that operator.index would turn into a plain int) keeps printing with its names."""
+    lc.Size (a size of named dims) is returned as it is."""
     if isinstance(value, bool):     # NumPy's bool has no __index__: operator.index refuses it
         raise TypeError(f"{op}: {what} must be an int, got the bool {value!r}")
-    if isinstance(value, int):
+    if isinstance(value, int) or value.__class__ is Size:
         return value
     try:
         return operator.index(value)
@@ -27,16 +28,33 @@ def as_index(value, op: str, what: str = "index") -> int:
 def as_shape(shape, op: str, error=ValueError) -> tuple:
     """`shape` (an int or a sequence of ints) as a tuple of non-negative Python ints: the one
     check every shape-taking call goes through.  A float or bool size is a TypeError; a
-    negative size raises `error` (the op's typed error class) naming the op."""
+    negative size raises `error` (the op's typed error class) naming the op; a Size that may
+    bind negative is checked when it is bound (named_dims.bind)."""
     if not isinstance(shape, (tuple, list)):
         try:
             shape = tuple(shape)        # any other sequence (an ndarray, a torch.Size)
         except TypeError:
             shape = (shape,)            # one size
     dims = tuple(as_index(d, op, "a size in a shape") for d in shape)
-    if any(d < 0 for d in dims):
+    if any(d < 0 if d.__class__ is int else decide_ge0(d) is False for d in dims):
         raise error(f"{op}: negative size in shape {dims}")
     return dims
+
+
+def _same(a, b) -> bool:
+    """Whether two strides or sizes are equal (a Size only when provably)."""
+    if a.__class__ is int and b.__class__ is int:
+        return a == b
+    from .sizes import same
+    return same(a, b)
+
+
+def _positive(s) -> bool:
+    """Whether stride `s` is > 0; a Size stride of a named-dim view is a positive multiple of
+    sizes, or negative when provably so (a flip)."""
+    if s.__class__ is int:
+        return s > 0
+    return decide_ge0(s) is not False
 
 
 def contiguous_strides(shape) -> tuple:
@@ -70,7 +88,7 @@ class Layout:
         """Row-major contiguous (ignoring strides of size-1 dims)."""
         acc = 1
         for d, s in zip(reversed(self.shape), reversed(self.strides)):
-            if d != 1 and s != acc:
+            if not is_one(d) and not _same(s, acc):
                 return False
             acc *= d
         return True
@@ -81,7 +99,7 @@ class Layout:
             return self.offset, self.offset - 1
         lo = hi = self.offset
         for d, s in zip(self.shape, self.strides):
-            if s > 0:
+            if _positive(s):
                 hi += (d - 1) * s
             else:
                 lo += (d - 1) * s
@@ -94,16 +112,19 @@ class Layout:
     def narrow(self, dim, start, length) -> "Layout":
         shape = list(self.shape)
         shape[dim] = length
-        return Layout(tuple(shape), self.strides, self.offset + start * self.strides[dim] if length else self.offset)
+        moved = length.__class__ is not int or length      # (an empty view keeps its offset)
+        return Layout(tuple(shape), self.strides, self.offset + start * self.strides[dim] if moved else self.offset)
 
     def slice(self, dim, start, stop, step) -> "Layout":
         """Python's range(start, stop, step) along `dim` (start, stop already in range as
         slice.indices gives them); a negative step is a negative stride."""
-        n = max(0, (stop - start + step - (1 if step > 0 else -1)) // step)   # len(range(...)), any int size
+        n = (stop - start + step - 1) // step if step > 0 else (start - stop - step - 1) // -step   # len(range(...))
+        if n.__class__ is int:
+            n = max(0, n)
         shape, strides = list(self.shape), list(self.strides)
         shape[dim] = n
         strides[dim] = self.strides[dim] * step
-        off = self.offset + start * self.strides[dim] if n else self.offset
+        off = self.offset + start * self.strides[dim] if n.__class__ is not int or n else self.offset
         return Layout(tuple(shape), tuple(strides), off)
 
     def flip(self, dim) -> "Layout":
@@ -111,7 +132,8 @@ class Layout:
         n = self.shape[dim]
         strides = list(self.strides)
         strides[dim] = -strides[dim]
-        return Layout(self.shape, tuple(strides), self.offset + (n - 1) * self.strides[dim] if n else self.offset)
+        moved = n.__class__ is not int or n
+        return Layout(self.shape, tuple(strides), self.offset + (n - 1) * self.strides[dim] if moved else self.offset)
 
     def select(self, dim, index) -> "Layout":
         """Drop `dim`, keeping element `index` of it."""
@@ -124,7 +146,7 @@ class Layout:
         extra = len(shape) - self.rank
         strides = [0] * extra
         for d_new, d_old, s in zip(shape[extra:], self.shape, self.strides):
-            strides.append(s if d_old == d_new else 0)
+            strides.append(0 if is_one(d_old) and not is_one(d_new) else s)
         return Layout(shape, tuple(strides), self.offset)
 
     def unsqueeze(self, dim) -> "Layout":
@@ -138,6 +160,8 @@ class Layout:
         shape = tuple(shape)
         if self.is_contiguous():
             return Layout.contiguous(shape, self.offset)
+        if any(d.__class__ is Size for d in shape + self.shape + self.strides):
+            return None         # sizes of named dims: a copy, rather than runs of dims matched by value
         # Split the old layout into maximal runs of mergeable dims, then carve the new shape
         # out of those runs.
         old = [(d, s) for d, s in zip(self.shape, self.strides) if d != 1]
@@ -239,14 +263,14 @@ def merge_dims(shape, strides_list):
     """Collapse loop dims for a kernel whose operands walk `shape` with the given stride tuples.
     Size-1 dims are dropped; dims i, i+1 merge when for every operand stride[i] ==
     stride[i+1] * shape[i+1].  Returns (shape, [strides per operand]), at least rank 1."""
-    dims = [i for i, d in enumerate(shape) if d != 1]
+    dims = [i for i, d in enumerate(shape) if not is_one(d)]
     if not dims:
         return (1,), [(0,) for _ in strides_list]
     out_shape = [shape[dims[0]]]
     out_strides = [[s[dims[0]]] for s in strides_list]
     for i in dims[1:]:
         d = shape[i]
-        if all(os[-1] == s[i] * d for os, s in zip(out_strides, strides_list)):
+        if all(_same(os[-1], s[i] * d) for os, s in zip(out_strides, strides_list)):
             out_shape[-1] *= d
             for os, s in zip(out_strides, strides_list):
                 os[-1] = s[i]

@@ -7,6 +7,7 @@ import math
 
 from .errors import DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnboundPlaceholder, UnsupportedDTypeForOp, names_op
 from .named_dims import is_symbolic
+from .sizes import decide_eq, has_size, is_one, same
 
 
 def _rope_check(op, x, cos, sin, t_dim):
@@ -99,7 +100,7 @@ def _check_sdpa(op, q, k, v, mask, is_causal):
             raise DTypeMismatchBinaryOp(f"{op}: dtypes of q, k, v differ: {q.dtype.name}, {k.dtype.name}, "
                                         f"{v.dtype.name} (shapes {q.shape}, {k.shape}, {v.shape})")
     nn._float(op, q)
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+    if decide_eq(q.shape[-1], k.shape[-1]) is False or decide_eq(k.shape[-2], v.shape[-2]) is False:
         raise ShapeMismatchBinaryOp(f"{op}: q {q.shape}, k {k.shape}, v {v.shape} do not fit "
                                     f"(q and k share E, k and v share S) ({q.dtype.name})")
     if mask is not None and is_causal:
@@ -154,7 +155,17 @@ def _graph_sdpa(q, k, v, mask, is_causal, scale):
 
 
 def _broadcast_batch(shapes):
-    """The broadcast of the batch shapes (None when they do not broadcast)."""
+    """The broadcast of the batch shapes (None when they do not broadcast; sizes of named dims
+    that may differ are checked at run by the broadcast views built from it)."""
+    if any(has_size(tuple(s)) for s in shapes):
+        from .tensor_views import broadcast_shapes
+        out = ()
+        try:
+            for s in shapes:
+                out = broadcast_shapes(out, tuple(s), "scaled_dot_product_attention", checks=[])
+        except ValueError:
+            return None
+        return out
     import numpy as np
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
@@ -174,21 +185,23 @@ def _flash_attention(q, k, v, mask, is_causal, scale):
     from .codegen.attention import FLOAT_DTYPES, MAX_HEAD_DIM
     from .ir import ops_index  # noqa: F401  (registers flash_attention)
     from .ir.node import Node
-    from .named_dims import SYMBOLIC
     L, E, S, EV = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    if q.dtype.name not in FLOAT_DTYPES or not (1 <= E <= MAX_HEAD_DIM and 1 <= EV <= MAX_HEAD_DIM) or S < 1:
+    if E.__class__ is not int or EV.__class__ is not int:
+        return None                 # (the kernel is compiled per head dim; other sizes are run time)
+    if q.dtype.name not in FLOAT_DTYPES or not (1 <= E <= MAX_HEAD_DIM and 1 <= EV <= MAX_HEAD_DIM) \
+            or (S.__class__ is int and S < 1):
         return None
     batch = _broadcast_batch([q.shape[:-2], k.shape[:-2], v.shape[:-2]])
-    if batch is None or len(batch) > 2 or max(q.shape + k.shape + v.shape, default=0) >= SYMBOLIC:
+    if batch is None or len(batch) > 2:
         return None
     b4 = (1,) * (2 - len(batch)) + batch
-    if mask is not None and (mask.rank > 4 or _broadcast_batch([mask.shape, b4 + (L, S)]) != b4 + (L, S)):
+    if mask is not None and (mask.rank > 4 or not same(_broadcast_batch([mask.shape, b4 + (L, S)]), b4 + (L, S))):
         return None                 # the graph broadcasts a bigger batch, or raises the shape error
     q4, k4 = _as_4d(q, b4, (L, E)), _as_4d(k, b4, (S, E))
     v4 = _as_4d(v, b4, (S, EV))
-    if v4._node.layout.strides[-1] != 1 and EV > 1:     # the kernel loads vectors along v's and k's last dim
+    if not is_one(v4._node.layout.strides[-1]) and EV > 1:     # the kernel loads vectors along v's and k's last dim
         v4 = v4.contiguous()
-    if k4._node.layout.strides[-1] != 1 and E > 1:
+    if not is_one(k4._node.layout.strides[-1]) and E > 1:
         k4 = k4.contiguous()
     srcs = [q4.materializable(), k4.materializable(), v4.materializable()]
     kind = None

@@ -2,14 +2,15 @@
 
 A capture's size class (ir.graph.size_signature) abstracts each distinct size into a symbol
 d0, d1, ...  When a plan is compiled for a class, `derive_binder` schedules the same template
-once more over *probe* sizes (named_dims: each symbol a NamedDim "#k", so every size the
-scheduler derives is a polynomial of the symbols), and turns what the plan needs at run time
+once more over symbolic sizes (each symbol an lc.Size "#k", known >= 2, so every size the
+scheduler derives is an expression of the symbols; a decision the scheduler makes on a size
+that the symbols leave open gives no binder), and turns what the plan needs at run time
 -- the kernels' `sizes`, node-step layouts, node-read offsets and buffer sizes
 (Plan.quantities) -- into one generated Python function of the symbols.  Binding a new
 capture of the class is then one call of that function plus Plan.bind_values: no replay, no
 scheduling, no spec or step construction.
 
-The strides and offsets of a capture's reads are not symbolic in the class key; the probe
+The strides and offsets of a capture's reads are not symbolic in the class key; the symbolic
 capture expresses each through its base's contiguous strides (`_express`), and the binder
 checks the capture's actual strides and offsets against those formulas before it binds
 (`SymbolicBinder.__call__` returns None when they differ: the driver then compiles that
@@ -21,12 +22,23 @@ from . import named_dims
 from .ir.graph import Capture, size_signature
 from .ir.schedule import bind_kernels
 from .layout import contiguous_strides
+from .sizes import Size, decide_ge0
 
-MAX_SYMBOLS = 8          # more distinct sizes than this: a plan per capture (probes grow with the count)
+
+def _source(v, var: dict):
+    """Python source of size `v` (an int or a Size over the names in `var`), or None when it
+    uses a name `var` lacks."""
+    if v.__class__ is not Size:
+        return str(int(v))
+    if not v.names() <= set(var):
+        return None
+    return v.source(var)
+
+MAX_SYMBOLS = 8          # more distinct sizes than this: a plan per capture
 
 
 class _ProbeNode:
-    """A captured node with its shape in probe sizes (what the scheduler reads of a node)."""
+    """A captured node with its shape in symbolic sizes (what the scheduler reads of a node)."""
     __slots__ = ("op", "arg", "shape", "dtype", "label")
 
     def __init__(self, node, shape):
@@ -56,19 +68,23 @@ def derive_binder(cap: Capture, plan, dims):
     or None when the plan's sizes cannot be bound symbolically."""
     if not plan.binds_sizes or len(dims) > MAX_SYMBOLS or plan.template is None:
         return None
-    probes = named_dims.anonymous_dims(len(dims))
-    pcap = _probe_capture(cap, dict(zip(dims, probes)))
+    symbols = [Size.symbol(f"#{k}") for k in range(len(dims))]
+    pcap = _probe_capture(cap, dict(zip(dims, symbols)))
     tpl = plan.template
-    opt = tpl.replay(pcap)
-    kernels = bind_kernels(opt, [list(g) for g in tpl.groups], tpl.materialized)
-    if [(k.spec, len(k.inputs), len(k.sizes)) for k in kernels] != \
-            [(k.spec, len(k.inputs), len(k.sizes)) for k in plan.kernels]:
-        return None         # a size coincidence of `cap` shaped its kernels: no generic formula
-    names = {p.name: f"d{k}" for k, p in enumerate(probes)}
-    _, _, playout = size_signature(pcap)
+    try:
+        opt = tpl.replay(pcap)
+        kernels = bind_kernels(opt, [list(g) for g in tpl.groups], tpl.materialized)
+        if [(k.spec, len(k.inputs), len(k.sizes)) for k in kernels] != \
+                [(k.spec, len(k.inputs), len(k.sizes)) for k in plan.kernels]:
+            return None         # a size coincidence of `cap` shaped its kernels: no generic formula
+        _, _, playout = size_signature(pcap)
+        values = (playout, plan.quantities(kernels, opt))
+    except TypeError:           # (lc.SymbolicSizeError) a decision on a size the symbols leave open
+        return None
+    names = {f"#{k}": f"d{k}" for k in range(len(dims))}
     parts = []
-    for values in (playout, plan.quantities(kernels, opt)):
-        src = [named_dims.polynomial_source(v, names) for v in values]
+    for vals in values:
+        src = [_source(v, names) for v in vals]
         if any(s is None for s in src):
             return None
         parts.append(src)
@@ -85,7 +101,7 @@ def _tuple_source(parts) -> str:
 
 
 def _probe_capture(cap: Capture, probe_of: dict) -> Capture:
-    """`cap` with every size its probe (probe_of: size -> probe; 0 and 1 stay) and every read's
+    """`cap` with every size its symbol (probe_of: size -> Size; 0 and 1 stay) and every read's
     strides and offset expressed through its base's contiguous strides."""
     probe_of = {0: 0, 1: 1, **probe_of}
 
@@ -114,7 +130,7 @@ def _probe_capture(cap: Capture, probe_of: dict) -> Capture:
 
 
 def _radix(base, pbase):
-    """(size, probe) of the base's contiguous strides above 1, largest first: what a read's
+    """(size, symbolic size) of the base's contiguous strides above 1, largest first: what a read's
     strides and offset are written in."""
     out = []
     for c, p in zip(contiguous_strides(base), contiguous_strides(pbase)):
@@ -144,7 +160,7 @@ def _express_offset(off, radix, probe_of):
         q, off = divmod(off, c)
         if q:
             digit = probe_of.get(q, q) if q > 1 else q
-            if digit == q and q + 1 in probe_of:
+            if digit.__class__ is int and q + 1 in probe_of:
                 digit = probe_of[q + 1] - 1
             out += digit * p
     return out + off
@@ -154,13 +170,14 @@ class ProgramBinder:
     """A named-dim Program's binding without rebuilding its graph: `binder(sizes)` ({name:
     size}) gives (bound plan, slot offsets, output shapes, output offsets) for sizes whose
     capture has the size class this binder was derived for, else None.  Derived once per size
-    class from the program's traced graph (sizes are probe polynomials of the names): one
+    class from the program's traced graph (sizes are lc.Size expressions of the names): one
     generated function evaluates the class's symbols, the reads' strides and offsets, and
     checks what named_dims.bind checks (every size of the class > 1 and distinct -- so no size
     is negative and the class cannot change -- and every view inside its base buffer)."""
 
-    def __init__(self, fn, plan, binder, source, reads, dims, checks, results):
+    def __init__(self, fn, plan, binder, source, reads, dims, checks, results, scalars=None):
         self.fn, self.plan, self.binder, self.source = fn, plan, binder, source
+        self.scalars = scalars      # sizes -> the scalar operands, when some are sizes (else None)
         # the generated function's parts, for derive_direct: the lines reading the sizes, the
         # sources of the symbols and of the view checks, and of what it returns (dims,
         # layout, slot offsets, output shapes, output offsets)
@@ -177,11 +194,11 @@ class ProgramBinder:
 
 
 def _span_check(shape, strides, offset, numel, var):
-    """Source of a condition that holds when a view (sizes: probe polynomials) reads inside
+    """Source of a condition that holds when a view (sizes: lc.Size expressions) reads inside
     its base of `numel` elements at the bound sizes -- what named_dims.bind checks -- written
     out per dim (a literal stride's sign is known; a zero stride or size drops out), or None
     when a size has no formula."""
-    src = [named_dims.polynomial_source(v, var) for v in (*shape, *strides, offset, numel)]
+    src = [_source(v, var) for v in (*shape, *strides, offset, numel)]
     if any(x is None for x in src):
         return None
     r = len(shape)
@@ -190,7 +207,7 @@ def _span_check(shape, strides, offset, numel, var):
     if 0 in lit[:r]:
         return "True"               # an empty view reads nothing
     lo, hi = [off], [off]
-    lo_at, hi_at = offset, offset          # the bounds at the probes, while every stride is a literal
+    lo_at, hi_at = offset, offset          # the bounds as sizes, while every stride is a literal
     for d, st, st_lit, size, stride in zip(sizes, steps, lit[r:2 * r], shape, strides):
         if st_lit == 0:
             continue
@@ -215,8 +232,8 @@ def _span_check(shape, strides, offset, numel, var):
 
 
 def _nonnegative(v) -> bool:
-    """v (a polynomial of the probes) is a constant >= 0: no name in it."""
-    return not named_dims.is_symbolic(v) and 0 <= int(v) < named_dims.SYMBOLIC
+    """v (a size) is >= 0 at every binding of its names."""
+    return decide_ge0(v) is True
 
 
 def _always(check: str) -> bool:
@@ -235,18 +252,20 @@ def _literal(source: str):
 
 
 def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offsets, names, cap: Capture,
-                          plan, binder, sizes: dict):
-    """The ProgramBinder of a program whose traced capture is `traced_cap` (sizes: probe
-    polynomials of `names`), given `cap`, its capture at `sizes`, compiled as `plan` with
-    `binder` (None: no ProgramBinder)."""
+                          plan, binder, sizes: dict, node_checks=()):
+    """The ProgramBinder of a program whose traced capture is `traced_cap` (sizes: lc.Size
+    expressions of `names`), given `cap`, its capture at `sizes`, compiled as `plan` with
+    `binder` (None: no ProgramBinder).  `node_checks`: the ops' bind-time checks
+    (named_dims.require); a binding failing one is left to named_dims.bind, which raises."""
     if binder is None or len(traced_cap.nodes) != len(cap.nodes) or len(traced_cap.slots) != len(cap.slots) \
+            or len(traced_cap.scalars) != len(cap.scalars) \
             or [(n.op.name, n.arg) for n in traced_cap.inputs] != [(n.op.name, n.arg) for n in cap.inputs]:
         return None
     var = {n: f"v_{n}" for n in names}
     _, pdims, playout = size_signature(traced_cap)
 
     def src(values):
-        out = [named_dims.polynomial_source(v, var) for v in values]
+        out = [_source(v, var) for v in values]
         return None if any(s is None for s in out) else "(" + "".join(s + ", " for s in out) + ")"
 
     views = []
@@ -257,8 +276,13 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
             return None
         if check != "True":
             views.append(check)
+    for x, kind, _, _ in node_checks:
+        x = _source(x, var)
+        if x is None:
+            return None
+        views.append(f"{x} >= 0" if kind == "ge0" else f"{x} == 0")
     views = list(dict.fromkeys(views))      # views of one layout over one base: checked once
-    dims_parts = [named_dims.polynomial_source(v, var) for v in pdims]
+    dims_parts = [_source(v, var) for v in pdims]
     pieces = [src(pdims), src(playout), src(traced_cap.offsets), src(out_offsets)]
     shapes = [src(n.shape) for n in user_nodes]
     if None in pieces or None in shapes:
@@ -273,12 +297,37 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
     source = "\n".join(lines + [f"    return {', '.join(results)}"]) + "\n"
     scope: dict = {}
     exec(compile(source, "<program binding>", "exec"), scope)
-    pb = ProgramBinder(scope["bind"], plan, binder, source, reads, dims_parts, views, results)
+    scalar_fn = _scalar_binder(traced_cap.scalars, reads, var)
+    if scalar_fn is False:
+        return None
+    pb = ProgramBinder(scope["bind"], plan, binder, source, reads, dims_parts, views, results, scalar_fn)
     got = pb.fn(sizes)
     want = size_signature(cap)
     if got is None or got[0] != want[1] or got[1] != want[2] or got[2] != list(cap.offsets):
         return None
     return pb
+
+
+def _scalar_binder(scalars, reads, var):
+    """A function of the sizes giving the scalar operands ((value, DType) list) with every
+    Size among them evaluated as its dtype holds it; None when none is a Size, False when one
+    has no formula."""
+    if not any(v.__class__ is Size for v, _ in scalars):
+        return None
+    parts = []
+    for k, (v, _) in enumerate(scalars):
+        if v.__class__ is Size:
+            src = _source(v, var)
+            if src is None:
+                return False
+            parts.append(f"_cv({src}, _sc[{k}][1])")
+        else:
+            parts.append(f"_sc[{k}][0]")
+    source = "def scalars(sizes):\n" + "\n".join(reads) + f"\n    return [{', '.join(parts)}]\n"
+    scope = {"_cv": named_dims.const_value, "_sc": list(scalars)}
+    exec(compile(source, "<program scalars>", "exec"), scope)
+    fn = scope["scalars"]
+    return lambda sizes: [(v, dt) for v, (_, dt) in zip(fn(sizes), scalars)]
 
 
 def derive_direct(pb: ProgramBinder, names, inputs):
@@ -288,6 +337,8 @@ def derive_direct(pb: ProgramBinder, names, inputs):
     follow from there.  The symbolic binding's layout check is written out unless its formula
     equals the program binding's (_same_layouts).  None when the plan has no direct path."""
     from .runtime import native_direct
+    if pb.scalars is not None:
+        return None             # scalar operands bound from the sizes: not on the direct path
     sb = pb.binder
     at = {f"sizes[{n!r}]": f"sizes[{i}]" for i, n in enumerate(names)}     # the direct path passes a tuple
     prefix = [_indexed(line, at) for line in pb.reads] + [f"    d{k} = {d}" for k, d in enumerate(pb.dims)]
@@ -318,13 +369,11 @@ def _indexed(line: str, at: dict) -> str:
 
 def _same_layouts(pb: ProgramBinder, names) -> bool:
     """Whether the symbolic binding's layout formula, composed with the program binding's
-    symbols, is the program binding's layout formula: equal at the names' probes (distinct
-    powers of 2**40, so polynomials with small coefficients are equal where they agree) and
-    at three sets of ordinary sizes."""
+    symbols, is the program binding's layout formula: equal at five sets of large random
+    sizes (expressions of low degree with small coefficients that agree there are equal)."""
     import random
     rng = random.Random(0)
-    points = [{n: named_dims.NamedDim(n) for n in names}]
-    points += [{n: rng.randrange(1000, 1 << 20) for n in names} for _ in range(3)]
+    points = [{n: rng.randrange(1000, 1 << 20) for n in names} for _ in range(5)]
     for sizes in points:
         got = pb.fn(sizes)
         if got is None or pb.binder.fn(*got[0])[0] != got[1]:

@@ -8,6 +8,7 @@ from math import prod
 import numpy as np
 
 from . import dtype as D, named_dims
+from .sizes import Size, size_max
 from .compiler import realize_nodes
 from .dtype import DType, as_dtype
 from .errors import ShapeMismatch, UnsupportedDType, UnsupportedDTypeForOp, UnboundPlaceholder
@@ -85,6 +86,8 @@ class Tensor(ViewMixin, MathMixin, ReduceMixin, MatmulMixin, IndexMixin, ConvTra
         return f"Tensor[{state}, shape={self.shape}, dtype={self.dtype.name}]"
 
     def __len__(self):
+        """The first dim (Python's len() takes ints only: of a named dim it raises
+        lc.SymbolicSizeError; `t.shape[0]` or `t.__len__()` give the lc.Size)."""
         if not self.shape:
             raise TypeError("len() of a rank-0 tensor")
         return self.shape[0]
@@ -158,7 +161,15 @@ def _full(value, shape, dtype, op) -> Tensor:
     if dtype.storage_only:   # no lazy constants in a storage-only dtype: build the data now
         return _from_array(np.full(shape, float(value), np.float64).astype(dtype.numpy), dtype)
     c = const_node(value, dtype)
-    return Tensor(c).broadcast_as(shape) if shape else Tensor(c)
+    if not shape:
+        return Tensor(c)
+    out = Tensor(c).broadcast_as(shape)
+    checks = []
+    for d in shape:
+        if d.__class__ is Size:
+            named_dims.require_ge0(checks, d, ShapeMismatch, f"{op}: negative size in shape {shape}")
+    named_dims.require(out._node, checks, first=True)
+    return out
 
 
 def zeros(shape, dtype=D.f32) -> Tensor:
@@ -183,20 +194,26 @@ def arange(start, end=None, step=1, dtype=D.i64) -> Tensor:
     dtype = as_dtype(dtype)
     if step == 0:
         raise ValueError("arange: step must be nonzero")
-    if any(named_dims.is_symbolic(v) for v in (start, end, step)):
+    if any(v.__class__ is Size for v in (start, end, step)):
         return _named_arange(start, end, step, dtype)
     return _from_array(np.arange(start, end, step).astype(dtype.numpy), dtype)
 
 
 def _named_arange(start, end, step, dtype) -> Tensor:
-    """arange over a size named at run (`lc.arange(x.shape[0])` of a placeholder): the
-    program computes it, as a running count of ones.  Its length must be a size: end - start
-    with step 1."""
-    n = end - start
-    if step != 1 or named_dims.is_symbolic(start) or not (named_dims.is_symbolic(n) or n >= 0):
-        raise UnboundPlaceholder(f"arange({start!r}, {end!r}, {step!r}): over a size named at run, only "
-                                 f"arange(start, end) with a fixed start and step 1 is known before the run")
-    return _full(1, (n,), dtype, "arange").cumsum(0) + (start - 1)
+    """arange over sizes of named dims (`lc.arange(x.shape[0])` of a placeholder): the program
+    computes it, as a running count of `step`s from `start` (integer bounds and step; a start
+    or step that is a Size is a runtime scalar).  Its length is NumPy's, max(0, ceil((end -
+    start) / step))."""
+    for v in (start, end, step):
+        if v.__class__ is not Size and not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise TypeError(f"arange: over a size of named dims, start, end and step must be ints or sizes, "
+                            f"got {v!r}")
+    if step.__class__ is int and step < 0:
+        n = size_max((start - end + (-step) - 1) // (-step), 0)
+    else:
+        n = size_max((end - start + step - 1) // step, 0)
+    steps = _full(1, (n,), dtype, "arange").cumsum(0) - 1
+    return steps * step + start if not (step.__class__ is int and step == 1) else steps + start
 
 
 def randn(mean, std, shape, dtype=D.f32, seed=None) -> Tensor:
@@ -222,9 +239,7 @@ def placeholder(name: str, shape, dtype=D.f32) -> Tensor:
     """A named graph input, bound by Program.run(name=array).  A str in `shape` is a named
     size, bound at run (lazycandle/named_dims.py)."""
     shape = _as_shape(named_dims.placeholder_shape(shape), "placeholder")
-    node = Node("placeholder", (), str(name), shape, as_dtype(dtype), label=str(name))
-    named_dims.track(node, shape)
-    return Tensor(node)
+    return Tensor(Node("placeholder", (), str(name), shape, as_dtype(dtype), label=str(name)))
 
 
 def realize(*ts) -> tuple:

@@ -11,7 +11,7 @@ import numpy as np
 from . import dtype as D
 from .errors import BroadcastIncompatibleShapes, DimOutOfRange, IndexOutOfBounds, UnsupportedDTypeForOp, names_op
 from .layout import as_index
-from .named_dims import is_symbolic
+from .sizes import Size, size_max
 from .tensor_math import as_scalar
 from .tensor_reduce import _pick
 from .tensor_views import norm_dim, shape_desc
@@ -84,6 +84,10 @@ class ExtrasMixin:
             return self.shape
         return self.shape[norm_dim(dim, self.shape, "size", dtype=self.dtype)]
 
+    def numel(self):
+        """The element count (an lc.Size when it depends on named dims)."""
+        return math.prod(self.shape)
+
     def astype(self, dtype):
         return self.to_dtype(dtype)
 
@@ -139,9 +143,6 @@ class ExtrasMixin:
             raise IndexOutOfBounds(f"index: a rank-0 tensor cannot be indexed by ids (ids shape {idx.shape})")
         if idx.dtype is D.i64:      # negative ids count from the end, like NumPy
             n = self.shape[0]
-            if is_symbolic(n):      # a size named at run: the program counts it
-                from .tensor import ones
-                n = ones((n,), D.i64).sum(0)
             idx = (idx < 0).where_cond(idx + n, idx)
         flat = idx.flatten_all() if idx.rank != 1 else idx
         return self.index_select(flat, 0).reshape(idx.shape + self.shape[1:])
@@ -200,9 +201,8 @@ class ExtrasMixin:
         n = _reduced_count(self.shape, dims, dtype=self.dtype)
         xc = self.broadcast_sub(self.mean(dims, keepdim=True))
         ss = xc.sqr().sum(dims, keepdim=keepdim)
-        if is_symbolic(n):          # a size named at run: the program counts the elements
-            count = self._scalar_like(1).sum(dims, keepdim=keepdim)
-            return ss / (count - ddof).maximum(0)
+        if n.__class__ is Size:     # a size of named dims: a runtime scalar, bound at run
+            return ss / size_max(n - ddof, 0)
         return ss / float(max(n - ddof, 0))     # (0: inf or NaN, as torch and NumPy)
 
     @names_op("std")
@@ -215,7 +215,7 @@ class ExtrasMixin:
         gives inf, NaN propagates (torch)."""
         _float_only("logsumexp", self)
         dims = _pick(dim, axis, None, "logsumexp")
-        if self.elem_count == 0:      # no max to shift by: the empty sum's log is -inf
+        if self.elem_count.__class__ is int and self.elem_count == 0:   # no max to shift by: log(0) = -inf
             return self.sum(dims, keepdim=keepdim).log()
         m = self._max_over(dims)
         shift = (m.abs() == math.inf).where_cond(m._scalar_like(0), m)

@@ -21,6 +21,8 @@ from .errors import (DTypeMismatchBinaryOp, NarrowInvalidArgs, ShapeMismatch, Sh
 from .ir import ops_index  # noqa: F401  (registers the op kinds)
 from .ir.node import Node
 from .layout import Layout, as_index
+from .named_dims import require, require_ge0
+from .sizes import decide_eq
 from .tensor_views import norm_dim, shape_desc
 
 ID_DTYPES = (D.u8, D.u32, D.i64)
@@ -177,7 +179,7 @@ class IndexMixin:
         if left == 0 and right == 0:
             return self
         size = self.shape[dim]
-        if size == 0:
+        if decide_eq(size, 0) is True:      # (a named dim bound to 0: narrow's check, at run)
             raise NarrowInvalidArgs(f"{op}: cannot repeat the edge of an empty dim {dim} "
                                     f"({shape_desc(self.shape, self.dtype)})")
         parts = []
@@ -311,9 +313,10 @@ def _conv(op, x, kernel, padding, stride, dilation, groups, shapes):
     (ph, pw), (sh, sw), (dh, dw) = padding, stride, dilation
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    if oh < 1 or ow < 1:
-        raise ShapeMismatchBinaryOp(f"{op}: input {xs} is too small for kernel {ks} with padding {padding}, "
-                                    f"dilation {dilation} ({x.dtype.name})")
+    checks = []         # an output size of named dims is checked when they are bound
+    for o in (oh, ow):
+        require_ge0(checks, o - 1, ShapeMismatchBinaryOp, f"{op}: input {xs} is too small for kernel {ks} with "
+                    f"padding {padding}, dilation {dilation} ({x.dtype.name})")
     T = type(x)
     G, cog, K, L = groups, co // groups, cpg * kh * kw, oh * ow
     x = x.materializable()
@@ -324,7 +327,9 @@ def _conv(op, x, kernel, padding, stride, dilation, groups, shapes):
                       label=f"im2col k=({kh}, {kw}) p=({ph}, {pw}) s=({sh}, {sw}) d=({dh}, {dw})"))
         cols = cols.reshape((b, G, K, L))
     y = kernel.reshape((G, cog, K)).broadcast_matmul(cols)        # (b, G, cog, L)
-    return y.reshape((b, co, oh, ow))
+    y = y.reshape((b, co, oh, ow))
+    require(y._node, checks, first=True)
+    return y
 
 
 def _tensor_list(ts, op):

@@ -10,12 +10,14 @@ import numpy as np
 
 from . import dtype as D
 from .dtype import as_dtype
-from .errors import (DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnboundPlaceholder, UnsupportedDType,
+from .errors import (DTypeMismatchBinaryOp, ShapeMismatchBinaryOp, UnsupportedDType,
                      UnsupportedDTypeForOp)
 from .ir.node import Node, broadcast_scalar
 from .ir.ops import OPS
 from .layout import scalar_broadcast
-from .named_dims import Size
+from .named_dims import require, require_eq
+from .sizes import has_size, same
+from .sizes import Size
 from .tensor_views import broadcast_shapes, shape_desc
 
 
@@ -44,9 +46,9 @@ def as_scalar(x):
         if x.ndim:
             return None
         x = x[()]
+    if cls is Size:         # a size of named dims: a runtime scalar, its value bound at run
+        return x
     if isinstance(x, (bool, np.bool_, numbers.Integral)):
-        # an int as it is: a size traced from named dims (an int subclass) must reach
-        # scalar_in_dtype, which refuses it, instead of baking in its trace value
         return x if isinstance(x, int) and not isinstance(x, bool) else int(x)
     if isinstance(x, numbers.Real):
         return float(x)
@@ -83,9 +85,10 @@ def scalar_in_dtype(value, dtype: D.DType):
             return _struct_unpack(fmt, _struct_pack(fmt, value))[0]
         except OverflowError:       # rounds past the dtype's largest finite value: below
             pass
-    if isinstance(value, Size):
-        raise UnboundPlaceholder(f"scalar: {value!r} is a size computed from named dims, known only at run; "
-                                 f"it can size tensors but not be a scalar operand")
+    if value.__class__ is Size:     # evaluated when the sizes are bound (named_dims.bind)
+        if dtype.storage_only:
+            raise UnsupportedDTypeForOp(f"scalar: dtype {dtype.name} is storage-only")
+        return value
     if isinstance(value, (bool, np.bool_)):
         value = int(value)
     if dtype.is_int:
@@ -167,13 +170,30 @@ class MathMixin:
                 raise DTypeMismatchBinaryOp(f"{name or op}: dtype mismatch lhs {a.dtype.name} rhs {b.dtype.name} "
                                             f"(shapes {a.shape} and {b.shape})")
             check_dtype(op, a.dtype, a.shape, name=name)
-            if a.shape != b.shape:
+            checks = None
+            if (a.shape != b.shape) if not (has_size(a.shape) or has_size(b.shape)) else not same(a.shape, b.shape):
                 if not broadcast:
-                    raise ShapeMismatchBinaryOp(f"{op}: shape mismatch lhs {a.shape} rhs {b.shape} "
-                                                f"(dtype {a.dtype.name})")
-                shape = broadcast_shapes(a.shape, b.shape, name or f"broadcast_{op}", dtype=a.dtype)
-                a, b = a._broadcast_to(shape), b._broadcast_to(shape)
+                    if not has_size(a.shape + b.shape) or len(a.shape) != len(b.shape):
+                        raise ShapeMismatchBinaryOp(f"{op}: shape mismatch lhs {a.shape} rhs {b.shape} "
+                                                    f"(dtype {a.dtype.name})")
+                    checks = []
+                    for da, db in zip(a.shape, b.shape):
+                        require_eq(checks, da, db, ShapeMismatchBinaryOp,
+                                   f"{op}: shape mismatch lhs {a.shape} rhs {b.shape} (dtype {a.dtype.name})")
+                else:
+                    checks = []
+                    shape = broadcast_shapes(a.shape, b.shape, name or f"broadcast_{op}", dtype=a.dtype,
+                                             checks=checks)
+                    a0, b0 = a._node, b._node
+                    a, b = a._broadcast_to(shape), b._broadcast_to(shape)
+                    for n in (a._node, b._node):        # the broadcast views: bind meets them first
+                        if n is not a0 and n is not b0:
+                            require(n, checks)
             a, b = a._node, b._node
+            if checks:
+                out = Node(kind, (a, b), None, a.shape, D.u8 if kind.out_dtype == "u8" else a.dtype)
+                require(out, checks)
+                return T(out)
         return T(Node(kind, (a, b), None, a.shape, D.u8 if kind.out_dtype == "u8" else a.dtype))
 
     # ---- unary -------------------------------------------------------------------------

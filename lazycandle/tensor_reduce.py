@@ -15,7 +15,8 @@ from .errors import DimOutOfRange, EmptyReduction, ShapeMismatch, UnsupportedDTy
 from .ir.node import Node, computed_node, view_node
 from .ir.ops import OPS, REDUCE
 from .layout import MEMO_SHAPES, as_index, reshape_view
-from .named_dims import SYMBOLIC
+from .named_dims import require, require_ge0
+from .sizes import decide_eq, has_size
 from .tensor_views import norm_dim, shape_desc
 
 # argmax / argmin return u32 indices, so the dim they reduce can hold at most this many elements
@@ -67,11 +68,11 @@ def _dims(dims, shape, op, *, dtype=None):
 def _splits_by_shape(kind, dims, x_shape, dt) -> bool:
     """Whether a reduction of `kind` over `dims` of `x_shape` and `dt` is split in chunks
     (SPLIT_CHUNKS) when its input is stored and its first dim splits as a view."""
-    if kind not in SPLIT_KINDS or dims != (0,) or len(x_shape) < 2 or dt.name not in SPLIT_DTYPES:
+    if kind not in SPLIT_KINDS or dims != (0,) or len(x_shape) < 2 or dt.name not in SPLIT_DTYPES \
+            or has_size(x_shape):
         return False
     rows, row_bytes = x_shape[0], prod(x_shape[1:]) * dt.size_in_bytes
-    return not (rows % SPLIT_CHUNKS or row_bytes > SPLIT_MAX_ROW_BYTES or rows * row_bytes < SPLIT_MIN_BYTES
-                or max(x_shape) >= SYMBOLIC)
+    return not (rows % SPLIT_CHUNKS or row_bytes > SPLIT_MAX_ROW_BYTES or rows * row_bytes < SPLIT_MIN_BYTES)
 
 
 def _split_shape(node, kind, dims, x_shape, dt):
@@ -93,7 +94,7 @@ def _keep_recipe(key, src, out) -> None:
     (traced named dims keep their own path), unless the key is one the chunk split decides by
     its input (a recipe would build it in one form whatever the input)."""
     shape = key[3]
-    if len(_recipes) >= MEMO_SHAPES or not shape or max(shape) >= SYMBOLIC:
+    if len(_recipes) >= MEMO_SHAPES or not shape or has_size(shape):
         return
     view = None
     if out.op is _VIEW:
@@ -143,18 +144,23 @@ class ReduceMixin:
         for d in dims:
             shape[d] = 1
         shape = tuple(shape)
-        # max / min / arg* need an element of the reduced dims for every output element
-        if kind not in EMPTY_OK_KINDS and prod(shape) and any(x_shape[d] == 0 for d in dims):
+        # max / min / arg* need an element of the reduced dims for every output element (an
+        # empty dim of named sizes is found when they are bound: named_dims.bind)
+        if kind not in EMPTY_OK_KINDS and decide_eq(prod(shape), 0) is False \
+                and any(decide_eq(x_shape[d], 0) is True for d in dims):
             raise EmptyReduction(f"{op}: reduction over a zero-length dim ({shape_desc(in_shape, dt)}, dims {dims})")
         arg_kind = kind.startswith("arg")
-        if arg_kind and x_shape[dims[0]] > MAX_ARG_DIM:
-            raise ShapeMismatch(f"{op}: dim {dims[0]} of shape {in_shape} ({dt.name}) is longer than "
-                                f"{MAX_ARG_DIM}, the most elements its u32 indices can number")
+        checks = []
+        if arg_kind:
+            require_ge0(checks, MAX_ARG_DIM - x_shape[dims[0]], ShapeMismatch,
+                        f"{op}: dim {dims[0]} of shape {in_shape} ({dt.name}) is longer than "
+                        f"{MAX_ARG_DIM}, the most elements its u32 indices can number")
         split = _split_shape(node, kind, dims, x_shape, dt)
         if split is not None:
             return self.reshape(split)._reduce(kind, 1, False)._reduce(kind, 0, keepdim)
         src = self.unsqueeze(0)._node if scalar else node
         t = type(self)(Node(kind, (src,), dims, shape, D.u32 if arg_kind else dt))
+        require(t._node, checks)
         if scalar:
             return t.reshape(())
         if not keepdim:         # a view dropping the reduced dims: the node is contiguous at offset 0,

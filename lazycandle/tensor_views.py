@@ -11,6 +11,8 @@ from .errors import (BroadcastIncompatibleShapes, DimOutOfRange, IndexOutOfBound
 from .ir.node import Node
 from .ir.ops import OPS
 from .layout import MEMO_SHAPES, as_index, as_shape, broadcast_view
+from .named_dims import require, require_eq, require_ge0
+from .sizes import Size, decide_eq, has_size, is_one, same
 
 
 def shape_desc(shape, dtype=None) -> str:
@@ -32,9 +34,11 @@ def norm_dim(dim, rank, op, extra=0, *, dtype=None) -> int:
     return d + n if d < 0 else d
 
 
-def broadcast_shapes(a, b, op, *, dtype=None) -> tuple:
+def broadcast_shapes(a, b, op, *, dtype=None, checks=None) -> tuple:
     """NumPy broadcasting of two shapes, or BroadcastIncompatibleShapes naming the op (and the
-    operands' `dtype` if given); results memoized per pair of shape tuples, as the layout memos are."""
+    operands' `dtype` if given); results memoized per pair of shape tuples, as the layout memos are.
+    Two sizes of named dims that may differ (n and m, n and 4) must be equal when bound: that
+    check is added to `checks` (attached to the op's node by the caller)."""
     got = _broadcast_pairs.get((a, b))
     if got is not None:
         return got
@@ -42,10 +46,17 @@ def broadcast_shapes(a, b, op, *, dtype=None) -> tuple:
     for i in range(max(len(a), len(b))):
         da = a[len(a) - 1 - i] if i < len(a) else 1
         db = b[len(b) - 1 - i] if i < len(b) else 1
-        if da != db and da != 1 and db != 1:
-            raise BroadcastIncompatibleShapes(f"{op}: cannot broadcast shapes {tuple(a)} and {tuple(b)}"
-                                              + (f" (dtype {dtype.name})" if dtype is not None else ""))
-        out.append(db if da == 1 else da)
+        if da.__class__ is int and db.__class__ is int:
+            if da != db and da != 1 and db != 1:
+                raise BroadcastIncompatibleShapes(f"{op}: cannot broadcast shapes {tuple(a)} and {tuple(b)}"
+                                                  + (f" (dtype {dtype.name})" if dtype is not None else ""))
+        elif not (is_one(da) or is_one(db) or same(da, db)):
+            message = f"{op}: cannot broadcast shapes {tuple(a)} and {tuple(b)}" + \
+                (f" (dtype {dtype.name})" if dtype is not None else "")
+            require_eq(checks if checks is not None else [], da, db, BroadcastIncompatibleShapes, message)
+            out.append(db if db.__class__ is int else da)
+            continue
+        out.append(db if is_one(da) else da)
     out = tuple(reversed(out))
     if len(_broadcast_pairs) < MEMO_SHAPES and a.__class__ is tuple and b.__class__ is tuple \
             and all(d.__class__ is int for d in a + b):
@@ -60,9 +71,16 @@ _VIEW = OPS["view"]
 class ViewMixin:
     __slots__ = ()
 
-    def _view(self, layout, label):
-        if layout == self._node.layout and layout.shape == self.shape:
+    def _view(self, layout, label, checks=()):
+        old = self._node.layout
+        if (layout == old and layout.shape == self.shape) if not has_size(layout.shape + old.shape) else \
+                (same(layout.shape, old.shape) and same(layout.strides, old.strides) and same(layout.offset, old.offset)
+                 and same(layout.shape, self.shape)):
             return self
+        if checks:
+            out = Node("view", (self._node,), None, layout.shape, self.dtype, layout=layout, label=label)
+            require(out, checks)
+            return type(self)(out)
         return type(self)(Node("view", (self._node,), None, layout.shape, self.dtype, layout=layout, label=label))
 
     def reshape(self, *shape):
@@ -70,6 +88,8 @@ class ViewMixin:
             shape = shape[0]
         shape = list(as_index(d, "reshape", "a size in a shape") for d in shape)
         n = self.elem_count
+        if has_size(tuple(shape)) or n.__class__ is Size:
+            return self._reshape_sized(shape, n)
         if shape.count(-1) > 1:
             raise ShapeMismatch(f"reshape: at most one -1 allowed, got {tuple(shape)} "
                                 f"(tensor {shape_desc(self.shape, self.dtype)})")
@@ -88,6 +108,32 @@ class ViewMixin:
         if lay is None:
             return self.contiguous().reshape(shape)
         return self._view(lay, f"reshape{shape}")
+
+    def _reshape_sized(self, shape: list, n, checks=None):
+        """reshape where sizes of named dims are involved: -1 is the element count divided by
+        the rest (exactly, or as a `//` size with a check); counts that may differ are checked
+        when the sizes are bound."""
+        checks = [] if checks is None else checks
+        message = f"reshape: cannot reshape {self.shape} ({n} elements) to {tuple(shape)} ({self.dtype.name})"
+        fixed = [d for d in shape if d.__class__ is Size or d != -1]
+        if len(fixed) < len(shape) - 1:
+            raise ShapeMismatch(f"reshape: at most one -1 allowed, got {tuple(shape)} "
+                                f"(tensor {shape_desc(self.shape, self.dtype)})")
+        for d in fixed:
+            require_ge0(checks, d, ShapeMismatch, message)
+        if len(fixed) < len(shape):
+            rest = prod(fixed)
+            if decide_eq(rest, 0) is True:
+                raise ShapeMismatch(message)
+            shape[next(i for i, d in enumerate(shape) if d.__class__ is int and d == -1)] = n // rest
+        shape = tuple(shape)
+        require_eq(checks, prod(shape), n, ShapeMismatch, message)
+        if same(shape, self.shape) and not checks:
+            return self
+        lay = self._node.layout.reshape(shape)
+        if lay is None:
+            return self.contiguous()._reshape_sized(list(shape), n, checks)
+        return self._view(lay, f"reshape{shape}", checks)
 
     def transpose(self, d0, d1):
         d0 = norm_dim(d0, self.shape, "transpose", dtype=self.dtype)
@@ -117,22 +163,36 @@ class ViewMixin:
         dim = norm_dim(dim, self.shape, "narrow", dtype=self.dtype)
         size = self.shape[dim]
         start, length = as_index(start, "narrow", "start"), as_index(length, "narrow", "length")
-        if start < 0 or length < 0 or start + length > size:
-            raise NarrowInvalidArgs(f"narrow: start {start} + length {length} out of range for dim {dim} "
-                                    f"of size {size} ({shape_desc(self.shape, self.dtype)})")
-        return self._view(self._node.layout.narrow(dim, start, length), f"narrow({dim}, {start}, {length})")
+        message = (f"narrow: start {start} + length {length} out of range for dim {dim} "
+                   f"of size {size} ({shape_desc(self.shape, self.dtype)})")
+        checks = []
+        if has_size((start, length, size)):
+            for x in (start, length, size - start - length):
+                require_ge0(checks, x, NarrowInvalidArgs, message)
+        elif start < 0 or length < 0 or start + length > size:
+            raise NarrowInvalidArgs(message)
+        return self._view(self._node.layout.narrow(dim, start, length), f"narrow({dim}, {start}, {length})", checks)
 
     def broadcast_as(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         shape = as_shape(shape, "broadcast_as", BroadcastIncompatibleShapes)
-        if len(shape) < self.rank or any(
-                s != d and s != 1 for s, d in zip(self.shape, shape[len(shape) - self.rank:])):
-            raise BroadcastIncompatibleShapes(f"broadcast_as: cannot broadcast shape {self.shape} to {shape} "
-                                              f"({self.dtype.name})")
-        if shape == self.shape:
+        message = f"broadcast_as: cannot broadcast shape {self.shape} to {shape} ({self.dtype.name})"
+        if len(shape) < self.rank:
+            raise BroadcastIncompatibleShapes(message)
+        checks = []
+        for s, d in zip(self.shape, shape[len(shape) - self.rank:]):
+            if s.__class__ is int and d.__class__ is int:
+                if s != d and s != 1:
+                    raise BroadcastIncompatibleShapes(message)
+            elif not is_one(s):
+                require_eq(checks, s, d, BroadcastIncompatibleShapes, message)
+        for d in shape:
+            if d.__class__ is Size:
+                require_ge0(checks, d, BroadcastIncompatibleShapes, message)
+        if same(shape, self.shape) and not checks:
             return self
-        return self._view(self._node.layout.broadcast_as(shape), f"broadcast_as{shape}")
+        return self._view(self._node.layout.broadcast_as(shape), f"broadcast_as{shape}", checks)
 
     expand = broadcast_as
 
@@ -140,7 +200,7 @@ class ViewMixin:
         """broadcast_as to a shape `broadcast_shapes` made from this tensor's (so already
         checked): the binary ops' fast path."""
         node = self._node
-        if node.shape == shape:
+        if (node.shape == shape) if not (has_size(shape) or has_size(node.shape)) else same(node.shape, shape):
             return self
         lay, label = broadcast_view(node.layout, shape)
         return type(self)(Node(_VIEW, (node,), None, shape, node.dtype, layout=lay, label=label))
@@ -156,7 +216,7 @@ class ViewMixin:
 
     def squeeze(self, dim):
         dim = norm_dim(dim, self.shape, "squeeze", dtype=self.dtype)
-        if self.shape[dim] != 1:
+        if not is_one(self.shape[dim]):
             return self
         return self._view(self._node.layout.select(dim, 0), f"squeeze({dim})")
 
@@ -223,20 +283,62 @@ class ViewMixin:
             idx = idx[:e] + (slice(None),) * (self.rank - n_real) + idx[e + 1:]
         lay = self._node.layout
         dim = 0
+        checks = []
         for i in idx:
             if i is None:
                 lay = lay.unsqueeze(dim)
                 dim += 1
             elif isinstance(i, slice):
-                start, stop, step = i.indices(lay.shape[dim])     # ValueError for a zero step
+                size = lay.shape[dim]
+                if has_size((i.start, i.stop, i.step, size)):
+                    start, stop, step = _sized_slice(i, size, dim, self.shape, checks)
+                else:
+                    start, stop, step = i.indices(size)     # ValueError for a zero step
                 lay = lay.slice(dim, start, stop, step)
                 dim += 1
             else:
                 size = lay.shape[dim]
-                if i < -size or i >= size:
-                    raise IndexOutOfBounds(f"index: {i} out of range for dim {dim} of size {size} (shape {self.shape})")
-                lay = lay.select(dim, i % size)
-        return self._view(lay, f"index[{idx!r}]")
+                message = f"index: {i} out of range for dim {dim} of size {size} (shape {self.shape})"
+                if has_size((i, size)):
+                    if i.__class__ is int and i < 0:
+                        i = size + i
+                    require_ge0(checks, i, IndexOutOfBounds, message)
+                    require_ge0(checks, size - 1 - i, IndexOutOfBounds, message)
+                else:
+                    if i < -size or i >= size:
+                        raise IndexOutOfBounds(message)
+                    i %= size
+                lay = lay.select(dim, i)
+        return self._view(lay, f"index[{idx!r}]", checks)
+
+
+def _sized_slice(sl, size, dim, shape, checks):
+    """(start, stop, step) of slice `sl` over a dim of `size` when sizes of named dims are
+    involved: a negative int bound counts from the end, and every bound must lie in the dim
+    (0 <= start <= stop <= size, checked when the sizes are bound: IndexOutOfBounds)."""
+    step = 1 if sl.step is None else as_index(sl.step, "index", "a slice step")
+    if step.__class__ is not int:
+        raise IndexOutOfBounds(f"index: a slice step must be an int, got {step} (shape {shape})")
+    if step == 0:
+        raise ValueError("slice step cannot be zero")
+    message = f"index: slice {sl.start}:{sl.stop}:{sl.step} out of range for dim {dim} of size {size} " \
+              f"(shape {shape})"
+
+    def bound(v, default):
+        if v is None:
+            return default
+        v = as_index(v, "index", "a slice bound")
+        return size + v if v.__class__ is int and v < 0 else v
+
+    if step > 0:
+        start, stop = bound(sl.start, 0), bound(sl.stop, size)
+        for x in (start, stop - start, size - stop):
+            require_ge0(checks, x, IndexOutOfBounds, message)
+    else:
+        start, stop = bound(sl.start, size - 1), bound(sl.stop, -1)
+        for x in (stop + 1, start - stop, size - 1 - start):
+            require_ge0(checks, x, IndexOutOfBounds, message)
+    return start, stop, step
 
 
 def _is_tensor_index(idx) -> bool:

@@ -3,7 +3,8 @@ consumes it, so bias, activation and residual are applied as the tiled GEMM stor
 tile (codegen/gemm_epilogue.py) and `(x @ w + b).gelu()` is one kernel, one pass over the output.
 
 A matmul M fuses with the elementwise group G that reads it when
-  * M is no target and every read of M is G's, element for element (same shape, contiguous),
+  * M is no target and every read of M is G's, element for element (same shape, contiguous,
+    all by the same strides: size-1 dims may have any),
   * G writes one buffer (its last value), of M's dtype: the GEMM accumulates its partial sums
     in that buffer, so M's own value never needs one,
   * G reads at most MAX_INPUTS other operands (row vectors, broadcasts, a same-shape residual,
@@ -59,8 +60,9 @@ def fuse_epilogues(gr, nodes, operands, consumers, targets, notes) -> None:
         elif any(nodes[y].op.category != ELEMENTWISE for y in gr.members[g]):
             why = "its consumer is not elementwise"
         elif not all(_reads_identity(o, n.shape) for c in consumers[j] for o in operands[c]
-                     if o.kind == "node" and o.index == j):
-            why = "a consumer reads it through a view"
+                     if o.kind == "node" and o.index == j) \
+                or len({o.strides for c in consumers[j] for o in operands[c] if o.kind == "node" and o.index == j}) > 1:
+            why = "a consumer reads it through a view"      # (or by two strides of one walk: size-1 dims)
         else:
             members = set(gr.members[g])
             outs = [y for y in members if y in targets or any(gr.of[c] != g for c in consumers[y])]

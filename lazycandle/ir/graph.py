@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..layout import contiguous_strides
+from ..sizes import is_one, same
 from .ops import VIEW, scalar_class
 from .trace import argkey
 
@@ -161,7 +162,7 @@ def capture(targets) -> Capture:
 
 
 def _contiguous_read(shape, strides) -> bool:
-    return all(d == 1 or s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)))
+    return all(is_one(d) or same(s, c) for d, s, c in zip(shape, strides, contiguous_strides(shape)))
 
 
 def size_signature(cap: Capture):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 
 from ..layout import CONTIGUOUS_LAYOUTS, contiguous_layout
-from ..named_dims import SYMBOLIC, sizes_of
 from .ops import OPS, SOURCE, VIEW
 from .trace import PENDING, node_trace
 
@@ -45,8 +44,6 @@ class Node:
         self.arg = arg
         if shape.__class__ is not tuple:
             shape = tuple(shape)
-        if shape and max(shape) >= SYMBOLIC:      # traced with named dims: print them
-            shape = sizes_of(shape)
         self.shape = shape
         self.dtype = dtype
         self.buffer = buffer

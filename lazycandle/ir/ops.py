@@ -45,7 +45,10 @@ def set_vjp(name: str, rule: Callable) -> None:
 
 def scalar_class(op: OpKind, value):
     """Which of `op.keyed_scalars` the scalar operand `value` is (None: none of them).  0.0 and
-    -0.0 are told apart (x + -0.0 is x, x + 0.0 is not for x = -0.0)."""
+    -0.0 are told apart (x + -0.0 is x, x + 0.0 is not for x = -0.0).  A size of named dims
+    (bound at run) is none of them."""
+    if not isinstance(value, (int, float)):
+        return None
     for c in op.keyed_scalars:
         if value == c and (not isinstance(value, float) or math.copysign(1, value) == math.copysign(1, c)):
             return repr(c)
