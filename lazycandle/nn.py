@@ -32,7 +32,8 @@ def _same_dtype(op, *ts):
 def _empty_along(t, dim, op) -> bool:
     """True when `dim` of t has no elements: the result is t's own (empty) shape and no row
     needs a max, so there is nothing to reduce (not an EmptyReduction)."""
-    return bool(t.shape) and t.shape[norm_dim(dim, t.shape, op, dtype=t.dtype)] == 0
+    size = t.shape[norm_dim(dim, t.shape, op, dtype=t.dtype)] if t.shape else 1
+    return size.__class__ is int and size == 0     # (a named dim bound to 0: EmptyReduction at run)
 
 
 # ---- activations ------------------------------------------------------------------------
