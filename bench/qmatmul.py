@@ -2,10 +2,15 @@
 shapes: decode (1, 4096) x (4096, 4096)^T and a prompt tile (32, 4096) x (11008, 4096)^T.
 
     python bench/qmatmul.py [--repeats 9] [--threads 2] [--paths int8,f32] [--shapes 1x4096x4096,...]
+                            [--decode-layers 4]
 
 GFLOP/s counts 2*m*n*k; GB/s counts the weight bytes (blocks, or the dense matrix) read once per
 call.  Each qmatmul path is timed with the path forced (lc.qtensor.set_qmatmul_path); "auto" is
-the default choice.  Implementations alternate inside one loop (bench/timing.py); medians."""
+the default choice.  Implementations alternate inside one loop (bench/timing.py); medians.
+
+--decode-layers L: a decode-step proxy of a ~1B Llama (hidden 2048, GQA 32/8 heads of 64, FFN
+8192): one token through L layers' linear maps only (q k v o, SiLU-gated MLP; no attention, no
+norms), f32 / bf16 lc.matmul vs q8_0 / q4_0 qmatmul, reported per token scaled to 16 layers."""
 from __future__ import annotations
 
 import argparse
@@ -61,12 +66,48 @@ def bench_shape(m, n, k, paths, repeats):
         print(f"{name:18s} {t * 1e3:9.3f} {flops / t / 1e9:9.1f} {sizes[name] / t / 1e9:12.1f}")
 
 
+def bench_decode(layers, repeats):
+    rng = np.random.default_rng(1)
+    H, KV, F = 2048, 512, 8192
+    shapes = {"q": (H, H), "k": (KV, H), "v": (KV, H), "o": (H, H), "gate": (F, H), "up": (F, H), "down": (H, F)}
+    dense = [{k: (rng.standard_normal(s) * 0.02).astype(np.float32) for k, s in shapes.items()} for _ in range(layers)]
+    x = lc.tensor(rng.standard_normal((1, H)).astype(np.float32))
+    fns, nbytes = {}, {}
+    for fmt in ("f32", "bf16", "q8_0", "q4_0"):
+        if fmt in ("f32", "bf16"):
+            dt = lc.f32 if fmt == "f32" else lc.bf16
+            ws = [{k: lc.tensor(w.T.copy()).to_dtype(dt).realize() for k, w in layer.items()} for layer in dense]
+            mm = (lambda a, w, dt=dt: (a.to_dtype(dt) @ w).to_dtype(lc.f32))
+            nbytes[fmt] = sum(w.numpy().nbytes for layer in ws for w in layer.values())
+        else:
+            ws = [{k: lc.quantize(lc.tensor(w), fmt) for k, w in layer.items()} for layer in dense]
+            mm = lc.qmatmul
+            nbytes[fmt] = sum(w.nbytes for layer in ws for w in layer.values())
+
+        def step(ws=ws, mm=mm):
+            h = x
+            for L in ws:
+                a = mm(h, L["q"]) + mm(h, L["k"]).sum() + mm(h, L["v"]).sum()      # every projection read
+                h = h + mm(a, L["o"])
+                h = h + mm(lc.silu(mm(h, L["gate"])) * mm(h, L["up"]), L["down"])
+                h = h.realize()
+            return h
+        fns[fmt] = step
+    stats = time_alternating(fns, repeats=repeats)
+    print(f"\ndecode-step proxy: {layers} layers of linear maps (hidden 2048, kv 512, ffn 8192), x (1, 2048)")
+    print(f"{'':8s} {'ms/token (16 layers)':>22s} {'weight GB/s':>12s}")
+    for name, st in stats.items():
+        t = st.median
+        print(f"{name:8s} {t * 1e3 * 16 / layers:22.2f} {nbytes[name] / t / 1e9:12.1f}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--paths", default="auto,int8,f32,gemm")
     ap.add_argument("--shapes", default="1x4096x4096,32x11008x4096", help="m x n x k (weight n x k)")
+    ap.add_argument("--decode-layers", type=int, default=4, help="0: skip the decode-step proxy")
     a = ap.parse_args(argv)
     lc.set_num_threads(a.threads)
     load = os.getloadavg()
@@ -74,6 +115,8 @@ def main(argv=None):
     for s in a.shapes.split(","):
         m, n, k = (int(v) for v in s.split("x"))
         bench_shape(m, n, k, a.paths.split(","), a.repeats)
+    if a.decode_layers:
+        bench_decode(a.decode_layers, a.repeats)
 
 
 if __name__ == "__main__":
