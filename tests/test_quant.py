@@ -352,3 +352,18 @@ def test_embedding_rows(kind):
         q.embedding([10])
     with pytest.raises(lc.UnsupportedDTypeForOp):
         q.embedding(np.array([0.5]))
+
+
+@pytest.mark.parametrize("tile", [(1, 2), (3, 2), (2, 3)])
+@pytest.mark.parametrize("kind", ["q4_1", "q6_k"])
+def test_qmatmul_other_tiles(kind, tile, monkeypatch):
+    """Kernels tiling several weight rows x activation rows (remainders recomputed, not stored)."""
+    monkeypatch.setattr(Q, "_TILES", {(True, False): tile, (False, False): tile, (True, True): tile, (False, True): tile})
+    rng = np.random.default_rng(9)
+    w = _data((37, 256), seed=9)
+    q = lc.quantize(lc.tensor(w), kind)
+    for m in (1, 5):
+        x = rng.standard_normal((m, 256)).astype(f32)
+        ref = x @ q.dequantize().numpy().T
+        err = np.abs(lc.qmatmul(lc.tensor(x), q).numpy() - ref).max() / np.abs(ref).max()
+        assert err < 2e-2
