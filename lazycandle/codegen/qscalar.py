@@ -6,7 +6,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from . import codecs
-from .llvmutil import F16, F32, I1, I8, I16, I32, I64, call_intrinsic, intrinsic
+from .llvmutil import F16, F32, I8, I16, I32, I64, call_intrinsic, intrinsic
 from .loops import counted_loop
 
 
@@ -49,11 +49,6 @@ class Scalar:
         b = self.b
         bits = b.bitcast(b.fadd(v, self.f(12582912.0)), I32)
         return b.sub(b.and_(bits, I32(0x7FFFFF)), I32(0x400000))
-
-    def clamp(self, v, lo, hi):
-        b = self.b
-        v = b.select(b.icmp_signed("<", v, I32(hi)), v, I32(hi))
-        return b.select(b.icmp_signed(">", v, I32(lo)), v, I32(lo))
 
     def trunc_i8(self, v):
         """C's (int8_t) cast of a float (saturating: NaN -> 0 instead of undefined)."""

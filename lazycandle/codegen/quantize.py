@@ -19,8 +19,8 @@ import llvmlite.ir as ir
 
 from ..ir.kernels import KernelSpec
 from ..ir.qformats import FORMATS
-from . import codecs, jit, registry
-from .llvmutil import F16, F32, I1, I8, I16, I32, I64, call_intrinsic
+from . import jit, registry
+from .llvmutil import F32, I1, I8, I32, I64, call_intrinsic
 from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_module, unit_range
 from .qblocks import chunk_floats
 from .qscalar import Scalar as _Scalar, scan as _scan, store as _store, store_half as _store_half

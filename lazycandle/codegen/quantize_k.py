@@ -19,10 +19,6 @@ def _ld(b, p, i):
     return b.load(_el(b, p, i))
 
 
-def _acc(s, p, v):
-    s.put(p, s.b.fadd(s.get(p), v))
-
-
 def _zeroed(s, *ptrs):
     for p in ptrs:
         s.put(p, s.f(0))
