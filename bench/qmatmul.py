@@ -53,7 +53,7 @@ def bench_shape(m, n, k, paths, repeats):
         q = lc.quantize(w, kind)
         for p in paths:
             name = f"{kind} {p}"
-            fns[name] = (lambda q=q: lc.qmatmul(x, q))
+            fns[name] = (lambda q=q: lc.qmatmul(x, q).realize())
             setup[name] = (lambda p=p: Q.set_qmatmul_path(p))
             sizes[name] = q.nbytes
     stats = time_alternating(fns, repeats=repeats, setup=setup)
