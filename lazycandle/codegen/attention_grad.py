@@ -10,7 +10,8 @@ i (BQ rows; causal: from row j0 on, earlier rows see none of these keys):
   S  = Q_i KT                  P = exp(S + mask - lse) (0 where masked or past S)
   dP = dO_i VT                 dS = P (dP - D), D = rowsum(dO * O) (an input)
   dV_j += P^T dO_i             dK_j += dS^T Q_i       dQ_i += dS KS (in the output)
-each product a register tile of MR rows x NV vectors (over keys, E or Ev) of broadcast-A FMAs.
+each product a register tile of MR rows x NV vectors (over keys, E or Ev) of broadcast-A FMAs;
+causal, a tile stops at the diagonal (its keys, rows or sum bounded; the rest is masked to 0).
 Finally dK_j (times scale) and dV_j are stored.  Output: one flat buffer [dq | dk | dv], each
 (B, H, ., .) contiguous; the gradients are views of it.
 
@@ -32,8 +33,9 @@ from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_mo
 
 SIZES = ("H", "L", "S", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h", "k_s", "k_e", "v_b", "v_h", "v_s", "v_e",
          "o_b", "o_h", "o_l", "m_b", "m_h", "m_l", "m_s", "dk_off", "dv_off")
-MR, NV = 4, 2           # register tile: rows x vectors
+MR, NV = 4, 2           # register tile: rows x vectors (MR a power of two)
 STACK_ELEMS = 24576     # budget of a key block's stack copies and accumulators, BK (3 E + 2 Ev)
+BQ, BK_MAX = 32, 32     # (8, 4, 128, 64) causal f32, 1 thread: BK 32 took 3.4-3.8 ms, 64 3.8-4.6
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,11 @@ class GradSpec:
 def grad_spec(dt: D.DType, e: int, ev: int, causal: bool, mask: str | None) -> GradSpec:
     """The blocking for the host's vector width: BK keys as large as the stack budget allows."""
     width = jit.vector_bits() // (8 * dt.size_in_bytes)
-    bk = 64
+    bk = BK_MAX
     while bk > width and bk * (3 * e + 2 * ev) > STACK_ELEMS:
         bk //= 2
     bk = max(bk, width)
-    return GradSpec(dt.name, e, ev, causal, mask, width, _lanes(e, width), _lanes(ev, width), 32, bk)
+    return GradSpec(dt.name, e, ev, causal, mask, width, _lanes(e, width), _lanes(ev, width), BQ, bk)
 
 
 class _Gemm:
@@ -71,25 +73,33 @@ class _Gemm:
         self.vt = ir.VectorType(ct, wn) if wn > 1 else ct
         self.acc = _stack(b, self.vt, MR * NV)
 
-    def __call__(self, m, k, n, a_row, a_at, b_row, c_row, accumulate, m_aligned=False):
+    def __call__(self, m, k, n, a_row, a_at, b_row, c_row, accumulate, m_aligned=False, trim=None):
+        """trim(i, rows) -> (k0, k1 or None for k, n_stop or None for n): the part of row tile
+        i that can be nonzero (the causal diagonal); None: all of it."""
         b = self.b
+        fns = (k, n, a_row, a_at, b_row, c_row, accumulate, trim)
         m_full = m if m_aligned else b.and_(m, I64(-MR))
         with counted_loop(b, I64(0), m_full, MR, "gm") as i:
-            self._over_n(i, MR, k, n, a_row, a_at, b_row, c_row, accumulate)
+            self._over_n(i, MR, *fns)
         if not m_aligned:
             with counted_loop(b, m_full, m, 1, "gt") as i:
-                self._over_n(i, 1, k, n, a_row, a_at, b_row, c_row, accumulate)
+                self._over_n(i, 1, *fns)
 
-    def _over_n(self, i, rows, k, n, a_row, a_at, b_row, c_row, accumulate):
+    def _over_n(self, i, rows, k, n, a_row, a_at, b_row, c_row, accumulate, trim):
+        b = self.b
         group = NV * self.wn
         full, tail = n // group, (n % group) // self.wn
+        k0, k1, n_stop = trim(i, rows) if trim is not None else (I64(0), None, None)
+        k1 = k if k1 is None else k1
+        ks = (k0, k1, a_row, a_at, b_row, c_row, accumulate)
         if full:
-            with counted_loop(self.b, I64(0), I64(full * group), group, "gn") as n0:
-                self._tile(i, rows, n0, NV, k, a_row, a_at, b_row, c_row, accumulate)
+            stop = I64(full * group) if n_stop is None else _min(b, I64(full * group), n_stop)
+            with counted_loop(b, I64(0), stop, group, "gn") as n0:
+                self._tile(i, rows, n0, NV, *ks)
         if tail:
-            self._tile(i, rows, I64(full * group), tail, k, a_row, a_at, b_row, c_row, accumulate)
+            self._tile(i, rows, I64(full * group), tail, *ks)
 
-    def _tile(self, i, rows, n0, nvec, k, a_row, a_at, b_row, c_row, accumulate):
+    def _tile(self, i, rows, n0, nvec, k0, k1, a_row, a_at, b_row, c_row, accumulate):
         b, wn, al, vt = self.b, self.wn, self.al, self.vt
         hs = [a_row(b.add(i, I64(r))) for r in range(rows)]
         cs = [c_row(b.add(i, I64(r))) for r in range(rows)]
@@ -98,7 +108,7 @@ class _Gemm:
             for v in range(nvec):
                 init = _vload(b, cs[r], b.add(n0, I64(v * wn)), vt, al) if accumulate else const(vt, 0.0)
                 b.store(init, slots[r][v], align=64)
-        with counted_loop(b, I64(0), k, 1, "gk") as x:
+        with counted_loop(b, k0, k1, 1, "gk") as x:
             bp = b_row(x)
             bv = [_vload(b, bp, b.add(n0, I64(v * wn)), vt, al) for v in range(nvec)]
             for r in range(rows):
@@ -200,19 +210,39 @@ def _pair(b, spec, ct, gemms, ptrs, sz, ctx, i0, nr, j0, nk, st, al):
     def row_of(p, stride):
         return lambda r: b.add(ctx[p], b.mul(_min(b, b.add(i0, r), last), sz[stride]))
     P, DS = st["P"], st["DS"]
+    trims = _causal_trims(b, spec, i0, j0, nk) if spec.causal else (None, None, None)
     gemms[W](m_up, I64(E), BK, row_of("q", "q_l"), lambda h, x: b.load(_at(b, q, b.add(h, b.mul(x, sz["q_e"]))), align=al),
-             lambda x: _at(b, st["KT"], b.mul(x, I64(BK))), lambda r: _at(b, P, b.mul(r, I64(BK))), False, True)
+             lambda x: _at(b, st["KT"], b.mul(x, I64(BK))), lambda r: _at(b, P, b.mul(r, I64(BK))), False, True, trims[0])
     gemms[W](m_up, I64(EV), BK, row_of("o", "o_l"), lambda h, x: b.load(_at(b, do, b.add(h, x)), align=al),
-             lambda x: _at(b, st["VT"], b.mul(x, I64(BK))), lambda r: _at(b, DS, b.mul(r, I64(BK))), False, True)
+             lambda x: _at(b, st["VT"], b.mul(x, I64(BK))), lambda r: _at(b, DS, b.mul(r, I64(BK))), False, True,
+             trims[0])
     _probabilities(b, spec, ct, lse, dd, mask, sz, ctx, i0, nr, j0, nk, P, DS, al)
     q_row, o_row = row_of("q", "q_l"), row_of("o", "o_l")
     gemms[spec.wv](nk, nr, EV, lambda c: c, lambda c, r: b.load(_at(b, P, b.add(b.mul(r, I64(BK)), c)), align=al),
-                   lambda r: _at(b, do, o_row(r)), lambda c: _at(b, st["DV"], b.mul(c, I64(EV))), True)
+                   lambda r: _at(b, do, o_row(r)), lambda c: _at(b, st["DV"], b.mul(c, I64(EV))), True, trim=trims[1])
     gemms[spec.we](nk, nr, E, lambda c: c, lambda c, r: b.load(_at(b, DS, b.add(b.mul(r, I64(BK)), c)), align=al),
-                   lambda r: _at(b, q, q_row(r)), lambda c: _at(b, st["DK"], b.mul(c, I64(E))), True)
+                   lambda r: _at(b, q, q_row(r)), lambda c: _at(b, st["DK"], b.mul(c, I64(E))), True, trim=trims[1])
     gemms[spec.we](nr, nk, E, lambda r: b.mul(r, I64(BK)), lambda h, c: b.load(_at(b, DS, b.add(h, c)), align=al),
                    lambda c: _at(b, st["KS"], b.mul(c, I64(E))),
-                   lambda r: _at(b, out, b.add(ctx["dq"], b.mul(b.add(i0, r), I64(E)))), True)
+                   lambda r: _at(b, out, b.add(ctx["dq"], b.mul(b.add(i0, r), I64(E)))), True, trim=trims[2])
+
+
+def _causal_trims(b, spec, i0, j0, nk):
+    """The causal diagonal's bounds per row tile (key j0 + c sees row i0 + r iff c <= r + d,
+    d = i0 - j0 >= 0): the score products stop at key i + rows + d; dV / dK's row tile of keys
+    from c sums rows from c - d on; dq's row tile of rows from r sums keys below r + rows + d."""
+    d = b.sub(i0, j0)
+
+    def scores(i, rows):
+        return I64(0), None, b.add(b.add(i, I64(rows)), d)
+
+    def keys(i, rows):
+        lo = b.sub(i, d)
+        return b.select(b.icmp_signed("<", lo, I64(0)), I64(0), lo), None, None
+
+    def rows_(i, rows):
+        return I64(0), _min(b, nk, b.add(b.add(i, I64(rows)), d)), None
+    return scores, keys, rows_
 
 
 def _probabilities(b, spec, ct, lse, dd, mask, sz, ctx, i0, nr, j0, nk, P, DS, al):
