@@ -105,7 +105,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--paths", default="auto,int8,f32,gemm")
+    ap.add_argument("--paths", default="auto,int8,f32")
     ap.add_argument("--shapes", default="1x4096x4096,32x11008x4096", help="m x n x k (weight n x k)")
     ap.add_argument("--decode-layers", type=int, default=4, help="0: skip the decode-step proxy")
     a = ap.parse_args(argv)

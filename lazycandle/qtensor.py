@@ -149,7 +149,7 @@ def quantize(t, kind) -> QTensor:
 
 
 # ---- qmatmul ----------------------------------------------------------------------------------
-_PATHS = ("auto", "int8", "int8-generic", "f32", "gemm")
+_PATHS = ("auto", "int8", "int8-generic", "f32")
 _path = [os.environ.get("LAZYCANDLE_QMATMUL", "auto")]
 if _path[0] not in _PATHS:
     _path[0] = "auto"
@@ -157,9 +157,8 @@ if _path[0] not in _PATHS:
 
 def set_qmatmul_path(name: str) -> None:
     """Force qmatmul's kernels: "int8" (int8 activations; pmaddubsw on AVX2 hosts), "int8-generic"
-    (the same without x86 intrinsics), "f32" (dequantize in registers), "gemm" (dequantize panels
-    of weight rows, BLAS sgemm; needs BLAS) or "auto" (the measured choice).  Also
-    LAZYCANDLE_QMATMUL."""
+    (the same without x86 intrinsics), "f32" (dequantize in registers, exact f32 products) or
+    "auto" (the measured choice: int8).  Also LAZYCANDLE_QMATMUL."""
     if name not in _PATHS:
         raise ValueError(f"set_qmatmul_path: unknown path {name!r} (known: {', '.join(_PATHS)})")
     _path[0] = name
@@ -169,21 +168,14 @@ def get_qmatmul_path() -> str:
     return _path[0]
 
 
-def _blas() -> bool:
-    from .runtime import blas
-    return blas.available()
-
-
 def _choose(m: int):
     """(path, isa) for m activation rows."""
     from .codegen import jit
     name = _path[0]
     if name == "auto":
         name = "int8"
-    if name in ("f32", "gemm"):
-        if name == "gemm" and not _blas():
-            raise ValueError("qmatmul: the gemm path needs a BLAS library, none is loaded")
-        return name, "none"
+    if name == "f32":
+        return "f32", "none"
     avx2 = jit.has_feature("avx2") and name == "int8"
     return "int8", "avx2" if avx2 else "generic"
 

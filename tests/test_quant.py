@@ -261,7 +261,7 @@ def test_bad_inputs():
 
 
 # ---- qmatmul --------------------------------------------------------------------------------
-PATHS = ["int8", "int8-generic", "f32", "gemm"]
+PATHS = ["int8", "int8-generic", "f32"]
 
 
 @pytest.fixture

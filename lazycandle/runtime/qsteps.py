@@ -1,8 +1,8 @@
 """Running the quantized-weight kernels (codegen/quantize.py, codegen/qmatmul.py) on the pool:
 `run` launches one kernel over its units (blocks for quantize / dequantize); the qmatmul node's
 step (`QMatmulStep`, op in ir/ops_model.py) quantizes the activations per block to int8 (path
-"int8") and then splits the weight rows over the threads; path "gemm" instead dequantizes panels
-of PANEL weight rows to f32 (per thread, cache-sized) and multiplies each with BLAS sgemm."""
+"int8") and then splits the weight rows over the threads.  (A path dequantizing panels of weight
+rows to f32 for BLAS sgemm was measured here and never beat the int8 kernels, at m = 1 or 32.)"""
 from __future__ import annotations
 
 import ctypes
@@ -10,9 +10,8 @@ from math import prod
 
 import numpy as np
 
-from ..codegen import qmatmul as QM, quantize as QZ
-from ..ir.qformats import FORMATS
-from . import blas, pool
+from ..codegen import qmatmul as QM
+from . import pool
 from .buffers import address
 from .steps import NodeStep, register
 
@@ -29,9 +28,6 @@ def run(fn, arrays, sizes, units: int, cost_per_unit: float, align: int = 1) -> 
                       cost_per_item=cost_per_unit, align=align)
 
 
-PANEL = 64          # weight rows dequantized at a time by the "gemm" path (64 x 4096 f32: 1 MiB)
-
-
 @register("qmatmul")
 class QMatmulStep(NodeStep):
     def setup(self, cap):
@@ -41,15 +37,10 @@ class QMatmulStep(NodeStep):
                 any(s != K * prod(lx.shape[d + 1:-1]) for d, s in enumerate(lx.strides[:-1]) if lx.shape[d] > 1):
             raise ValueError(f"qmatmul: x must be contiguous rows of {K}, got {lx}")
         self.m, self.N, self.K, self.nt = prod(lx.shape[:-1]), N, K, nt
-        self.int8, self.gemm, self.fmt = path == "int8", path == "gemm", FORMATS[kind]
-        if self.gemm:
-            self.spec, self.fn = QZ.kernel(kind, False)
-            self.detail = (f"qmatmul ({self.m}, {K}) x ({kind} {N}, {K})^T: panels of {PANEL} weight rows "
-                           f"dequantized to f32, each times x by BLAS sgemm")
-        else:
-            self.spec, self.fn = QM.kernel(kind, path, isa, mt, nt)
-            self.detail = (f"qmatmul ({self.m}, {K}) x ({kind} {N}, {K})^T: {self.spec.describe()}"
-                           + ("; activations quantized per 32 to int8 first" if self.int8 else ""))
+        self.int8 = path == "int8"
+        self.spec, self.fn = QM.kernel(kind, path, isa, mt, nt)
+        self.detail = (f"qmatmul ({self.m}, {K}) x ({kind} {N}, {K})^T: {self.spec.describe()}"
+                       + ("; activations quantized per 32 to int8 first" if self.int8 else ""))
         self.module = self.fn._module
         if self.int8:
             self.act = QM.act_kernel()[1]
@@ -62,8 +53,6 @@ class QMatmulStep(NodeStep):
         w, lw = self.operand(1, in_bufs, offsets, bufs)
         xa, wa = address(x) + lx.offset * x.itemsize, address(w) + lw.offset
         out = bufs[self.out]
-        if self.gemm:
-            return self._run_gemm(xa, wa, address(out))
         if self.int8:
             nc = K // 32
             xq, xd, xs = np.empty(m * K, np.int8), np.empty(m * nc, np.float32), np.empty(m * nc, np.float32)
@@ -71,21 +60,3 @@ class QMatmulStep(NodeStep):
             run(self.fn, [out, wa, xq, xd, xs], (m, N, K), N, float(K) * m, align=self.nt)
         else:
             run(self.fn, [out, wa, xa], (m, N, K), N, float(K) * m, align=self.nt)
-
-    def _run_gemm(self, xa, wa, oa):
-        m, N, K, f, fn = self.m, self.N, self.K, self.fmt, self.fn
-        per_row = K // f.block
-        sizes = np.zeros(1, np.int64)
-        sp = sizes.ctypes.data
-
-        def panels(lo, hi):
-            scratch = np.empty(PANEL * K + 16, np.float32)
-            sa = (address(scratch) + 63) & ~63
-            for p in range(lo, hi):
-                n0, n1 = p * PANEL, min(N, (p + 1) * PANEL)
-                b0, b1 = n0 * per_row, n1 * per_row
-                ptrs = (ctypes.c_void_p * 2)(sa - b0 * f.block * 4, wa)
-                fn(ctypes.addressof(ptrs), sp, None, b0, b1)
-                blas.gemm("s", False, True, m, n1 - n0, K, xa, K, sa, K, oa + n0 * 4, N)
-        with blas.single_threaded():
-            pool.parallel_for(panels, 0, -(-N // PANEL), cost_per_item=float(PANEL) * K * m)
