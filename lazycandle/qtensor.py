@@ -43,7 +43,8 @@ class QTensor:
         shape = tuple(int(d) for d in shape)
         _check_shape(shape, f, "QTensor")
         want = prod(shape[:-1]) * row_bytes(f, shape[-1])
-        buf = np.asarray(buf).reshape(-1).view(np.uint8)
+        buf = (np.frombuffer(buf, np.uint8) if isinstance(buf, (bytes, bytearray, memoryview))
+               else np.asarray(buf).reshape(-1).view(np.uint8))
         if buf.size != want:
             raise ShapeMismatch(f"QTensor: {f.name} {shape} needs {want} bytes, got {buf.size}")
         self.shape, self.kind, self._buf, self._node = shape, f.name, buf, None
@@ -123,6 +124,9 @@ class QTensor:
             ptrs = (ctypes.c_void_p * 2)(base + (i * dim - r * per_row * f.block) * 4, wa)
             fn(ctypes.addressof(ptrs), sizes.ctypes.data, None, r * per_row, (r + 1) * per_row)
         return _buffer_tensor(out, D.f32, ids_np.shape + (dim,))
+
+    def __reduce__(self):
+        return QTensor, (self._buf.tobytes(), self.shape, self.kind)
 
     def __repr__(self):
         return f"QTensor[{self.kind}, shape={self.shape}, {self.nbytes} bytes]"

@@ -367,3 +367,13 @@ def test_qmatmul_other_tiles(kind, tile, monkeypatch):
         ref = x @ q.dequantize().numpy().T
         err = np.abs(lc.qmatmul(lc.tensor(x), q).numpy() - ref).max() / np.abs(ref).max()
         assert err < 2e-2
+
+
+def test_qtensor_from_bytes_and_pickle():
+    import pickle
+    q = lc.quantize(lc.tensor(_data((4, 64))), "q5_0")
+    again = pickle.loads(pickle.dumps(q))
+    assert (again.kind, again.shape, again.data()) == (q.kind, q.shape, q.data())
+    assert lc.QTensor(q.data(), (4, 64), "q5_0").data() == q.data()
+    with pytest.raises(lc.ShapeMismatch):
+        lc.QTensor(q.data()[:-1], (4, 64), "q5_0")
