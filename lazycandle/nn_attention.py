@@ -195,7 +195,7 @@ def _flash_attention(q, k, v, mask, is_causal, scale):
     if batch is None or len(batch) > 2:
         return None
     b4 = (1,) * (2 - len(batch)) + batch
-    if mask is not None and (mask.rank > 4 or not same(_broadcast_batch([mask.shape, b4 + (L, S)]), b4 + (L, S))):
+    if mask is not None and (mask.rank > 4 or not same(_broadcast_batch([mask.shape, b4 + (L, S)]) or (), b4 + (L, S))):
         return None                 # the graph broadcasts a bigger batch, or raises the shape error
     q4, k4 = _as_4d(q, b4, (L, E)), _as_4d(k, b4, (S, E))
     v4 = _as_4d(v, b4, (S, EV))

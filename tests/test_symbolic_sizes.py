@@ -199,3 +199,36 @@ def test_broadcast_and_inner_dims_are_checked_at_run():
     np.testing.assert_allclose(got[1], xs.T @ ys, rtol=1e-5, atol=1e-6)
     with pytest.raises(lc.BroadcastIncompatibleShapes):
         prog(x=xs, y=_rand(2, 4))
+
+
+# ---- attention under named dims: the fused flash kernel (issue 38 item 4) ---------------------
+def _sdpa_ref(q, k, v, causal=False):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_over_named_lengths_runs_the_flash_kernel(causal):
+    q = lc.placeholder("q", (2, 3, "t", 16), lc.f32)
+    kv = lc.placeholder("kv", (2, 3, "t", 16), lc.f32)
+    prog = lc.compile([lc.nn.scaled_dot_product_attention(q, kv, kv, is_causal=causal)])
+    for t in (1, 5, 19):
+        a, b = _rand(2, 3, t, 16, seed=t), _rand(2, 3, t, 16, seed=t + 1)
+        np.testing.assert_allclose(prog(q=a, kv=b)[0], _sdpa_ref(a, b, b, causal), rtol=1e-5, atol=1e-6)
+    assert "flash" in prog.dump("schedule")
+
+
+def test_decode_attention_over_a_named_cache_length_runs_the_flash_kernel():
+    q = lc.placeholder("q", (4, 1, 8), lc.f32)
+    k = lc.placeholder("k", (4, "L", 8), lc.f32)
+    v = lc.placeholder("v", (4, "L", 8), lc.f32)
+    out = lc.nn.scaled_dot_product_attention(q, k, v)
+    assert out.shape == (4, 1, 8)
+    prog = lc.compile([out])
+    for L in (1, 2, 9, 40):
+        a, b, c = _rand(4, 1, 8, seed=L), _rand(4, L, 8, seed=L + 1), _rand(4, L, 8, seed=L + 2)
+        np.testing.assert_allclose(prog(q=a, k=b, v=c)[0], _sdpa_ref(a, b, c), rtol=1e-5, atol=1e-6)
+    assert "flash" in prog.dump("schedule")
