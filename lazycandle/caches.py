@@ -10,7 +10,6 @@ import os
 import threading
 from collections import OrderedDict
 
-from . import diskcache
 
 
 class LRU:
@@ -104,6 +103,7 @@ def clear_caches(disk: bool = False) -> None:
     for cache, _ in _loaded_registry().values():
         cache.clear()
     if disk:
+        from . import diskcache     # (not at import: it loads hashlib and json)
         diskcache.clear()
 
 
@@ -115,6 +115,7 @@ def cache_info() -> dict:
     reg = _loaded_registry()
     counts = {name: len(cache) for name, (cache, _) in reg.items()}
     memory = sum(nbytes() for _, nbytes in reg.values() if nbytes is not None)
+    from . import diskcache
     disk = diskcache.info()
     return {"plans": counts.get("plans", 0), "kernels": counts.get("kernels", 0), "memory_bytes": memory,
             "disk_entries": disk["entries"], "disk_bytes": disk["bytes"], "disk_dir": disk["dir"],
