@@ -1,6 +1,6 @@
 """Command line: `lazycandle dump SCRIPT.py [--stage S] [--format F] [--out DIR]`,
 `lazycandle info`, `lazycandle bench [...]`, `lazycandle cache info|clear`,
-`lazycandle generate FOLDER --prompt TEXT [...]`."""
+`lazycandle generate FOLDER --prompt TEXT [...]`, `lazycandle embed FOLDER TEXT... [--json]`."""
 from __future__ import annotations
 
 import argparse
@@ -114,9 +114,13 @@ def main(argv=None) -> int:
     sub.add_parser("info", help="CPU features, threads, BLAS, kernel cache")
     sub.add_parser("bench", help="run the benchmark suite")
     sub.add_parser("cache", help="the disk kernel cache: info | clear").add_argument("action", choices=("info", "clear"))
+    from .models.commands import add_embed, run_embed
+    add_embed(sub)
     from .models.textgen import add_generate, run_generate
     add_generate(sub)
     args, rest = p.parse_known_args(argv)
+    if args.cmd == "embed" and not rest:
+        return run_embed(args)
     if args.cmd == "generate" and not rest:
         return run_generate(args)
     if args.cmd == "dump":

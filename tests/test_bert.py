@@ -157,3 +157,16 @@ def test_minilm_matches_sentence_transformers(minilm):
     np.testing.assert_allclose(got[:, :6], ST_FIRST6, rtol=0, atol=2e-6)
     np.testing.assert_allclose(got[1:] @ got[0], ST_COS0, rtol=0, atol=2e-6)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+
+
+def test_cli_embed(tmp_path, capsys):
+    from lazycandle.cli import main
+    folder = make_folder(tmp_path / "m")
+    assert main(["embed", str(folder), "the cat", "hi", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["texts"] == ["the cat", "hi"]
+    np.testing.assert_allclose(out["embeddings"], from_pretrained(folder).embed(["the cat", "hi"]), rtol=1e-6)
+    assert main(["embed", str(folder), "dogs ran"]) == 0
+    assert len(capsys.readouterr().out.split()) == 8
+    assert main(["embed", str(tmp_path), "x"]) == 2
+    assert "config.json" in capsys.readouterr().err
