@@ -176,6 +176,8 @@ class ModelOpsMixin:
         src[i - start], the others keep their value, in one select over this tensor's shape."""
         from .tensor import arange
         size, n = self.shape[dim], src.shape[dim]
+        if n == 0:                  # nothing to write (and no row of src to pick from)
+            return self
         along = [1] * self.rank
         along[dim] = size
         offset = arange(0, size) - start.reshape((1,)).broadcast_as((size,))
