@@ -197,8 +197,9 @@ def run(model, prompts, max_new_tokens: int, sampler=None, eos_token_id=None, st
 
 
 def _loop(model, prompts, n, sampler, eos, stops, keep_logits, warmup, compiled, on_token, gen, live):
-    b = len(prompts)
-    session = Session(model, b, max(len(p) for p in prompts) + n, compiled)
+    b, block = len(prompts), 128
+    need = max(len(p) for p in prompts) + n        # a whole number of span blocks: one program serves
+    session = Session(model, b, min(-(-need // block) * block, model.config.max_len), compiled, block)
     t0 = time.perf_counter()
     logits = session.prefill(prompts)
     gen.prefill_ms = (time.perf_counter() - t0) * 1e3
