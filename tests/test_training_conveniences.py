@@ -208,7 +208,7 @@ def test_lr_in_a_compiled_step_is_a_runtime_scalar():
 
     state = [s.numpy() for s in opt.init([lc.tensor(w0)])]
     w = w0
-    schedule = [0.1, 0.05, 0.3, 0.001, 0.2]
+    schedule = [0.1, 0.05, 1.0, 0.0, 0.2]        # (1 and 0 are values a rewrite would fold for a scalar)
     compiled = None
     for i, rate in enumerate(schedule):
         opt.lr = rate
