@@ -87,11 +87,19 @@ class Layout:
     def is_contiguous(self) -> bool:
         """Row-major contiguous (ignoring strides of size-1 dims)."""
         acc = 1
-        for d, s in zip(reversed(self.shape), reversed(self.strides)):
-            if not is_one(d) and not _same(s, acc):
-                return False
-            acc *= d
-        return True
+        try:
+            for d, s in zip(reversed(self.shape), reversed(self.strides)):
+                if d != 1 and s != acc:
+                    return False
+                acc *= d
+            return True
+        except TypeError:       # (lc.SymbolicSizeError) a size of named dims: not taken for 1
+            acc = 1
+            for d, s in zip(reversed(self.shape), reversed(self.strides)):
+                if not is_one(d) and not _same(s, acc):
+                    return False
+                acc *= d
+            return True
 
     def span(self) -> tuple:
         """(lowest, highest) element offset touched; (offset, offset-1) when empty."""

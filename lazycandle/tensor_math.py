@@ -171,7 +171,11 @@ class MathMixin:
                                             f"(shapes {a.shape} and {b.shape})")
             check_dtype(op, a.dtype, a.shape, name=name)
             checks = None
-            if (a.shape != b.shape) if not (has_size(a.shape) or has_size(b.shape)) else not same(a.shape, b.shape):
+            try:
+                differ = a.shape != b.shape
+            except TypeError:       # (lc.SymbolicSizeError) sizes of named dims that may differ
+                differ = not same(a.shape, b.shape)
+            if differ:
                 if not broadcast:
                     if not has_size(a.shape + b.shape) or len(a.shape) != len(b.shape):
                         raise ShapeMismatchBinaryOp(f"{op}: shape mismatch lhs {a.shape} rhs {b.shape} "

@@ -73,9 +73,12 @@ class ViewMixin:
 
     def _view(self, layout, label, checks=()):
         old = self._node.layout
-        if (layout == old and layout.shape == self.shape) if not has_size(layout.shape + old.shape) else \
-                (same(layout.shape, old.shape) and same(layout.strides, old.strides) and same(layout.offset, old.offset)
-                 and same(layout.shape, self.shape)):
+        try:
+            unchanged = layout == old and layout.shape == self.shape
+        except TypeError:           # (lc.SymbolicSizeError) sizes of named dims that may differ
+            unchanged = same(layout.shape, old.shape) and same(layout.strides, old.strides) \
+                and same(layout.offset, old.offset) and same(layout.shape, self.shape)
+        if unchanged:
             return self
         if checks:
             out = Node("view", (self._node,), None, layout.shape, self.dtype, layout=layout, label=label)
@@ -200,7 +203,11 @@ class ViewMixin:
         """broadcast_as to a shape `broadcast_shapes` made from this tensor's (so already
         checked): the binary ops' fast path."""
         node = self._node
-        if (node.shape == shape) if not (has_size(shape) or has_size(node.shape)) else same(node.shape, shape):
+        try:
+            unchanged = node.shape == shape
+        except TypeError:           # (lc.SymbolicSizeError) sizes of named dims that may differ
+            unchanged = same(node.shape, shape)
+        if unchanged:
             return self
         lay, label = broadcast_view(node.layout, shape)
         return type(self)(Node(_VIEW, (node,), None, shape, node.dtype, layout=lay, label=label))
