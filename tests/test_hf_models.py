@@ -330,6 +330,8 @@ def test_empty_prompt_and_zero_new_tokens(gpt2_model, llama_model):
     assert toks == [[], []] and [lg.shape for lg in logits] == [(0, 97), (0, 97)]
     bos = gpt2_model.generate([96], 3, eos_token_id=[])
     assert gpt2_model.generate([], 3, eos_token_id=[]) == bos           # starts from bos
+    assert gpt2_model.generate(np.array([PROMPT, PROMPT]), 2, eos_token_id=[]) == \
+        [gpt2_model.generate(PROMPT, 2, eos_token_id=[])] * 2          # arrays work too
     llama_model.bos_token_id = None
     try:
         assert llama_model.generate([[], [4, 5]], 2, eos_token_id=[])[0] == []

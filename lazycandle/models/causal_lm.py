@@ -45,8 +45,11 @@ class CausalLM(Module):
         the config's; the token is kept) or once its text contains a `stop` string (needs
         model.tokenizer).  An empty prompt starts from the config's bos token (none: nothing
         is generated)."""
+        if hasattr(ids, "_node") or isinstance(ids, np.ndarray):
+            ids = np.asarray(ids).tolist()
         batched = isinstance(ids, (list, tuple)) and bool(ids) and not _is_int(ids[0])
-        prompts = [list(p) for p in ids] if batched else [list(ids)]
+        prompts = [[int(t) if _is_int(t) else t for t in p] for p in ids] if batched else \
+            [[int(t) if _is_int(t) else t for t in ids]]
         gen = run(self, prompts, max_new_tokens, sampler, eos_token_id, stop, keep_logits=return_logits)
         tokens = gen.tokens if batched else gen.tokens[0]
         if not return_logits:
@@ -179,6 +182,7 @@ def run(model, prompts, max_new_tokens: int, sampler=None, eos_token_id=None, st
         if bad:
             raise IndexOutOfBounds(f"generate: token id {bad[0]!r} is outside the vocabulary (0..{cfg.vocab - 1})")
     bos = model.bos_token_id
+    bos = bos if _is_int(bos) and 0 <= bos < cfg.vocab else None
     prompts = [p if p or bos is None else [int(bos)] for p in prompts]
     live = [i for i, p in enumerate(prompts) if p]
     gen = Generation([[] for _ in prompts], [[] for _ in prompts])
