@@ -223,11 +223,15 @@ class Program:
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise FeedError(f"compile: placeholder name(s) {sorted(dup)} used for more than one input")
-        self._symbolic = named_dims.has_named_dims(cap.nodes + cap.inputs)
+        used = named_dims.names_used(cap)
+        self._symbolic = bool(used)
         self._fixed = None if self._symbolic else _Instance(self._user_nodes)
         self._traced = None
         if self._symbolic:
             dims = {d for _, spec, _ in self.inputs for d in spec if isinstance(d, str)}
+            if used - dims:
+                raise FeedError(f"compile: the outputs use named dim(s) {sorted(used - dims)}, which no input of "
+                                f"the program has (inputs: {self.inputs}); a size is bound from the feeds")
             self._traced = _Traced(self._user_nodes, sorted(dims))
         self._bound = caches.LRU(self.BINDINGS_KEPT)
         self._last, self._recent = self._fixed, None
@@ -437,7 +441,7 @@ def dump(*ts, stage="graph", fmt="text") -> str:
         raise TypeError("dump: expected tensors")
     targets = [n for n, _ in _targets([t._node for t in ts])]
     cap = capture(targets)
-    if named_dims.has_named_dims(cap.nodes + cap.inputs):
+    if named_dims.names_used(cap):
         raise ValueError("dump: the graph has named dims, so it compiles per binding: use "
                          "lc.compile(...).dump() after running the program")
     plan = compiler.get_plan(cap, targets)

@@ -18,7 +18,7 @@ from .errors import EmptyReduction, FeedError, ShapeMismatch
 from .sizes import Size, decide_eq, decide_ge0, evaluate as _evaluate, has_size
 
 __all__ = ["Size", "require", "require_ge0", "require_eq", "bind", "checks_of", "placeholder_shape",
-           "shape_spec", "is_symbolic", "has_named_dims", "evaluate"]
+           "shape_spec", "is_symbolic", "names_used", "evaluate"]
 
 # node -> its bind-time checks: (size that must be >= 0 ("ge0") or == 0 ("eq0"), kind, error class,
 # message).  Weak: a check lives as long as the node it guards.
@@ -179,5 +179,23 @@ def _topo_order(targets) -> list:
     return order
 
 
-def has_named_dims(nodes) -> bool:
-    return any(has_size(n.shape) or (n.op.name == "const" and n.arg.__class__ is Size) for n in nodes)
+def names_used(cap) -> set:
+    """The named dims a capture's shapes, view layouts and scalar operands use."""
+    out: set = set()
+    for n in list(cap.nodes) + list(cap.inputs):
+        for d in n.shape:
+            if d.__class__ is Size:
+                out |= d.names()
+    for ops in cap._raw:
+        for r in ops:
+            for x in r[2:]:
+                if x.__class__ is tuple:
+                    for d in x:
+                        if d.__class__ is Size:
+                            out |= d.names()
+                elif x.__class__ is Size:
+                    out |= x.names()
+    for v in [v for v, _ in cap.scalars] + [off for _, off in cap.slots]:
+        if v.__class__ is Size:
+            out |= v.names()
+    return out

@@ -348,9 +348,13 @@ class Size:
         return NotImplemented
 
     def __truediv__(self, o):
+        if not isinstance(o, (int, float, Size, numbers.Number)):
+            return NotImplemented       # a tensor: its reflected division makes n a runtime scalar
         raise _undecided(self, f"{self} / {o!r}", "divide a tensor by it instead (t / n is a runtime scalar)")
 
     def __rtruediv__(self, o):
+        if not isinstance(o, (int, float, Size, numbers.Number)):
+            return NotImplemented
         raise _undecided(self, f"{o!r} / {self}", "divide a tensor by it instead (t / n is a runtime scalar)")
 
     def __divmod__(self, o):

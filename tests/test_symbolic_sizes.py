@@ -232,3 +232,21 @@ def test_decode_attention_over_a_named_cache_length_runs_the_flash_kernel():
         a, b, c = _rand(4, 1, 8, seed=L), _rand(4, L, 8, seed=L + 1), _rand(4, L, 8, seed=L + 2)
         np.testing.assert_allclose(prog(q=a, k=b, v=c)[0], _sdpa_ref(a, b, c), rtol=1e-5, atol=1e-6)
     assert "flash" in prog.dump("schedule")
+
+
+def test_a_program_whose_sizes_no_input_binds_is_refused_at_compile():
+    x = lc.placeholder("x", ("n", 3), lc.f32)
+    with pytest.raises(lc.FeedError, match="'n'"):
+        lc.compile([lc.arange(x.shape[0])])
+    got = lc.compile([lc.arange(x.shape[0]), x])(x=np.ones((4, 3), np.float32))[0]
+    np.testing.assert_array_equal(got, np.arange(4))
+
+
+def test_a_size_on_the_left_of_a_tensor_operator():
+    x = lc.placeholder("x", ("n", 2), lc.f32)
+    n = x.shape[0]
+    prog = lc.compile([n * x, n - x, n / (x + 10.0), (n + 1) + x])
+    xs = _rand(3, 2)
+    want = [3 * xs, 3 - xs, 3 / (xs + 10), 4 + xs]
+    for g, w in zip(prog(x=xs), want):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
