@@ -95,8 +95,8 @@ class _BoundInstance(_Instance):
 
 
 class _Traced:
-    """What a named-dim Program binds from: its traced targets and capture (sizes are probe
-    polynomials of the names), its view nodes (for the bound checks) and the ProgramBinders
+    """What a named-dim Program binds from: its traced targets and capture (sizes are lc.Size
+    expressions of the names), its view nodes (for the bound checks) and the ProgramBinders
     derived so far (one per size class met), with the direct paths of those that run natively
     (runtime/native_direct.py: a new size of the class costs one generated function and one
     native call)."""

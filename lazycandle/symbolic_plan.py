@@ -37,7 +37,7 @@ def _source(v, var: dict):
 MAX_SYMBOLS = 8          # more distinct sizes than this: a plan per capture
 
 
-class _ProbeNode:
+class _SymbolicNode:
     """A captured node with its shape in symbolic sizes (what the scheduler reads of a node)."""
     __slots__ = ("op", "arg", "shape", "dtype", "label")
 
@@ -69,7 +69,7 @@ def derive_binder(cap: Capture, plan, dims):
     if not plan.binds_sizes or len(dims) > MAX_SYMBOLS or plan.template is None:
         return None
     symbols = [Size.symbol(f"#{k}") for k in range(len(dims))]
-    pcap = _probe_capture(cap, dict(zip(dims, symbols)))
+    pcap = _symbolic_capture(cap, dict(zip(dims, symbols)))
     tpl = plan.template
     try:
         opt = tpl.replay(pcap)
@@ -100,15 +100,15 @@ def _tuple_source(parts) -> str:
     return "(" + "".join(s + ", " for s in parts) + ")"
 
 
-def _probe_capture(cap: Capture, probe_of: dict) -> Capture:
-    """`cap` with every size its symbol (probe_of: size -> Size; 0 and 1 stay) and every read's
+def _symbolic_capture(cap: Capture, symbol_of: dict) -> Capture:
+    """`cap` with every size its symbol (symbol_of: size -> Size; 0 and 1 stay) and every read's
     strides and offset expressed through its base's contiguous strides."""
-    probe_of = {0: 0, 1: 1, **probe_of}
+    symbol_of = {0: 0, 1: 1, **symbol_of}
 
     def sub(shape):
-        return tuple(probe_of[d] for d in shape)
+        return tuple(symbol_of[d] for d in shape)
 
-    nodes = [_ProbeNode(n, sub(n.shape)) for n in cap.nodes]
+    nodes = [_SymbolicNode(n, sub(n.shape)) for n in cap.nodes]
     raw = []
     for ops in cap._raw:
         out = []
@@ -118,11 +118,11 @@ def _probe_capture(cap: Capture, probe_of: dict) -> Capture:
                 continue
             base = cap.inputs[cap.slots[r[1]][0]].shape if r[0] == "i" else cap.nodes[r[1]].shape
             radix = _radix(base, sub(base))
-            strides = tuple(_express(s, radix + [(c, p) for c, p in probe_of.items() if c > 1]) for s in r[3])
+            strides = tuple(_express(s, radix + [(c, p) for c, p in symbol_of.items() if c > 1]) for s in r[3])
             if r[0] == "i":
                 out.append((r[0], r[1], sub(r[2]), strides))
             else:
-                out.append((r[0], r[1], sub(r[2]), strides, _express_offset(r[4], radix, probe_of)))
+                out.append((r[0], r[1], sub(r[2]), strides, _express_offset(r[4], radix, symbol_of)))
         raw.append(tuple(out))
     in_keys = tuple(k[:-2] + (sub(k[-2]), k[-1]) for k in cap.key[0])
     return Capture((in_keys, None, cap.key[2], None), cap.inputs, cap.slots, nodes, None, cap.targets,
@@ -150,7 +150,7 @@ def _express(s, cands):
     return s
 
 
-def _express_offset(off, radix, probe_of):
+def _express_offset(off, radix, symbol_of):
     """Offset off in the mixed radix of the base's strides, each digit a size, a size - 1, or
     a constant."""
     if off <= 1:
@@ -159,9 +159,9 @@ def _express_offset(off, radix, probe_of):
     for c, p in radix:
         q, off = divmod(off, c)
         if q:
-            digit = probe_of.get(q, q) if q > 1 else q
-            if digit.__class__ is int and q + 1 in probe_of:
-                digit = probe_of[q + 1] - 1
+            digit = symbol_of.get(q, q) if q > 1 else q
+            if digit.__class__ is int and q + 1 in symbol_of:
+                digit = symbol_of[q + 1] - 1
             out += digit * p
     return out + off
 

@@ -147,7 +147,7 @@ class Plan:
 
     def quantities(self, kernels, cap) -> list:
         """Every size-dependent int of this plan, flat, for `kernels` scheduled on `cap`: this
-        plan's own, or the same schedule over probe sizes (compiler.SymbolicBinder)."""
+        plan's own, or the same schedule over lc.Size symbols (symbolic_plan.derive_binder)."""
         out = []
         for k in kernels:
             if k.spec is not None:
