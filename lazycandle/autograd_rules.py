@@ -348,7 +348,7 @@ def _flash_attention(n, g, xs, out):
     """The fused backward (codegen/attention_grad.py): per block, the scores are recomputed from
     q, k, the mask and the rows' log-sum-exp (the forward kernel run again in its `lse` mode: the
     forward's output stays as it is for callers that never take a gradient, and that pass costs
-    the scores' product without P @ V), with D = rowsum(dO * O).  One packed [dq | dk | dv]
+    the scores' product without P @ V) and the forward's output O.  One packed [dq | dk | dv]
     buffer; an additive mask's gradient, dS itself, is the graph of the same formulas."""
     from .ir.node import Node
     causal, kind, scale = n.arg
@@ -358,9 +358,8 @@ def _flash_attention(n, g, xs, out):
     T = type(q)
     lse = T(Node("flash_attention_lse", tuple(x._node for x in xs), n.arg, (B, H, L), q.dtype,
                  label="flash_attention log-sum-exp"))
-    dd = (g * out).sum(-1).contiguous()
-    do, qc = _last_contiguous(g.materializable()), _last_contiguous(q)
-    srcs = (qc, k, v, do, lse, dd) + tuple(xs[3:])
+    do, qc, oc = _last_contiguous(g.materializable()), _last_contiguous(q), _last_contiguous(out)
+    srcs = (qc, k, v, do, lse, oc) + tuple(xs[3:])
     sizes = (B * H * L * E, B * H * S * E, B * H * S * EV)
     flat = T(Node("flash_attention_grad", tuple(x._node for x in srcs), n.arg, (sum(sizes),), q.dtype,
                   label=f"flash_attention backward{' causal' if causal else ''}{f' mask {kind}' if kind else ''}"))
@@ -373,7 +372,8 @@ def _flash_attention(n, g, xs, out):
     if kind != "add":
         return tuple(grads) + (None,)
     p = (q.matmul(k.transpose(-2, -1)) * scale + xs[3] - lse.unsqueeze(-1)).exp()
-    return tuple(grads) + (p * (g.matmul(v.transpose(-2, -1)) - dd.unsqueeze(-1)),)
+    dd = (g * out).sum_keepdim(-1)
+    return tuple(grads) + (p * (g.matmul(v.transpose(-2, -1)) - dd),)
 
 
 def _last_contiguous(t):

@@ -8,7 +8,7 @@ rule).  Per key block j (BK keys) the unit copies K_j scaled (KS (BK, E) and KT 
 V_j^T (VT (Ev, BK)) to the stack and zeroes the dK / dV accumulators; then for each query block
 i (BQ rows; causal: from row j0 on, earlier rows see none of these keys):
   S  = Q_i KT                  P = exp(S + mask - lse) (0 where masked or past S)
-  dP = dO_i VT                 dS = P (dP - D), D = rowsum(dO * O) (an input)
+  dP = dO_i VT                 dS = P (dP - D), D = rowsum(dO_i * O_i) (O: the forward's output)
   dV_j += P^T dO_i             dK_j += dS^T Q_i       dQ_i += dS KS (in the output)
 each product a register tile of MR rows x NV vectors (over keys, E or Ev) of broadcast-A FMAs;
 causal, a tile stops at the diagonal (its keys, rows or sum bounded; the rest is masked to 0).
@@ -16,8 +16,8 @@ Finally dK_j (times scale) and dV_j are stored.  Output: one flat buffer [dq | d
 (B, H, ., .) contiguous; the gradients are views of it.
 
 Compile-time: dtype, E, Ev, causal, the mask kind and the blocking.  Run time (`sizes`, SIZES
-order): H, L, S, the operands' strides (q and dO: last dim contiguous; k, v and the mask: any)
-and where dk and dv start; `scalars[0]` is the scale.  lse and D are (B, H, L) contiguous.
+order): H, L, S, the operands' strides (q, dO and O: last dim contiguous; k, v and the mask:
+any) and where dk and dv start; `scalars[0]` is the scale.  lse is (B, H, L) contiguous.
 """
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ import llvmlite.ir as ir
 
 from .. import dtype as D
 from . import jit, vmath
-from .attention import _at, _lanes, _min, _stack, _vload, _vstore
+from .attention import _at, _lanes, _min, _reduce, _stack, _vload, _vstore
 from .llvmutil import F64, I32, I64, call_intrinsic, const, ltype, splat
 from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_module, unit_range
 
 SIZES = ("H", "L", "S", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h", "k_s", "k_e", "v_b", "v_h", "v_s", "v_e",
-         "o_b", "o_h", "o_l", "m_b", "m_h", "m_l", "m_s", "dk_off", "dv_off")
+         "o_b", "o_h", "o_l", "O_b", "O_h", "O_l", "m_b", "m_h", "m_l", "m_s", "dk_off", "dv_off")
 MR, NV = 4, 2           # register tile: rows x vectors (MR a power of two)
 STACK_ELEMS = 24576     # budget of a key block's stack copies and accumulators, BK (3 E + 2 Ev)
 BQ, BK_MAX = 32, 32     # (8, 4, 128, 64) causal f32, 1 thread: BK 32 took 3.4-3.8 ms, 64 3.8-4.6
@@ -129,7 +129,7 @@ def build_attention_grad(spec: GradSpec, name: str = "attention_grad") -> str:
     fn, b = kernel_function(m, name)
     bufs, sizes, scalars = fn.args[0], fn.args[1], fn.args[2]
     out = arg_pointer(b, bufs, 0, ct, "out")
-    q, k, v, do, lse, dd = (arg_pointer(b, bufs, i + 1, ct, n) for i, n in enumerate(("q", "k", "v", "do", "lse", "d")))
+    q, k, v, do, lse, o = (arg_pointer(b, bufs, i + 1, ct, n) for i, n in enumerate(("q", "k", "v", "do", "lse", "o")))
     int_mask = spec.mask not in (None, "add")
     mt = ir.IntType(8 * D.DType.from_name(spec.mask).size_in_bytes) if int_mask else ct
     mask = arg_pointer(b, bufs, 7, mt, "mask") if spec.mask else None
@@ -139,7 +139,7 @@ def build_attention_grad(spec: GradSpec, name: str = "attention_grad") -> str:
         scale = b.fptrunc(scale, ct)
     st = {"KT": _stack(b, ct, E * BK), "KS": _stack(b, ct, BK * E), "VT": _stack(b, ct, EV * BK),
           "DK": _stack(b, ct, BK * E), "DV": _stack(b, ct, BK * EV), "P": _stack(b, ct, BQ * BK),
-          "DS": _stack(b, ct, BQ * BK)}
+          "DS": _stack(b, ct, BQ * BK), "D": _stack(b, ir.VectorType(ct, spec.wv) if spec.wv > 1 else ct, 1)}
     gemms = {w: _Gemm(b, ct, w, al) for w in {W, spec.we, spec.wv}}
     lo, hi = unit_range(fn)
     L, S, H = sz["L"], sz["S"], sz["H"]
@@ -148,7 +148,7 @@ def build_attention_grad(spec: GradSpec, name: str = "attention_grad") -> str:
 
         def base(p):
             return b.add(b.mul(bb, sz[f"{p}_b"]), b.mul(hh, sz[f"{p}_h"]))
-        ctx = {"q": base("q"), "k": base("k"), "v": base("v"), "o": base("o"),
+        ctx = {"q": base("q"), "k": base("k"), "v": base("v"), "o": base("o"), "O": base("O"),
                "m": base("m") if mask is not None else None, "row": b.mul(u, L),
                "dq": b.mul(b.mul(u, L), I64(E)), "dk": b.add(sz["dk_off"], b.mul(b.mul(u, S), I64(E))),
                "dv": b.add(sz["dv_off"], b.mul(b.mul(u, S), I64(EV)))}
@@ -162,7 +162,7 @@ def build_attention_grad(spec: GradSpec, name: str = "attention_grad") -> str:
             i_start = _min(b, j0, L) if spec.causal else I64(0)
             with counted_loop(b, i_start, L, BQ, "qb") as i0:
                 nr = _min(b, I64(BQ), b.sub(L, i0))
-                _pair(b, spec, ct, gemms, (q, do, lse, dd, mask, out), sz, ctx, i0, nr, j0, nk, st, al)
+                _pair(b, spec, ct, gemms, (q, do, lse, o, mask, out), sz, ctx, i0, nr, j0, nk, st, al)
             _store_keys(b, spec, ct, out, ctx, j0, nk, st, scale, al)
     b.ret_void()
     return str(m)
@@ -202,7 +202,7 @@ def _store_keys(b, spec, ct, out, ctx, j0, nk, st, scale, al):
 
 def _pair(b, spec, ct, gemms, ptrs, sz, ctx, i0, nr, j0, nk, st, al):
     """One (query block, key block) pair: the scores and dP, P and dS, then the three updates."""
-    q, do, lse, dd, mask, out = ptrs
+    q, do, lse, o, mask, out = ptrs
     W, BK, E, EV = spec.width, spec.bk, spec.e, spec.ev
     last = b.sub(sz["L"], I64(1))
     m_up = b.and_(b.add(nr, I64(MR - 1)), I64(-MR))      # rows past nr read row L - 1, never used
@@ -216,7 +216,7 @@ def _pair(b, spec, ct, gemms, ptrs, sz, ctx, i0, nr, j0, nk, st, al):
     gemms[W](m_up, I64(EV), BK, row_of("o", "o_l"), lambda h, x: b.load(_at(b, do, b.add(h, x)), align=al),
              lambda x: _at(b, st["VT"], b.mul(x, I64(BK))), lambda r: _at(b, DS, b.mul(r, I64(BK))), False, True,
              trims[0])
-    _probabilities(b, spec, ct, lse, dd, mask, sz, ctx, i0, nr, j0, nk, P, DS, al)
+    _probabilities(b, spec, ct, (lse, do, o, mask), sz, ctx, i0, nr, j0, nk, (P, DS, st["D"]), al)
     q_row, o_row = row_of("q", "q_l"), row_of("o", "o_l")
     gemms[spec.wv](nk, nr, EV, lambda c: c, lambda c, r: b.load(_at(b, P, b.add(b.mul(r, I64(BK)), c)), align=al),
                    lambda r: _at(b, do, o_row(r)), lambda c: _at(b, st["DV"], b.mul(c, I64(EV))), True, trim=trims[1])
@@ -245,9 +245,11 @@ def _causal_trims(b, spec, i0, j0, nk):
     return scores, keys, rows_
 
 
-def _probabilities(b, spec, ct, lse, dd, mask, sz, ctx, i0, nr, j0, nk, P, DS, al):
+def _probabilities(b, spec, ct, ptrs, sz, ctx, i0, nr, j0, nk, tiles, al):
     """P = exp(S + mask - lse) where attended (key < S, causal, integer mask) else 0;
     DS (holding dP) = P (dP - D)."""
+    lse, do, o, mask = ptrs
+    P, DS, dslot = tiles
     W, BK = spec.width, spec.bk
     VT = ir.VectorType(ct, W)
     iota = ir.Constant(ir.VectorType(I64, W), list(range(W)))
@@ -256,7 +258,8 @@ def _probabilities(b, spec, ct, lse, dd, mask, sz, ctx, i0, nr, j0, nk, P, DS, a
         row = b.add(i0, r)
         at = b.add(ctx["row"], row)
         l_r = splat(b, b.load(_at(b, lse, at), align=al), W)
-        d_r = splat(b, b.load(_at(b, dd, at), align=al), W)
+        d_r = splat(b, _row_dot(b, spec, ct, do, b.add(ctx["o"], b.mul(row, sz["o_l"])), o,
+                                b.add(ctx["O"], b.mul(row, sz["O_l"])), dslot, al), W)
         for cv in range(BK // W):
             off = b.add(b.mul(r, I64(BK)), I64(cv * W))
             s = _vload(b, P, off, VT, al)
@@ -275,6 +278,19 @@ def _probabilities(b, spec, ct, lse, dd, mask, sz, ctx, i0, nr, j0, nk, P, DS, a
             _vstore(b, p, P, off, al)
             ds = b.fmul(p, b.fsub(_vload(b, DS, off, VT, al), d_r))
             _vstore(b, b.select(ok, ds, zero), DS, off, al)
+
+
+def _row_dot(b, spec, ct, do, do_at, o, o_at, slot, al):
+    """D = dO[row] . O[row] over Ev, in vectors of wv lanes summed at the end."""
+    WV, EV = spec.wv, spec.ev
+    vt = ir.VectorType(ct, WV) if WV > 1 else ct
+    b.store(const(vt, 0.0), slot, align=64)
+    with counted_loop(b, I64(0), I64(EV), WV, "dd") as e:
+        x = call_intrinsic(b, "fma", [_vload(b, do, b.add(do_at, e), vt, al), _vload(b, o, b.add(o_at, e), vt, al),
+                                      b.load(slot, align=64)])
+        b.store(x, slot, align=64)
+    acc = b.load(slot, align=64)
+    return _reduce(b, "fadd", acc, const(ct, -0.0)) if WV > 1 else acc
 
 
 def _mask_row(b, spec, mask, sz, m_base, row, j0, cv):

@@ -11,7 +11,7 @@ steps), registered into the one op table.
            Kernel in codegen/attention.py, step in runtime/attention_steps.py.
   flash_attention_lse   srcs and arg as flash_attention -> (b, h, L): each query row's
            log-sum-exp of its scaled, masked scores (+inf for a row with every key masked).
-  flash_attention_grad  srcs (q, k, v, dO, lse, D) or (..., mask)   arg as flash_attention
+  flash_attention_grad  srcs (q, k, v, dO, lse, O) or (..., mask)   arg as flash_attention
            -> [dq | dk | dv] flat: the backward, scores recomputed per block (FlashAttention-2).
            Kernel in codegen/attention_grad.py, step in runtime/attention_steps.py.
   qmatmul  srcs (x, w)   arg (kind, N, K, path, isa, mt, nt)

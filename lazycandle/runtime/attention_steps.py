@@ -81,22 +81,21 @@ class FlashAttentionStep(NodeStep):
 
 @register("flash_attention_grad")
 class FlashAttentionGradStep(NodeStep):
-    """Operands q, k, v, dO, lse, D (, mask), each (b, h, ., .) (lse, D: (b, h, L) contiguous);
-    the output is [dq | dk | dv] flat."""
+    """Operands q, k, v, dO, lse, O (, mask), each (b, h, ., .) (lse: (b, h, L) contiguous; O the
+    forward's output); the output is [dq | dk | dv] flat."""
 
     def setup(self, cap):
         causal, mask_kind, scale = self.arg
         (_, _, _, lq, dt), (_, _, _, lk, _), (_, _, _, lv, _), (_, _, _, lo, _) = self.operands[:4]
+        (_, _, _, ll, _), (_, _, _, lO, _) = self.operands[4:6]
         B, H, L, E = lq.shape
         S, EV = lk.shape[2], lv.shape[3]
-        for name, lay, last in (("q", lq, E), ("dO", lo, EV)):
+        for name, lay, last in (("q", lq, E), ("dO", lo, EV), ("O", lO, EV)):
             if lay.strides[3] != 1 and last > 1:
                 raise ValueError(f"flash_attention_grad: {name} needs a contiguous last dim, got strides {lay.strides}")
-        for name, (_, _, _, lay, _) in zip(("lse", "D"), self.operands[4:6]):
-            if lay.shape != (B, H, L) or any(n > 1 and st != want for n, st, want
-                                             in zip(lay.shape, lay.strides, (H * L, L, 1))):
-                raise ValueError(f"flash_attention_grad: {name} must be ({B}, {H}, {L}) contiguous, got "
-                                 f"{lay.shape} strides {lay.strides}")
+        if ll.shape != (B, H, L) or any(n > 1 and st != want for n, st, want in zip(ll.shape, ll.strides, (H * L, L, 1))):
+            raise ValueError(f"flash_attention_grad: lse must be ({B}, {H}, {L}) contiguous, got {ll.shape} "
+                             f"strides {ll.strides}")
         self.spec = AG.grad_spec(dt, E, EV, causal, mask_kind)
         lm = self.operands[6][3] if mask_kind is not None else None
         vals = {"H": H, "L": L, "S": S, "dk_off": B * H * L * E, "dv_off": B * H * (L + S) * E}
@@ -105,6 +104,7 @@ class FlashAttentionGradStep(NodeStep):
         vals["q_l"], vals["q_e"], vals["k_s"], vals["k_e"] = lq.strides[2], lq.strides[3], lk.strides[2], lk.strides[3]
         vals["v_s"], vals["v_e"] = lv.strides[2], lv.strides[3]
         vals["o_b"], vals["o_h"], vals["o_l"] = lo.strides[:3]
+        vals["O_b"], vals["O_h"], vals["O_l"] = lO.strides[:3]
         vals["m_b"], vals["m_h"], vals["m_l"], vals["m_s"] = tuple(lm.strides) if lm is not None else (0, 0, 0, 0)
         self.sizes = np.array([vals[n] for n in AG.SIZES], np.int64)
         self.scalars = _f64_bits(scale)
