@@ -119,7 +119,9 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None
 
     f32 / f64 with at most two batch dims, head dims <= 256 and S >= 1 run as ONE fused
     flash-attention kernel (codegen/attention.py: online softmax, the scores are never
-    written); anything else is the graph of core ops below, which fuses with its neighbours."""
+    written), and their gradient as the fused backward (codegen/attention_grad.py, the rule in
+    autograd_rules.py); anything else is the graph of core ops below, which fuses with its
+    neighbours, and its gradient is that graph's."""
     from .tensor import Tensor, tensor
     op = "scaled_dot_product_attention"
     if mask is not None and not isinstance(mask, Tensor):
