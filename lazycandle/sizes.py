@@ -212,6 +212,8 @@ def upper(x):
 
 def decide_ge0(x):
     """True / False when x >= 0 is proved either way, else None."""
+    if x.__class__ is int:
+        return x >= 0
     lo = lower(x)
     if lo is not None and lo >= 0:
         return True
@@ -223,6 +225,8 @@ def decide_ge0(x):
 
 def decide_eq(a, b):
     """True / False when a == b is proved either way (sizes or ints), else None."""
+    if a.__class__ is int and b.__class__ is int:
+        return a == b
     d = _add(a, b, -1)
     if d.__class__ is int:
         return d == 0

@@ -79,8 +79,8 @@ def derive_binder(cap: Capture, plan, dims):
             return None         # a size coincidence of `cap` shaped its kernels: no generic formula
         _, _, playout = size_signature(pcap)
         values = (playout, plan.quantities(kernels, opt))
-    except TypeError:           # (lc.SymbolicSizeError) a decision on a size the symbols leave open
-        return None
+    except Exception:           # (lc.SymbolicSizeError) a decision on a size the symbols leave open: the
+        return None             # plan replays its template per capture instead
     names = {f"#{k}": f"d{k}" for k in range(len(dims))}
     parts = []
     for vals in values:

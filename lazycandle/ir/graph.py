@@ -162,7 +162,10 @@ def capture(targets) -> Capture:
 
 
 def _contiguous_read(shape, strides) -> bool:
-    return all(is_one(d) or same(s, c) for d, s, c in zip(shape, strides, contiguous_strides(shape)))
+    try:
+        return all(d == 1 or s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)))
+    except TypeError:       # (lc.SymbolicSizeError) sizes of named dims: a Size is not taken for 1
+        return all(is_one(d) or same(s, c) for d, s, c in zip(shape, strides, contiguous_strides(shape)))
 
 
 def size_signature(cap: Capture):
