@@ -242,9 +242,13 @@ class Linear(Module):
 
     def forward(self, x):
         from .nn import linear
-        if x.rank == 1:                     # torch takes an unbatched (in_dim,) input too
-            return linear(x.unsqueeze(0), self.weight, self.bias).squeeze(0)
-        return linear(x, self.weight, self.bias)
+        if x.rank == 2:
+            return linear(x, self.weight, self.bias)
+        # (..., in) as one (rows, in) matmul: the bias and what follows fuse into the GEMM's
+        # epilogue (a batched matmul's consumer reads it through a view, a kernel of its own);
+        # an unbatched (in,) input is one row, as in torch
+        y = linear(x.reshape((-1, x.shape[-1])), self.weight, self.bias)
+        return y.reshape(x.shape[:-1] + (self.weight.shape[0],))
 
 
 class Embedding(Module):
