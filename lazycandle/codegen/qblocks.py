@@ -42,18 +42,30 @@ def _bits_to_bytes(b, word):
     return b.zext(b.bitcast(word, ir.VectorType(I1, 32)), V32)
 
 
-def _u8f(b, v):
-    return b.uitofp(v, F32)
+def _splat8(b, x, t=F32):
+    v8 = ir.VectorType(t, 8)
+    return b.shuffle_vector(b.insert_element(ir.Constant(v8, ir.Undefined), x, I32(0)),
+                            ir.Constant(v8, ir.Undefined), ir.Constant(ir.VectorType(I32, 8), [0] * 8))
 
 
-def _scale_min_k4(b, base, j: int):
-    """(scale, min) 6-bit codes of sub-block j of a q4_k block (get_scale_min_k4), as i8."""
-    s = lambda k: load_at(b, base, 4 + k, I8)
-    if j < 4:
-        return b.and_(s(j), I8(63)), b.and_(s(j + 4), I8(63))
-    sc = b.or_(b.and_(s(j + 4), I8(0xF)), b.shl(b.lshr(s(j - 4), I8(6)), I8(4)))
-    m = b.or_(b.lshr(s(j + 4), I8(4)), b.shl(b.lshr(s(j), I8(6)), I8(4)))
-    return sc, m
+def _scales_mins_k4(b, blk):
+    """(d * sc, dmin * m) of a q4_k block's 8 sub-blocks as <8 x float> (get_scale_min_k4 on all
+    eight at once; identical in every chunk of the block, so LLVM keeps one)."""
+    v8 = ir.VectorType(I8, 8)
+    s = load_at(b, blk, 4, V16)                         # bytes 4..19: the 12 scale bytes (+4 of qs)
+
+    def pick(idx):
+        return b.shuffle_vector(s, s, ir.Constant(ir.VectorType(I32, 8), idx))
+    lo = ir.Constant(ir.VectorType(I1, 8), [1] * 4 + [0] * 4)
+    c8 = lambda v: ir.Constant(v8, [v] * 8)
+    a, c = pick([0, 1, 2, 3, 8, 9, 10, 11]), pick([4, 5, 6, 7, 8, 9, 10, 11])
+    hi_sc = b.shl(b.lshr(pick([0, 0, 0, 0, 0, 1, 2, 3]), c8(6)), c8(4))
+    hi_m = b.shl(b.lshr(pick([0, 0, 0, 0, 4, 5, 6, 7]), c8(6)), c8(4))
+    sc = b.select(lo, b.and_(a, c8(63)), b.or_(b.and_(a, c8(0xF)), hi_sc))
+    m = b.select(lo, b.and_(c, c8(63)), b.or_(b.lshr(c, c8(4)), hi_m))
+    f8 = ir.VectorType(F32, 8)
+    return (b.fmul(_splat8(b, half_at(b, blk, 0)), b.uitofp(sc, f8)),
+            b.fmul(_splat8(b, half_at(b, blk, 2)), b.uitofp(m, f8)))
 
 
 def chunk(b, fmt: str, blk, c: int, centred: bool = True):
@@ -84,9 +96,9 @@ def chunk(b, fmt: str, blk, c: int, centred: bool = True):
     if fmt == "q4_k":
         q = load_at(b, blk, 16 + 32 * (c // 2), V32)
         v = b.lshr(q, const(V32, 4)) if c % 2 else b.and_(q, const(V32, 0xF))
-        sc, m = _scale_min_k4(b, blk, c)
-        s = b.fmul(half_at(b, blk, 0), _u8f(b, sc))
-        coef = b.fsub(ir.Constant(F32, -0.0), b.fmul(half_at(b, blk, 2), _u8f(b, m)))
+        scs, mins = _scales_mins_k4(b, blk)
+        s = b.extract_element(scs, I32(c))
+        coef = b.fsub(ir.Constant(F32, -0.0), b.extract_element(mins, I32(c)))
         return v, False, (s, s), coef
     if fmt == "q6_k":
         n, t = divmod(c, 4)
@@ -96,10 +108,13 @@ def chunk(b, fmt: str, blk, c: int, centred: bool = True):
         qh = b.shl(b.and_(b.lshr(qh, const(V32, 2 * t)), const(V32, 3)), const(V32, 4))
         v = b.sub(b.or_(ql, qh), const(V32, 32))
         d = half_at(b, blk, 208)
-        k = 192 + n * 8 + 2 * t
-        s0 = b.fmul(d, b.sitofp(load_at(b, blk, k, I8), F32))
-        s1 = b.fmul(d, b.sitofp(load_at(b, blk, k + 1, I8), F32))
-        return v, True, (s0, s1), None
+        # all 16 scales as one vector (identical in every chunk of the block: LLVM keeps one)
+        sc = b.sitofp(load_at(b, blk, 192, V16), ir.VectorType(F32, 16))
+        sc = b.fmul(sc, b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(F32, 16), ir.Undefined), d, I32(0)),
+                                         ir.Constant(ir.VectorType(F32, 16), ir.Undefined),
+                                         ir.Constant(ir.VectorType(I32, 16), [0] * 16)))
+        k = n * 8 + 2 * t
+        return v, True, (b.extract_element(sc, I32(k)), b.extract_element(sc, I32(k + 1))), None
     raise KeyError(fmt)
 
 

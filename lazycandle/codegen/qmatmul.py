@@ -135,13 +135,18 @@ def _dot_generic(b, w, y, signed):
     return b.add(b.add(parts[0], parts[1]), b.add(parts[2], parts[3]))
 
 
-def _lane_scales(b, s0, s1, xd):
-    """<8 x float>: s0 * xd in lanes 0..3, s1 * xd in lanes 4..7."""
-    a = splat(b, b.fmul(s0, xd), 8)
+def _lanes(b, s0, s1):
+    """<8 x float>: s0 in lanes 0..3, s1 in lanes 4..7 (None when s0 is s1: scalar path)."""
     if s1 is s0:
-        return a
-    c = splat(b, b.fmul(s1, xd), 8)
-    return b.shuffle_vector(a, c, ir.Constant(V8I, [0, 1, 2, 3, 12, 13, 14, 15]))
+        return None
+    return b.shuffle_vector(splat(b, s0, 8), splat(b, s1, 8), ir.Constant(V8I, [0, 1, 2, 3, 12, 13, 14, 15]))
+
+
+def _lane_scales(b, s0, lanes, xd):
+    """<8 x float> of the chunk's scales times the activation block's scale xd."""
+    if lanes is None:
+        return splat(b, b.fmul(s0, xd), 8)
+    return b.fmul(lanes, splat(b, xd, 8))
 
 
 # ---- the matmul kernel ----------------------------------------------------------------------
@@ -224,9 +229,10 @@ def _block_loop(b, fn, spec, f, nb, ncx, wrows, rows, nacc, dot, act):
             bp = b.gep(wrows[u], [b.mul(blk, I64(f.nbytes))], inbounds=True)
             if int8:
                 vals, signed, (s0, s1), coef = chunk(b, spec.fmt, bp, c, spec.centred)
+                lanes = _lanes(b, s0, s1)
                 for t in range(mt):
                     prod = b.sitofp(dot(b, vals, yq[t], signed), V8F)
-                    new_acc[u][t][0] = _fma(b, prod, _lane_scales(b, s0, s1, dx[t]), new_acc[u][t][0])
+                    new_acc[u][t][0] = _fma(b, prod, _lane_scales(b, s0, lanes, dx[t]), new_acc[u][t][0])
                     if coef is not None:
                         if sx[t] is None:
                             sx[t] = b.load(b.gep(xs, [ys[t]], inbounds=True))
