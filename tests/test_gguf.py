@@ -92,6 +92,8 @@ def test_gguf_package_interop(tmp_path):
     wr.add_array("tokenizer.ggml.token_type", [1, 3])
     wr.add_tensor("w.f32", w)
     wr.add_tensor("w.f16", w.astype(np.float16))
+    wr.add_tensor("ids.i8", np.array([-128, 0, 127], np.int8))
+    wr.add_tensor("ids.i32", np.arange(5, dtype=np.int32))
     qs = {}
     for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"):
         qt = getattr(gguf.GGMLQuantizationType, k)
@@ -108,14 +110,35 @@ def test_gguf_package_interop(tmp_path):
     assert meta["tokenizer.ggml.tokens"] == ["a", "b"]
     np.testing.assert_array_equal(got["w.f32"].numpy(), w)
     np.testing.assert_array_equal(got["w.f16"].numpy(), w.astype(np.float16))
+    assert got["ids.i8"].dtype == lc.i16 and got["ids.i8"].numpy().tolist() == [-128, 0, 127]
+    assert got["ids.i32"].dtype == lc.i32 and got["ids.i32"].numpy().tolist() == list(range(5))
     for k, raw in qs.items():
         q = got[f"w.{k}"]
         assert q.kind == k.lower() and q.shape == (16, 256)
         assert q.data() == raw.tobytes()
         np.testing.assert_array_equal(q.dequantize().numpy(), quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, k)))
     ours = tmp_path / "ours.gguf"
+    del got["ids.i8"]                                           # (loaded as i16: GGUF I16 on save)
     lc.save_gguf(ours, got, meta)
-    assert ours.read_bytes() == p.read_bytes()                  # what GGUFWriter writes
+    r = gguf.GGUFReader(str(ours))
+    assert [t.name for t in r.tensors] == list(got)
+    same = tmp_path / "same.gguf"
+    wr2 = gguf.GGUFWriter(str(same), "llama")
+    for k, v in meta.items():
+        if k != "general.architecture":
+            {np.uint32: wr2.add_uint32, np.float32: wr2.add_float32}.get(type(v), wr2.add_array)(k, v if not
+                isinstance(v, np.ndarray) else v.tolist())
+    for name, t in got.items():
+        if isinstance(t, lc.QTensor):
+            wr2.add_tensor(name, np.frombuffer(t.data(), np.uint8).reshape(t.shape[0], -1),
+                           raw_dtype=getattr(gguf.GGMLQuantizationType, t.kind.upper()))
+        else:
+            wr2.add_tensor(name, np.asarray(t.numpy()))
+    wr2.write_header_to_file()
+    wr2.write_kv_data_to_file()
+    wr2.write_tensors_to_file()
+    wr2.close()
+    assert ours.read_bytes() == same.read_bytes()               # what GGUFWriter writes
     r = gguf.GGUFReader(str(ours))
     names = {t.name: t for t in r.tensors}
     np.testing.assert_array_equal(names["w.f32"].data, w)
