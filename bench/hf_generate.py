@@ -12,6 +12,7 @@ bytes of the loaded parameters and decode tokens/s.  Prints the machine's load."
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -41,7 +42,7 @@ def _param_bytes(model) -> int:
         key = id(p._node.base)
         if key not in seen:
             seen.add(key)
-            total += p.numel() * p.dtype.size_in_bytes
+            total += math.prod(p.shape) * p.dtype.size_in_bytes
     return total
 
 
