@@ -5,7 +5,7 @@ shapes: decode (1, 4096) x (4096, 4096)^T and a prompt tile (32, 4096) x (11008,
                             [--decode-layers 4]
 
 GFLOP/s counts 2*m*n*k; GB/s counts the weight bytes (blocks, or the dense matrix) read once per
-call.  Each qmatmul path is timed with the path forced (lc.qtensor.set_qmatmul_path); "auto" is
+call.  The dense weights are (out, in) like Linear's, multiplied as x @ w.T.  Each qmatmul path is timed with the path forced (lc.qtensor.set_qmatmul_path); "auto" is
 the default choice.  Implementations alternate inside one loop (bench/timing.py); medians.
 
 --decode-layers L: a decode-step proxy of a ~1B Llama (hidden 2048, GQA 32/8 heads of 64, FFN
@@ -44,9 +44,9 @@ def bench_shape(m, n, k, paths, repeats):
     rng = np.random.default_rng(0)
     x = lc.tensor(rng.standard_normal((m, k)).astype(np.float32))
     w = lc.tensor((rng.standard_normal((n, k)) * 0.02).astype(np.float32))
-    wt = w.T.contiguous().realize()
-    xb, wtb = x.to_dtype(lc.bf16).realize(), wt.to_dtype(lc.bf16).realize()
-    fns = {"f32 matmul": lambda: (x @ wt).realize(), "bf16 matmul": lambda: (xb @ wtb).realize()}
+    xb, wb = x.to_dtype(lc.bf16).realize(), w.to_dtype(lc.bf16).realize()
+    # the weight in Linear's (out, in) layout, multiplied through its transposed view (x @ w.T)
+    fns = {"f32 matmul": lambda: (x @ w.T).realize(), "bf16 matmul": lambda: (xb @ wb.T).realize()}
     sizes = {"f32 matmul": n * k * 4, "bf16 matmul": n * k * 2}
     setup = {}
     for kind in KINDS:
@@ -76,8 +76,8 @@ def bench_decode(layers, repeats):
     for fmt in ("f32", "bf16", "q8_0", "q4_0"):
         if fmt in ("f32", "bf16"):
             dt = lc.f32 if fmt == "f32" else lc.bf16
-            ws = [{k: lc.tensor(w.T.copy()).to_dtype(dt).realize() for k, w in layer.items()} for layer in dense]
-            mm = (lambda a, w, dt=dt: (a.to_dtype(dt) @ w).to_dtype(lc.f32))
+            ws = [{k: lc.tensor(w).to_dtype(dt).realize() for k, w in layer.items()} for layer in dense]
+            mm = (lambda a, w, dt=dt: (a.to_dtype(dt) @ w.T).to_dtype(lc.f32))
             nbytes[fmt] = sum(w.numpy().nbytes for layer in ws for w in layer.values())
         else:
             ws = [{k: lc.quantize(lc.tensor(w), fmt) for k, w in layer.items()} for layer in dense]
