@@ -3,6 +3,8 @@ against NumPy: float64 reference for floats (rounded once for f16/bf16/f8), wrap
 uint64 arithmetic for integers."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -433,6 +435,7 @@ def test_auto_picks_the_backend_measured_faster_and_clear_caches_forgets_it(monk
         return dict(timings)
 
     monkeypatch.setattr(matmul_auto, "measure", fake_measure)
+    monkeypatch.setenv("LAZYCANDLE_CACHE_DIR", "off")      # the choices are made in memory only
     clear_caches()
     # m above matmul_skinny.MEASURED_M: only BLAS and tiled are candidates
     out, used = mm_case(rng, D.f32, "auto", (140, 50), (50, 60))
@@ -443,6 +446,34 @@ def test_auto_picks_the_backend_measured_faster_and_clear_caches_forgets_it(monk
     clear_caches()
     _, used = mm_case(rng, D.f32, "auto", (141, 52), (52, 63))
     assert used == "blas" and len(calls) == 2
+    clear_caches()
+
+
+def test_auto_choices_are_kept_on_disk_for_a_new_process(monkeypatch, tmp_path):
+    """A measured choice is stored with the kernels: after the in-memory caches are emptied (as
+    in a new process) it is read back, not measured again; a damaged entry is measured anew."""
+    from lazycandle import clear_caches
+    from lazycandle.runtime import matmul_auto
+    rng = np.random.default_rng(12)
+    calls = []
+
+    def fake_measure(g, threads, make_plans):
+        calls.append((g.m, g.n, g.k))
+        return {"blas": 2.0, "tiled": 1.0}
+
+    monkeypatch.setattr(matmul_auto, "measure", fake_measure)
+    monkeypatch.setenv("LAZYCANDLE_CACHE_DIR", str(tmp_path))
+    clear_caches()
+    assert mm_case(rng, D.f32, "auto", (140, 50), (50, 60))[1] == "tiled" and len(calls) == 1
+    clear_caches()
+    assert mm_case(rng, D.f32, "auto", (141, 52), (52, 63))[1] == "tiled" and len(calls) == 1
+    for entry in tmp_path.glob("*/*.o"):
+        entry.write_bytes(entry.read_bytes()[:-1] + b"x")          # every entry damaged
+    clear_caches()
+    with warnings.catch_warnings():            # the drop warns once per process
+        warnings.simplefilter("ignore")
+        assert mm_case(rng, D.f32, "auto", (141, 52), (52, 63))[1] == "tiled"
+    assert len(calls) == 2
     clear_caches()
 
 

@@ -211,6 +211,7 @@ def test_auto_runs_small_m_kernel_by_rule_then_where_it_measured_fastest(monkeyp
         return {k: timings[k] for k in make_plans(g)}
 
     monkeypatch.setattr(matmul_auto, "measure", fake_measure)
+    monkeypatch.setenv("LAZYCANDLE_CACHE_DIR", "off")      # the choices are made in memory only
     f32 = DType.from_name("f32")
 
     def backend(m):

@@ -205,6 +205,31 @@ def _disk_key(ckey: dict) -> str:
     return hashlib.sha256(json.dumps(ckey, sort_keys=True).encode()).hexdigest()
 
 
+def remembered_choice(kind: str, ident: dict):
+    """A measured choice (a short string) stored on disk by `remember_choice` for the same kind,
+    identity (the caller's bucket, library versions ...), host and code generator; None when
+    there is none (or no disk cache).  So a new process does not time its matmul backends again."""
+    ckey = _choice_key(kind, ident)
+    got = diskcache.read(_disk_key(ckey), ckey) if config.cache_dir() else None
+    if got is None:
+        return None
+    try:
+        return got[0].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
+
+def remember_choice(kind: str, ident: dict, value: str) -> None:
+    if config.cache_dir():
+        ckey = _choice_key(kind, ident)
+        diskcache.write(_disk_key(ckey), ckey, value.encode("ascii"))
+
+
+def _choice_key(kind: str, ident: dict) -> dict:
+    return dict(_host_key(), format=DISK_FORMAT, codegen=_codegen_stamp(), choice=kind,
+                ident=json.dumps(ident, sort_keys=True, default=repr))
+
+
 _stamp: list = []
 
 

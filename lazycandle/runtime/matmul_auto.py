@@ -8,7 +8,9 @@ and not a table: the crossover moves with the ISA (register tile), the BLAS buil
 count and the shape (thin, batched, transposed), and one calibration costs a few ms per bucket
 (problems above CALIBRATE_MAX_FLOPS are timed on a proxy with m, n, k cut to PROXY_DIM, where
 both kernels are compute bound and keep their ratio).  The choices live in a registered cache,
-so lc.clear_caches() forgets them.
+and on disk with the kernels (codegen/jit.remember_choice: keyed by the bucket, the host, the
+code generator and the BLAS build), so a new process measures nothing it measured before;
+lc.clear_caches() forgets the in-memory ones.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from dataclasses import replace
 import numpy as np
 
 from .. import caches
+from ..codegen import jit
+from . import blas
 from .buffers import address
 
 CALIBRATE_MAX_FLOPS = 2.0 * 1024 ** 3    # larger problems are timed on a proxy ...
@@ -108,13 +112,28 @@ def pick(best: dict) -> str:
 
 
 def choose(g, threads: int, make_plans) -> str:
-    """"blas" or "tiled" for g at `threads`, measured once per bucket."""
+    """"blas" or "tiled" for g at `threads`, measured once per bucket and host (the choice is
+    kept with the kernels in the disk cache, so a new process does not measure again)."""
     key = bucket(g, threads)
     hit = _choices.get(key)
     if hit is None:
-        # measured without a lock: a caller on a pool worker may need the other workers
-        # (two threads measuring one bucket at once both store a valid choice)
-        best = measure(g, threads, make_plans)
+        hit = recall("auto", key, ("blas", "tiled"))
+        if hit is None:
+            # measured without a lock: a caller on a pool worker may need the other workers
+            # (two threads measuring one bucket at once both store a valid choice)
+            hit = pick(measure(g, threads, make_plans))
+            jit.remember_choice("matmul " + "auto", _ident(key), hit)
         with _lock:
-            hit = _choices.setdefault(key, pick(best))
+            hit = _choices.setdefault(key, hit)
     return hit
+
+
+def _ident(key) -> dict:
+    """What a stored choice of bucket `key` depends on besides the host and code generator."""
+    return {"bucket": key, "blas": blas.info().get("config")}
+
+
+def recall(kind: str, key, allowed):
+    """The choice stored on disk for `kind` and bucket `key`, when it is one of `allowed`."""
+    got = jit.remembered_choice("matmul " + kind, _ident(key))
+    return got if got in allowed else None

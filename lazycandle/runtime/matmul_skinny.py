@@ -20,7 +20,7 @@ import numpy as np
 from .. import caches
 from ..dtype import DType
 from ..layout import Layout
-from ..codegen import gemm_epilogue, gemm_skinny as K
+from ..codegen import gemm_epilogue, gemm_skinny as K, jit
 from ..codegen.gemm_ir import acc_type, storage_type
 from . import matmul_auto, native_pool, pool
 from .buffers import address
@@ -81,9 +81,13 @@ def chosen(g, threads: int, others) -> bool:
     key = matmul_auto.bucket(f, threads) + (layout_of(f),)
     hit = _choices.get(key)
     if hit is None:
-        best = matmul_auto.measure(f, threads, lambda p: dict(others(p), skinny=SkinnyPlan(p, threads)))
-        others_best = min(t for name, t in best.items() if name != "skinny")
-        hit = _choices.setdefault(key, best["skinny"] * (1 + WIN_MARGIN) < others_best)
+        got = matmul_auto.recall("small-m", key, ("yes", "no"))
+        if got is None:
+            best = matmul_auto.measure(f, threads, lambda p: dict(others(p), skinny=SkinnyPlan(p, threads)))
+            others_best = min(t for name, t in best.items() if name != "skinny")
+            got = "yes" if best["skinny"] * (1 + WIN_MARGIN) < others_best else "no"
+            jit.remember_choice("matmul small-m", matmul_auto._ident(key), got)
+        hit = _choices.setdefault(key, got == "yes")
     return hit
 
 
