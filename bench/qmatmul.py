@@ -2,7 +2,7 @@
 shapes: decode (1, 4096) x (4096, 4096)^T and a prompt tile (32, 4096) x (11008, 4096)^T.
 
     python bench/qmatmul.py [--repeats 9] [--threads 2] [--paths int8,f32] [--shapes 1x4096x4096,...]
-                            [--decode-layers 4]
+                            [--decode-layers 4] [--kernels]
 
 GFLOP/s counts 2*m*n*k; GB/s counts the weight bytes (blocks, or the dense matrix) read once per
 call.  The dense weights are (out, in) like Linear's, multiplied as x @ w.T.  Each qmatmul path is timed with the path forced (lc.qtensor.set_qmatmul_path); "auto" is
@@ -10,7 +10,10 @@ the default choice.  Implementations alternate inside one loop (bench/timing.py)
 
 --decode-layers L: a decode-step proxy of a ~1B Llama (hidden 2048, GQA 32/8 heads of 64, FFN
 8192): one token through L layers' linear maps only (q k v o, SiLU-gated MLP; no attention, no
-norms), f32 / bf16 lc.matmul vs q8_0 / q4_0 qmatmul, reported per token scaled to 16 layers."""
+norms), f32 / bf16 lc.matmul vs q8_0 / q4_0 qmatmul, reported per token scaled to 16 layers.
+
+--kernels: the qmatmul kernels alone on one thread (no graph, no pool), int8 vs f32 path, min and
+median of 15 alternating calls: the figure least disturbed by a loaded machine."""
 from __future__ import annotations
 
 import argparse
@@ -101,6 +104,31 @@ def bench_decode(layers, repeats):
         print(f"{name:8s} {t * 1e3 * 16 / layers:22.2f} {nbytes[name] / t / 1e9:12.1f}")
 
 
+def bench_kernels(shapes):
+    from lazycandle.codegen import qmatmul as QM
+    from lazycandle.runtime import qsteps
+    rng = np.random.default_rng(2)
+    lc.set_num_threads(1)
+    for m, n, k in shapes:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w = lc.tensor((rng.standard_normal((n, k)) * 0.02).astype(np.float32))
+        print(f"\nkernels only, 1 thread: ({m}, {k}) x ({n}, {k})^T   min / median ms, weight GB/s at the min")
+        mt = 1 if m == 1 else 4
+        for kind in KINDS:
+            q = lc.quantize(w, kind)
+            nc = k // 32
+            xq, xd, xs = np.empty(m * k, np.int8), np.empty(m * nc, np.float32), np.empty(m * nc, np.float32)
+            out = np.empty(m * n, np.float32)
+            act, fi = QM.act_kernel()[1], QM.kernel(kind, "int8", "avx2", mt, 1)[1]
+            ff = QM.kernel(kind, "f32", "none", mt, 1)[1]
+            calls = {"int8": lambda: (qsteps.run(act, [xq, xd, xs, x], (k,), m, 1.0),
+                                      qsteps.run(fi, [out, q.buffer(), xq, xd, xs], (m, n, k), n, 1.0)),
+                     "f32": lambda: qsteps.run(ff, [out, q.buffer(), x], (m, n, k), n, 1.0)}
+            st = time_alternating(calls, repeats=15)
+            print(f"  {kind}: " + "   ".join(f"{p} {v.min * 1e3:.3f} / {v.median * 1e3:.3f} ({q.nbytes / v.min / 1e9:.1f} GB/s)"
+                                           for p, v in st.items()))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=9)
@@ -108,6 +136,7 @@ def main(argv=None):
     ap.add_argument("--paths", default="auto,int8,f32")
     ap.add_argument("--shapes", default="1x4096x4096,32x11008x4096", help="m x n x k (weight n x k)")
     ap.add_argument("--decode-layers", type=int, default=4, help="0: skip the decode-step proxy")
+    ap.add_argument("--kernels", action="store_true", help="also time the kernels alone on one thread")
     a = ap.parse_args(argv)
     lc.set_num_threads(a.threads)
     load = os.getloadavg()
@@ -117,6 +146,8 @@ def main(argv=None):
         bench_shape(m, n, k, a.paths.split(","), a.repeats)
     if a.decode_layers:
         bench_decode(a.decode_layers, a.repeats)
+    if a.kernels:
+        bench_kernels([tuple(int(v) for v in sh.split("x")) for sh in a.shapes.split(",")])
 
 
 if __name__ == "__main__":
