@@ -95,6 +95,19 @@ class QTensor:
         qsteps.run(fn, [out, self._buf], (nblocks,), nblocks, spec.cost((1,)))
         return _buffer_tensor(out, D.f32, self.shape)
 
+    def take_rows(self, ids) -> "QTensor":
+        """A QTensor of this (n, dim) one's rows at the 1-D integer `ids`, bytes copied unchanged
+        (lc's index_select over the (n, row bytes) u8 view): e.g. undoing the row permutation
+        llama.cpp's converter applies to attn_q / attn_k."""
+        from .tensor import tensor
+        from .tensor_interop import _buffer_tensor
+        if self.rank != 2:
+            raise ShapeMismatch(f"take_rows: needs a (n, dim) QTensor, got shape {self.shape}")
+        ids_t = ids if isinstance(ids, Tensor) else tensor(np.asarray(ids, np.int64))
+        rows = _buffer_tensor(self.buffer(), D.u8, (self.shape[0], self.nbytes // max(self.shape[0], 1)))
+        got = rows.index_select(ids_t, 0).numpy()
+        return QTensor(got, (got.shape[0], self.shape[1]), self.kind)
+
     def embedding(self, ids) -> Tensor:
         """Rows of this (n, dim) QTensor at integer `ids` (any shape) as f32: ids.shape + (dim,),
         dequantizing only those rows (an embedding table kept in blocks, like llama.cpp's

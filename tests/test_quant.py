@@ -377,3 +377,14 @@ def test_qtensor_from_bytes_and_pickle():
     assert lc.QTensor(q.data(), (4, 64), "q5_0").data() == q.data()
     with pytest.raises(lc.ShapeMismatch):
         lc.QTensor(q.data()[:-1], (4, 64), "q5_0")
+
+
+def test_take_rows():
+    w = _data((6, 64), seed=10)
+    q = lc.quantize(lc.tensor(w), "q8_0")
+    perm = [5, 0, 3, 3, 1]
+    p = q.take_rows(perm)
+    assert p.shape == (5, 64) and p.kind == "q8_0"
+    np.testing.assert_array_equal(p.dequantize().numpy(), q.dequantize().numpy()[perm])
+    with pytest.raises(lc.IndexOutOfBounds):
+        q.take_rows([6]).dequantize()
