@@ -73,7 +73,8 @@ def check(feeds, causal, mods):
     if "torch" in mods:
         torch = mods["torch"]
         ts = [torch.tensor(feeds[n], requires_grad=True) for n in ("q", "k", "v")]
-        (torch.nn.functional.scaled_dot_product_attention(*ts, is_causal=causal) * torch.from_numpy(feeds["w"])).sum().backward()
+        out = torch.nn.functional.scaled_dot_product_attention(*ts, is_causal=causal)
+        (out * torch.from_numpy(feeds["w"])).sum().backward()
         for g, t in zip(got, ts):
             assert np.allclose(g, t.grad.numpy(), atol=1e-4), np.abs(g - t.grad.numpy()).max()
 

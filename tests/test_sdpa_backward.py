@@ -194,7 +194,9 @@ def test_central_differences_f64():
     add = rng.standard_normal((3, 5))
     w = rng.standard_normal((1, 2, 3, 8))
     got, _ = lc_grads(q, k, v, w, add)
-    loss = lambda *xs: float((sdpa(*(lc.tensor(x) for x in xs[:3]), mask=lc.tensor(xs[3])) * lc.tensor(w)).sum().numpy())
+    def loss(*xs):
+        out = sdpa(*(lc.tensor(x) for x in xs[:3]), mask=lc.tensor(xs[3]))
+        return float((out * lc.tensor(w)).sum().numpy())
     arrays, eps = [q, k, v, add], 1e-6
     for i, g in enumerate(got):
         d = rng.standard_normal(arrays[i].shape)
@@ -222,7 +224,7 @@ def test_backward_is_fused():
 def test_grads_match_torch(kind):
     torch = pytest.importorskip("torch")
     rng = rng_for("sdpa-bwd-torch", kind)
-    q, k, v = rng.standard_normal((2, 2, 17, 16)), rng.standard_normal((2, 2, 33, 16)), rng.standard_normal((2, 2, 33, 8))
+    q, k, v = (rng.standard_normal(s) for s in ((2, 2, 17, 16), (2, 2, 33, 16), (2, 2, 33, 8)))
     w = rng.standard_normal((2, 2, 17, 8))
     mask = make_mask(kind, 17, 33, rng, np.float64) if kind in ("u8", "add") else None
     got, _ = lc_grads(q, k, v, w, mask, kind == "causal")
@@ -234,3 +236,17 @@ def test_grads_match_torch(kind):
     (out * torch.tensor(w)).sum().backward()
     want = [t.grad.numpy() for t in ts] + ([tm.grad.numpy()] if kind == "add" else [])
     check(got, want, np.float64)
+
+
+def test_thread_count_does_not_change_the_gradients():
+    """Each unit owns one head's dq, dk and dv, so the sums never depend on the split."""
+    rng = rng_for("sdpa-bwd-threads")
+    q, k, v = (rng.standard_normal((2, 3, 33, 16)).astype(np.float32) for _ in range(3))
+    v = v[..., :8].copy()
+    w = rng.standard_normal((2, 3, 33, 8)).astype(np.float32)
+    got = []
+    for n in (1, 2):
+        with lc.num_threads(n):
+            got.append(lc_grads(q, k, v, w, causal=True)[0])
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a, b)

@@ -211,8 +211,10 @@ def _pair(b, spec, ct, gemms, ptrs, sz, ctx, i0, nr, j0, nk, st, al):
         return lambda r: b.add(ctx[p], b.mul(_min(b, b.add(i0, r), last), sz[stride]))
     P, DS = st["P"], st["DS"]
     trims = _causal_trims(b, spec, i0, j0, nk) if spec.causal else (None, None, None)
-    gemms[W](m_up, I64(E), BK, row_of("q", "q_l"), lambda h, x: b.load(_at(b, q, b.add(h, b.mul(x, sz["q_e"]))), align=al),
-             lambda x: _at(b, st["KT"], b.mul(x, I64(BK))), lambda r: _at(b, P, b.mul(r, I64(BK))), False, True, trims[0])
+    gemms[W](m_up, I64(E), BK, row_of("q", "q_l"),
+             lambda h, x: b.load(_at(b, q, b.add(h, b.mul(x, sz["q_e"]))), align=al),
+             lambda x: _at(b, st["KT"], b.mul(x, I64(BK))), lambda r: _at(b, P, b.mul(r, I64(BK))), False, True,
+             trims[0])
     gemms[W](m_up, I64(EV), BK, row_of("o", "o_l"), lambda h, x: b.load(_at(b, do, b.add(h, x)), align=al),
              lambda x: _at(b, st["VT"], b.mul(x, I64(BK))), lambda r: _at(b, DS, b.mul(r, I64(BK))), False, True,
              trims[0])

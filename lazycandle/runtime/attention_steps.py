@@ -71,7 +71,8 @@ class FlashAttentionStep(NodeStep):
         s = self.spec
         tiles = (f"score vectors of {s.width} keys, dot products over E in {s.we} lanes" if s.mode == "keys" else
                  f"score tiles {s.bq // s.width}x{s.width} rows x {s.cb} keys")
-        self.detail = (f"flash attention{' log-sum-exp' if lse else ''} {dt.name} (b, h)=({B}, {H}) L={L} S={S} E={E} Ev={EV}"
+        self.detail = (f"flash attention{' log-sum-exp' if lse else ''} {dt.name} (b, h)=({B}, {H}) "
+                       f"L={L} S={S} E={E} Ev={EV}"
                        f"{' causal' if causal else ''}{f' mask {mask_kind}' if mask_kind else ''}: {self.units} units "
                        f"of {s.bq} query rows, key blocks of {s.bk}, {tiles}")
 
@@ -93,7 +94,8 @@ class FlashAttentionGradStep(NodeStep):
         for name, lay, last in (("q", lq, E), ("dO", lo, EV), ("O", lO, EV)):
             if lay.strides[3] != 1 and last > 1:
                 raise ValueError(f"flash_attention_grad: {name} needs a contiguous last dim, got strides {lay.strides}")
-        if ll.shape != (B, H, L) or any(n > 1 and st != want for n, st, want in zip(ll.shape, ll.strides, (H * L, L, 1))):
+        contiguous = all(n == 1 or st == want for n, st, want in zip(ll.shape, ll.strides, (H * L, L, 1)))
+        if ll.shape != (B, H, L) or not contiguous:
             raise ValueError(f"flash_attention_grad: lse must be ({B}, {H}, {L}) contiguous, got {ll.shape} "
                              f"strides {ll.strides}")
         self.spec = AG.grad_spec(dt, E, EV, causal, mask_kind)
