@@ -37,6 +37,8 @@ class QMatmulStep(NodeStep):
                 any(s != K * prod(lx.shape[d + 1:-1]) for d, s in enumerate(lx.strides[:-1]) if lx.shape[d] > 1):
             raise ValueError(f"qmatmul: x must be contiguous rows of {K}, got {lx}")
         self.m, self.N, self.K, self.nt = prod(lx.shape[:-1]), N, K, nt
+        self.sizes = np.array([self.m, N, K], np.int64)      # made once: the call path is per token
+        self.act_sizes = np.array([K], np.int64)
         self.int8 = path == "int8"
         self.spec, self.fn = QM.kernel(kind, path, isa, mt, nt)
         self.detail = (f"qmatmul ({self.m}, {K}) x ({kind} {N}, {K})^T: {self.spec.describe()}"
@@ -52,11 +54,17 @@ class QMatmulStep(NodeStep):
         x, lx = self.operand(0, in_bufs, offsets, bufs)
         w, lw = self.operand(1, in_bufs, offsets, bufs)
         xa, wa = address(x) + lx.offset * x.itemsize, address(w) + lw.offset
-        out = bufs[self.out]
+        oa = address(bufs[self.out])
         if self.int8:
             nc = K // 32
             xq, xd, xs = np.empty(m * K, np.int8), np.empty(m * nc, np.float32), np.empty(m * nc, np.float32)
-            run(self.act, [xq, xd, xs, xa], (K,), m, float(K) * 4)
-            run(self.fn, [out, wa, xq, xd, xs], (m, N, K), N, float(K) * m, align=self.nt)
+            qa, da, sa = address(xq), address(xd), address(xs)
+            act = (ctypes.c_void_p * 4)(qa, da, sa, xa)
+            act_fn, act_sizes = self.act, self.act_sizes.ctypes.data
+            pool.parallel_for(lambda a, b: act_fn(ctypes.addressof(act), act_sizes, None, a, b), 0, m,
+                              cost_per_item=float(K) * 4)
+            ptrs = (ctypes.c_void_p * 5)(oa, wa, qa, da, sa)
         else:
-            run(self.fn, [out, wa, xa], (m, N, K), N, float(K) * m, align=self.nt)
+            ptrs = (ctypes.c_void_p * 3)(oa, wa, xa)
+        fn, base, sizes = self.fn, ctypes.addressof(ptrs), self.sizes.ctypes.data
+        pool.parallel_for(lambda a, b: fn(base, sizes, None, a, b), 0, N, cost_per_item=float(K) * m, align=self.nt)
