@@ -56,14 +56,16 @@ class BertLayer(Module):
         self.output = Linear(cfg.intermediate_size, h, vb=vb.pp("output.dense"))
         self.out_norm = LayerNorm(h, cfg.layer_norm_eps, vb=vb.pp("output.LayerNorm"))
 
-    def forward(self, x, mask):
-        b, t, h = x.shape
+    def forward(self, x, mask, b, t):
+        """x: the (b * t, hidden) token rows.  2-D throughout, so each Linear is one GEMM whose
+        epilogue takes the bias, the activation and the residual."""
+        h = x.shape[-1]
         heads = self.cfg.num_attention_heads
 
         def split(y):
             return y.reshape((b, t, heads, h // heads)).transpose(1, 2)
         a = nn.scaled_dot_product_attention(split(self.query(x)), split(self.key(x)), split(self.value(x)), mask)
-        x = self.attn_norm(self.attn_out(a.transpose(1, 2).reshape((b, t, h))) + x)
+        x = self.attn_norm(self.attn_out(a.transpose(1, 2).reshape((b * t, h))) + x)
         return self.out_norm(self.output(self.act(self.intermediate(x))) + x)
 
 
@@ -96,9 +98,10 @@ class Bert(Module):
         x = self.embed_norm(x + types)
         mask = None if attention_mask is None else \
             _ids("attention_mask", attention_mask, (b, t)).ne(0).reshape((b, 1, 1, t))
+        x = x.reshape((b * t, x.shape[-1]))
         for layer in self.layers:
-            x = layer(x, mask)
-        return x
+            x = layer(x, mask, b, t)
+        return x.reshape((b, t, x.shape[-1]))
 
     def pooled_output(self, hidden: Tensor) -> Tensor:
         """BertModel's pooler_output: tanh(dense(hidden[:, 0]))."""
