@@ -154,7 +154,7 @@ def _gelu(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-@pytest.mark.parametrize("form,k", [("t", 53), ("n", 53), ("t", 1001)])    # k = 1001: a in k chunks
+@pytest.mark.parametrize("form,k", [("t", 53), ("n", 53), ("t", 1001), ("n", 1001)])    # k = 1001: k chunks
 @pytest.mark.parametrize("epilogue", ["bias_gelu", "residual", "scaled_bias_relu", "row_bias"])
 def test_small_m_epilogue_applied_in_the_store_matches_numpy(form, k, epilogue, monkeypatch):
     rng = np.random.default_rng(17)

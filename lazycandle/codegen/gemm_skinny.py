@@ -24,9 +24,10 @@ widened: "t" takes 2 VW k a step, whose pairs are adjacent as loaded; "n" interl
 k + 1 of B into pairs against the broadcast word (a[r, k], a[r, k + 1]).
 Row and column indices past the end are clamped to the last one, so partial blocks compute a
 duplicate (not stored in "t"; stored to the same place with the same bits in "n") instead of
-needing their own code.  MR is one of four row classes (runtime/matmul_skinny.py).  In "t" a
-long k is cut into chunks so a row block of a stays in L1 (partial sums go through the output),
-and the next group's rows of B are prefetched.
+needing their own code.  MR is one of four row classes (runtime/matmul_skinny.py).  A long k is
+cut into chunks (partial sums go through the output): in "t" so a row block of a stays in L1
+(and the next group's rows of B are prefetched), in "n" so a group's walk down B stays on a few
+pages.
 
 The epilogue of the matmul (bias, activation, residual: ir/epilogue.py) is applied to each
 tile of products right after it is stored, while it is in L1, by the tiled GEMM's epilogue
@@ -192,7 +193,7 @@ class _Builder:
                             real = [b.icmp_signed("<", add(b, i0, i64(r)), s["m"]) for r in range(spec.mr)]
                             self._group_t(s, a, bm, o, rows, real, j, j1, chunk)
                         else:
-                            self._group_n(s, a, bm, o, rows, j, j1)
+                            self._group_n(s, a, bm, o, rows, j, j1, chunk)
         b.ret_void()
         return finalize_ir(self.m)
 
@@ -295,27 +296,33 @@ class _Builder:
             self._apply_epilogue(s, o, rows[0], j, imin(b, i64(spec.mr), b.sub(s["m"], rows[0])),
                                  imin(b, i64(spec.group), b.sub(j1, j)))
 
-    def _group_n(self, s, a, bm, o, rows, j, j1):
-        """NV vectors of output columns j.. for the block's rows.  B is read with masked loads
-        (all lanes on in a full group: as fast as plain loads with AVX-512 masks), so one loop
-        serves the partial group at the end of a block too."""
+    def _group_n(self, s, a, bm, o, rows, j, j1, chunk):
+        """NV vectors of output columns j.. for the block's rows over the k chunk [k0, k1).  B
+        is read with masked loads (all lanes on in a full group: as fast as plain loads with
+        AVX-512 masks), so one loop serves the partial group at the end of a block too.  A
+        chunk after the first starts from the partial sums in the output (chunked only for
+        dtypes stored as they accumulate); a clamped duplicate row loads them before any row
+        of the group stores, so it stores the same bits.  The last chunk runs the epilogue."""
         spec, b = self.spec, self.b
         vw = spec.vw
+        k0, k1, first, last = chunk
         left = b.sub(j1, j)
         masks = [self._lane_mask(b.sub(left, i64(c * vw))) for c in range(spec.group)]
         self._zero_acc()
+        with b.if_then(b.not_(first)):
+            for r, row in enumerate(rows):
+                for c in range(spec.group):
+                    at = add(b, mul(b, row, s["ldo"]), add(b, j, i64(c * vw)))
+                    b.store(self._vec_load(o, at, masks[c]), self.acc[r][c])
         arow = [gep(b, a, mul(b, r, s["rsa"])) for r in rows]
         if spec.pairs:
             self._pairs_n(s, arow, bm, j, masks)
         else:
-            with for_range(b, ZERO, s["k"], name="k") as kk:
-                brow = gep(b, bm, add(b, mul(b, kk, s["ldb"]), j))
-                bv = [self._vec_load(brow, i64(c * vw), masks[c]) for c in range(spec.group)]
-                for r, ap in enumerate(arow):
-                    av = splat(b, to_acc(b, spec.dtype, load(b, ap, mul(b, kk, s["csa"]), self.eb)), vw)
-                    for c, v in enumerate(bv):
-                        p = self.acc[r][c]
-                        b.store(self._fma(av, v, b.load(p)), p)
+            with b.if_else(b.icmp_signed(">=", left, i64(spec.group_cols))) as (full, part):
+                with full:          # plain loads: a masked load is no plain one on every host
+                    self._rows_n(s, arow, bm, j, k0, k1, [None] * spec.group)
+                with part:
+                    self._rows_n(s, arow, bm, j, k0, k1, masks)
         with b.if_else(b.icmp_signed(">=", left, i64(spec.group_cols))) as (full, part):
             with full:
                 for r, row in enumerate(rows):
@@ -329,9 +336,24 @@ class _Builder:
                         count = imin(b, i64(vw), b.sub(left, i64(c * vw)))
                         with for_range(b, ZERO, count, name="t") as t:
                             self._store(o, s, row, add(b, add(b, j, i64(c * vw)), t), load(b, lanes, t, self.eb), 1)
-        self._apply_epilogue(s, o, rows[0], j, imin(b, i64(spec.mr), b.sub(s["m"], rows[0])),
-                             imin(b, i64(spec.group_cols), left))
+        with b.if_then(last):
+            self._apply_epilogue(s, o, rows[0], j, imin(b, i64(spec.mr), b.sub(s["m"], rows[0])),
+                                 imin(b, i64(spec.group_cols), left))
 
+
+    def _rows_n(self, s, arow, bm, j, k0, k1, masks):
+        """The "n" form's k loop: each k broadcasts a[r, k] against the group's vectors of row k
+        of B (read through `masks`, None for plain loads)."""
+        spec, b = self.spec, self.b
+        vw = spec.vw
+        with for_range(b, k0, k1, name="k") as kk:
+            brow = gep(b, bm, add(b, mul(b, kk, s["ldb"]), j))
+            bv = [self._vec_load(brow, i64(c * vw), masks[c]) for c in range(spec.group)]
+            for r, ap in enumerate(arow):
+                av = splat(b, to_acc(b, spec.dtype, load(b, ap, mul(b, kk, s["csa"]), self.eb)), vw)
+                for c, v in enumerate(bv):
+                    p = self.acc[r][c]
+                    b.store(self._fma(av, v, b.load(p)), p)
 
     def _pairs_n(self, s, arow, bm, j, masks):
         """The "n" form's k loop in bf16 pairs: rows k and k + 1 of B's group interleaved into

@@ -107,17 +107,27 @@ def rows_per_block(m: int) -> int:
 
 PREFETCH_ROWS = 4         # "t": prefetch B from this many rows per block on (gemm_skinny.SkinnySpec)
 A_L1_BYTES = 24 << 10     # "t": a row block's chunk of a stays in L1 (half of a 48 KB L1d)
+N_ROWS = 64               # "n": rows of B a k chunk walks before the next group of columns
+
+
+def _k_limit(spec) -> int:
+    """The longest k a kernel runs in one chunk: "t", while a row block of a fits A_L1_BYTES;
+    "n", N_ROWS rows of B, so a group's walk down B stays on a few pages (walking all of k, a
+    group touches one page per row, and each next group walks them again: f32 1 x 4096 @
+    4096 x 4096 ran at 130 ms against 17 for x @ w.T on an AVX2 Zen 3, its TLB missed)."""
+    if spec.layout == "t":
+        return A_L1_BYTES // (spec.mr * spec.dtype.size_in_bytes)
+    return N_ROWS
 
 
 def _k_chunk(spec, k: int) -> int:
-    """Columns of a per k chunk: all of k when a row block of a fits A_L1_BYTES (or the dtype
-    is stored narrower than it accumulates: partial sums go through the output), else a
-    multiple of the lanes that does.  Measured at m = 8, k = 3072: a from L2 on every step
-    held the kernel to ~65 % of the stream rate."""
-    esz = spec.dtype.size_in_bytes
-    if spec.layout != "t" or storage_type(spec.dtype) != acc_type(spec.dtype) or spec.mr * k * esz <= A_L1_BYTES:
+    """Columns of a per k chunk: all of k when it is within _k_limit (or the dtype is stored
+    narrower than it accumulates: partial sums go through the output), else a multiple of the
+    lanes that is.  Measured at m = 8, k = 3072 ("t"): a from L2 on every step held the kernel
+    to ~65 % of the stream rate."""
+    if storage_type(spec.dtype) != acc_type(spec.dtype) or k <= _k_limit(spec) or spec.pairs:
         return max(k, 1)
-    return max(spec.vw, A_L1_BYTES // (spec.mr * esz) // spec.vw * spec.vw)
+    return max(spec.vw, _k_limit(spec) // spec.vw * spec.vw)
 
 
 def unit_sizes(gc, m, n, k, rsa, csa, ldb, ldo, nb, bsa, bsb, bso, kc) -> list:
@@ -200,9 +210,9 @@ class Rebinder:
             self.m_hi = min(self.m_hi, RULE_M)
         else:
             self.m_lo = max(self.m_lo, RULE_M + 1)
-        # _k_chunk: all of k, or (a "t" kernel whose row block of a outgrows A_L1_BYTES) chunks
+        # _k_chunk: all of k, or (a k past _k_limit, for dtypes stored as they accumulate) chunks
         self.k_whole = _k_chunk(spec, 1 << 40) == 1 << 40
-        self.k_max = A_L1_BYTES // (spec.mr * spec.dtype.size_in_bytes)
+        self.k_max = _k_limit(spec)
         self.k_chunk = _k_chunk(spec, self.k_max + 1)
         self.tail = plan.sizes_list[K.SIZES.index("ep_fn"):]      # the epilogue words: none
         self.two_d = len(plan.g.bshape) == 1 and plan.g.nbatch == 1
