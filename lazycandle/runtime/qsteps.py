@@ -1,7 +1,7 @@
 """Running the quantized-weight kernels (codegen/quantize.py, codegen/qmatmul.py) on the pool:
 `run` launches one kernel over its units (blocks for quantize / dequantize); the qmatmul node's
 step (`QMatmulStep`, op in ir/ops_model.py) quantizes the activations per block to int8 (path
-"int8") and then splits the weight rows over the threads.  (A path dequantizing panels of weight
+"int8") and then splits the weight rows over the native pool's threads, as the skinny GEMM does.  (A path dequantizing panels of weight
 rows to f32 for BLAS sgemm was measured here and never beat the int8 kernels, at m = 1 or 32.)"""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from math import prod
 import numpy as np
 
 from ..codegen import qmatmul as QM
-from . import pool
+from . import native_pool, pool
 from .buffers import address
 from .steps import NodeStep, register
 
@@ -44,6 +44,7 @@ class QMatmulStep(NodeStep):
         self.detail = (f"qmatmul ({self.m}, {K}) x ({kind} {N}, {K})^T: {self.spec.describe()}"
                        + ("; activations quantized per 32 to int8 first" if self.int8 else ""))
         self.module = self.fn._module
+        self.fn_addr = ctypes.cast(self.fn, ctypes.c_void_p).value
         if self.int8:
             self.act = QM.act_kernel()[1]
 
@@ -60,11 +61,17 @@ class QMatmulStep(NodeStep):
             xq, xd, xs = np.empty(m * K, np.int8), np.empty(m * nc, np.float32), np.empty(m * nc, np.float32)
             qa, da, sa = address(xq), address(xd), address(xs)
             act = (ctypes.c_void_p * 4)(qa, da, sa, xa)
-            act_fn, act_sizes = self.act, self.act_sizes.ctypes.data
-            pool.parallel_for(lambda a, b: act_fn(ctypes.addressof(act), act_sizes, None, a, b), 0, m,
-                              cost_per_item=float(K) * 4)
+            self.act(ctypes.addressof(act), self.act_sizes.ctypes.data, None, 0, m)   # ~1% of the work
             ptrs = (ctypes.c_void_p * 5)(oa, wa, qa, da, sa)
         else:
             ptrs = (ctypes.c_void_p * 3)(oa, wa, xa)
-        fn, base, sizes = self.fn, ctypes.addressof(ptrs), self.sizes.ctypes.data
-        pool.parallel_for(lambda a, b: fn(base, sizes, None, a, b), 0, N, cost_per_item=float(K) * m, align=self.nt)
+        _launch(self.fn, self.fn_addr, ctypes.addressof(ptrs), self.sizes.ctypes.data, N, float(K) * m, self.nt)
+
+
+def _launch(fn, fn_addr, bufs, sizes, units, unit_cost, align):
+    """Units over the native pool (the calling thread alone for small work, or inside a worker)."""
+    threads = native_pool.threads() if units * unit_cost >= pool.MIN_COST else 1
+    if threads > 1 and units > 1 and not getattr(pool._in_worker, "flag", False):
+        native_pool.parallel(fn_addr, bufs, sizes, 0, 0, units, align, threads)
+    else:
+        fn(bufs, sizes, None, 0, units)
