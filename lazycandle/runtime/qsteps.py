@@ -17,15 +17,14 @@ from .steps import NodeStep, register
 
 
 def run(fn, arrays, sizes, units: int, cost_per_unit: float, align: int = 1) -> None:
-    """fn(bufs, sizes, NULL, lo, hi) over chunks of [0, units); `arrays` are numpy arrays (or
-    raw addresses) in the kernel's buffer order, kept alive for the call."""
+    """fn(bufs, sizes, NULL, lo, hi) over chunks of [0, units) (the native pool); `arrays` are
+    numpy arrays (or raw addresses) in the kernel's buffer order, kept alive for the call."""
     if units <= 0:
         return
     addrs = (ctypes.c_void_p * len(arrays))(*[a if isinstance(a, int) else address(a) for a in arrays])
     sz = np.array(list(sizes) or [0], np.int64)
-    base, sizes_ptr = ctypes.addressof(addrs), sz.ctypes.data
-    pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, units,
-                      cost_per_item=cost_per_unit, align=align)
+    _launch(fn, ctypes.cast(fn, ctypes.c_void_p).value, ctypes.addressof(addrs), sz.ctypes.data, units,
+            cost_per_unit, align)
 
 
 @register("qmatmul")
