@@ -16,7 +16,9 @@ from math import prod
 
 import numpy as np
 
+from .errors import SymbolicSizeError
 from .ir.ops import set_vjp
+from .sizes import decide_eq, decide_ge0, growth_key, has_size, is_one
 
 
 def _mask(cond, like):
@@ -268,24 +270,24 @@ def _view(n, g, xs, out):
     """Scatter the view's gradient back into its base's (contiguous) shape."""
     base = xs[0]
     lay = n.layout
-    if g.elem_count == 0 or base.elem_count == 0:
+    if decide_eq(g.elem_count, 0) is True or decide_eq(base.elem_count, 0) is True:
         return (_zeros(base),)
     shape, strides, offset = list(lay.shape), list(lay.strides), lay.offset
-    bdims = tuple(i for i, (d, s) in enumerate(zip(shape, strides)) if s == 0 and d > 1)
+    bdims = tuple(i for i, (d, s) in enumerate(zip(shape, strides)) if decide_eq(s, 0) is True and _above_one(d))
     if bdims:                                     # broadcast dims: sum back
         g = g.sum_keepdim(bdims)
         for i in bdims:
             shape[i] = 1
-    flips = [i for i, s in enumerate(strides) if s < 0 and shape[i] > 1]
+    flips = [i for i, s in enumerate(strides) if decide_ge0(s) is False and _above_one(shape[i])]
     if flips:
         g = g.flip(flips)
         for i in flips:
             offset += (shape[i] - 1) * strides[i]
             strides[i] = -strides[i]
-    keep = [i for i, d in enumerate(shape) if d > 1]
+    keep = [i for i, d in enumerate(shape) if _above_one(d)]
     shape, strides = [shape[i] for i in keep], [strides[i] for i in keep]
     g = g.reshape(tuple(shape))
-    order = sorted(range(len(shape)), key=lambda i: -strides[i])
+    order = sorted(range(len(shape)), key=lambda i: -growth_key(strides[i]))
     if order != list(range(len(shape))):
         g = g.permute(*order)
         shape, strides = [shape[i] for i in order], [strides[i] for i in order]
@@ -299,26 +301,35 @@ def _as_box(g, shape, strides, offset, numel):
     """The view as a box inside the base reshaped to (numel / s0, s0 / s1, ..., 1): the gradient
     is `g` padded with zeros to that box (narrow, strided slices, reshape, permute).  None when the
     strides overlap or do not nest."""
-    if not strides or strides[-1] != 1:
+    if not strides or not is_one(strides[-1]):
         g, shape, strides = g.unsqueeze(g.rank), shape + [1], strides + [1]
     outer = [numel] + strides[:-1]
-    if any(o % s for o, s in zip(outer, strides)):
-        return None
+    if any(decide_eq(o % s, 0) is not True for o, s in zip(outer, strides)):
+        return None                 # (sizes of named dims: unless the nesting is exact at every size)
     sizes = [o // s for o, s in zip(outer, strides)]
     starts, rest = [], offset
     for s, c in zip(strides, sizes):
         starts.append(rest // s)
         rest -= starts[-1] * s
-    if rest or any(p + d > c for p, d, c in zip(starts, shape, sizes)):
+    if decide_eq(rest, 0) is not True or any(decide_ge0(c - p - d) is not True for p, d, c in zip(starts, shape, sizes)):
         return None
     for dim, (p, d, c) in enumerate(zip(starts, shape, sizes)):
         g = g.pad_with_zeros(dim, p, c - p - d)
     return g
 
 
+def _above_one(d) -> bool:
+    """Whether a view dim counts as longer than 1 (a size of named dims does: bound to 1, what
+    is done for it is a no-op)."""
+    return d.__class__ is not int or d > 1
+
+
 def _scatter_flat(g, shape, strides, offset, base):
     """The general case (overlapping windows): add every element at its flat base position."""
     from .tensor import tensor, zeros
+    if has_size(tuple(shape) + tuple(strides) + (offset,)):
+        raise SymbolicSizeError(f"the gradient of a view of shape {tuple(shape)}, strides {tuple(strides)} over "
+                                f"sizes of named dims is not supported (overlapping or non-nesting strides)")
     flat = np.full((), offset, np.int64)
     for d, s in zip(shape, strides):
         flat = flat[..., None] + np.arange(d, dtype=np.int64) * s

@@ -245,6 +245,19 @@ def same(a, b) -> bool:
     return decide_eq(a, b) is True
 
 
+def growth_key(x) -> int:
+    """An int that orders sizes by how they grow with their names (each name taken as 2**32):
+    for choosing an order of dims or strides (a view's gradient), never as a size's value."""
+    if x.__class__ is int:
+        return x
+    return x.evaluate(_Huge())
+
+
+class _Huge(dict):
+    def __missing__(self, name):
+        return 1 << 32
+
+
 def is_one(d) -> bool:
     """Whether size `d` is the literal 1 (a Size is never taken for 1: a named dim bound to 1
     reads the same elements through its stride)."""

@@ -22,7 +22,7 @@ from .ir import ops_index  # noqa: F401  (registers the op kinds)
 from .ir.node import Node
 from .layout import Layout, as_index
 from .named_dims import require, require_ge0
-from .sizes import decide_eq
+from .sizes import decide_eq, decide_ge0
 from .tensor_views import norm_dim, shape_desc
 
 ID_DTYPES = (D.u8, D.u32, D.i64)
@@ -58,14 +58,15 @@ def _no_storage_only(op, dt, shape):
 
 
 def _same_except(a, b, dim) -> bool:
-    return len(a) == len(b) and all(x == y for i, (x, y) in enumerate(zip(a, b)) if i != dim)
+    return len(a) == len(b) and all(decide_eq(x, y) is not False for i, (x, y) in enumerate(zip(a, b)) if i != dim)
 
 
 def _int_arg(op, name, v, lo, error=ShapeMismatch, *, of=None):
     """An int argument >= lo (TypeError for floats and bools, `error` when too small, naming
     the tensor `of` when given)."""
     iv = as_index(v, op, name)
-    if iv < lo:
+    # (a size of named dims that may be in range passes; a negative bound size fails at run)
+    if iv < lo if iv.__class__ is int else decide_ge0(iv - lo) is False:
         where = f" ({shape_desc(of.shape, of.dtype)})" if of is not None else ""
         raise error(f"{op}: {name} must be an int >= {lo}, got {v!r}{where}")
     return iv
@@ -162,13 +163,13 @@ class IndexMixin:
         """Pad `dim` with `left` zeros before and `right` zeros after."""
         from .tensor import zeros
         dim, left, right = self._pad_args("pad_with_zeros", dim, left, right)
-        if left == 0 and right == 0:
+        if decide_eq(left, 0) is True and decide_eq(right, 0) is True:
             return self
         parts = []
         for n in (left, None, right):
             if n is None:
                 parts.append(self)
-            elif n:
+            elif n.__class__ is not int or n:
                 parts.append(zeros(self.shape[:dim] + (n,) + self.shape[dim + 1:], self.dtype))
         return cat(parts, dim)
 
@@ -176,7 +177,7 @@ class IndexMixin:
         """Pad `dim` by repeating its first slice `left` times and its last slice `right` times."""
         op = "pad_with_same"
         dim, left, right = self._pad_args(op, dim, left, right)
-        if left == 0 and right == 0:
+        if decide_eq(left, 0) is True and decide_eq(right, 0) is True:
             return self
         size = self.shape[dim]
         if decide_eq(size, 0) is True:      # (a named dim bound to 0: narrow's check, at run)
@@ -186,7 +187,7 @@ class IndexMixin:
         for n, at in ((left, 0), (None, None), (right, size - 1)):
             if n is None:
                 parts.append(self)
-            elif n:
+            elif n.__class__ is not int or n:
                 parts.append(self.narrow(dim, at, 1).broadcast_as(self.shape[:dim] + (n,) + self.shape[dim + 1:]))
         return cat(parts, dim)
 

@@ -250,3 +250,31 @@ def test_a_size_on_the_left_of_a_tensor_operator():
     want = [3 * xs, 3 - xs, 3 / (xs + 10), 4 + xs]
     for g, w in zip(prog(x=xs), want):
         np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+_LOSSES = {
+    "bias": lambda x, w, b: ((x @ w + b) ** 2).mean(),
+    "layer_norm": lambda x, w, b: lc.nn.layer_norm(x @ w, b, b).sum(),
+    "softmax_max": lambda x, w, b: lc.nn.softmax(x @ w, -1).max(-1).sum(),
+    "slices": lambda x, w, b: (x @ w)[:, 1:].sum() + ((x @ w)[1:] * b).sum() + (x @ w)[::-1][0].sum(),
+    "transpose": lambda x, w, b: ((x @ w).t() @ x).sum() + (x.t() * b.unsqueeze(1)).sum(),
+    "centred": lambda x, w, b: (x @ w - (x @ w).mean(0, keepdim=True)).sqr().sum() / x.shape[0],
+    "cross_entropy": lambda x, w, b: lc.nn.cross_entropy(x @ w + b, (x.sum(-1) > 2.0).astype(lc.i64)),
+    "attention": lambda x, w, b: lc.nn.scaled_dot_product_attention((x @ w).unsqueeze(0), x.unsqueeze(0),
+                                                                    (x * b).unsqueeze(0), is_causal=True).sum(),
+}
+
+
+@pytest.mark.parametrize("loss", sorted(_LOSSES))
+def test_gradients_over_a_named_batch_dim_match_fixed_shapes(loss):
+    f = _LOSSES[loss]
+    w0, b0 = _rand(4, 4, seed=7) * 0.5, _rand(4, seed=8)
+    x = lc.placeholder("x", ("n", 4), lc.f32)
+    value, (gw, gb) = lc.value_and_grad(lambda w, b: f(x, w, b), argnums=(0, 1))(lc.Var(w0), lc.Var(b0))
+    prog = lc.compile([value, gw, gb])
+    for n in (5, 1, 3):
+        xs = _rand(n, 4, seed=n) + 0.5
+        want_v, (want_w, want_b) = lc.value_and_grad(lambda w, b: f(lc.tensor(xs), w, b), argnums=(0, 1))(
+            lc.Var(w0), lc.Var(b0))
+        for g, e in zip(prog(x=xs), (want_v, want_w, want_b)):
+            np.testing.assert_allclose(g, e.numpy(), rtol=2e-5, atol=2e-5)
