@@ -11,9 +11,12 @@ runs the attached checks, and checks what the ops check on concrete sizes: no ne
 view reading outside its buffer, no max/min over an empty dim."""
 from __future__ import annotations
 
+import sys
+import threading
 import weakref
 from math import prod
 
+from . import caches
 from .errors import EmptyReduction, FeedError, ShapeMismatch
 from .sizes import Size, decide_eq, decide_ge0, evaluate as _evaluate, has_size
 
@@ -23,18 +26,22 @@ __all__ = ["Size", "require", "require_ge0", "require_eq", "bind", "checks_of", 
 # node -> its bind-time checks: (size that must be >= 0 ("ge0") or == 0 ("eq0"), kind, error class,
 # message).  Weak: a check lives as long as the node it guards.
 _checks: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()        # graphs are built from several threads at once
+caches.renew_lock_after_fork(sys.modules[__name__], "_lock")
 
 
 def require(node, checks, first=False) -> None:
     """Attach bind-time `checks` ((size, "ge0" | "eq0", error class, message), ...) to `node`
     (`first`: before those it has, when the op that made it calls the one that built it)."""
     if checks:
-        old = _checks.get(node, ())
-        _checks[node] = tuple(checks) + old if first else old + tuple(checks)
+        with _lock:
+            old = _checks.get(node, ())
+            _checks[node] = tuple(checks) + old if first else old + tuple(checks)
 
 
 def checks_of(node) -> tuple:
-    return _checks.get(node, ())
+    with _lock:
+        return _checks.get(node, ())
 
 
 def require_ge0(out: list, x, error, message) -> None:
@@ -93,7 +100,7 @@ def evaluate(v, sizes: dict, what):
 
 def run_checks(node, sizes: dict) -> None:
     """Raise the error of the first check attached to `node` that fails at `sizes`."""
-    for x, kind, error, message in _checks.get(node, ()):
+    for x, kind, error, message in checks_of(node):
         v = evaluate(x, sizes, lambda: message)
         if (v < 0) if kind == "ge0" else (v != 0):
             raise error(f"{message} (at {_sizes_text(sizes)})")
