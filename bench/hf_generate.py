@@ -22,12 +22,16 @@ import time
 if __package__ in (None, ""):          # run as a script: make `bench` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np
+from bench.peers import fair_env_missing  # noqa: E402
 
-import lazycandle as lc
-from lazycandle.models import from_pretrained, gpt2
-from lazycandle.models.causal_lm import run
-from lazycandle.models.textgen import random_model, save_folder
+os.environ.update(fair_env_missing())    # before NumPy / torch load: idle peer threads sleep, not spin
+
+import numpy as np  # noqa: E402
+
+import lazycandle as lc  # noqa: E402
+from lazycandle.models import from_pretrained, gpt2  # noqa: E402
+from lazycandle.models.causal_lm import run  # noqa: E402
+from lazycandle.models.textgen import random_model, save_folder  # noqa: E402
 
 
 def _time(fn) -> float:
