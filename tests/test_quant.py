@@ -388,3 +388,17 @@ def test_take_rows():
     np.testing.assert_array_equal(p.dequantize().numpy(), q.dequantize().numpy()[perm])
     with pytest.raises(lc.IndexOutOfBounds):
         q.take_rows([6]).dequantize()
+
+
+def test_path_choice_follows_cpu_features(path):
+    from lazycandle.codegen import jit
+    path("auto")
+    assert Q._choose(1) == ("int8", "avx2" if jit.has_feature("avx2") else "generic")
+    path("int8-generic")
+    assert Q._choose(32) == ("int8", "generic")
+    path("f32")
+    assert Q._choose(1)[0] == "f32"
+    q = lc.quantize(lc.tensor(_data((8, 64))), "q4_0")
+    path("auto")
+    text = lc.dump(lc.qmatmul(lc.tensor(np.ones((1, 64), f32)), q), stage="schedule")
+    assert "qmatmul q4_0 (int8" in text
