@@ -140,7 +140,7 @@ def _pick(kind, a, b):
         return b if kind == "min" else a
     if hi is not None and hi <= 0:              # a <= b
         return a if kind == "min" else b
-    x, y = sorted((a, b), key=lambda v: (v.__class__ is Size, repr(v)))
+    x, y = sorted((a, b), key=lambda v: (v.__class__ is not Size, repr(v)))      # min(n, 4)
     return _atom(kind, x, y)
 
 

@@ -95,7 +95,7 @@ def test_sizes_print_compare_and_hash_as_expressions():
     assert n + 1 - 1 == n and hash(n * 2) == hash(n + n) and {n * 2: 1}[2 * n] == 1
     assert (2 * n + 4) // 2 == n + 2 and (4 * n + 3) % 2 == 1 and n - n == 0 and type(n - n) is int
     assert repr((n + 1) // 2) == "(n + 1)//2" and repr(n % 3) == "n % 3"
-    assert repr(n.min(4)) == "min(4, n)" and n.max(n + 2) == n + 2 and n.min(0) == 0
+    assert repr(n.min(4)) == "min(n, 4)" == repr(lc.Size.max(n, 4)).replace("max", "min") and n.max(n + 2) == n + 2 and n.min(0) == 0
     assert n + 1 > 0 and n >= 0 and n != n + 2 and not (n < 0)
     assert pickle.loads(pickle.dumps((n * 3 - 1) // 2)) == (n * 3 - 1) // 2
 
