@@ -357,10 +357,12 @@ def _col2im(n, g, xs, out):
 @_rule("flash_attention")
 def _flash_attention(n, g, xs, out):
     """The fused backward (codegen/attention_grad.py): per block, the scores are recomputed from
-    q, k, the mask and the rows' log-sum-exp (the forward kernel run again in its `lse` mode: the
-    forward's output stays as it is for callers that never take a gradient, and that pass costs
-    the scores' product without P @ V) and the forward's output O.  One packed [dq | dk | dv]
-    buffer; an additive mask's gradient, dS itself, is the graph of the same formulas."""
+    q, k, the mask and the rows' log-sum-exp, with the forward's output O.  The log-sum-exp is a
+    node of its own (flash_attention_lse), so the forward's output stays as it is for callers
+    that never take a gradient; when forward and backward realize together the scheduler has
+    the forward's kernel write it (ir/schedule.py), else it is a pass of its own.  One packed
+    [dq | dk | dv] buffer; an additive mask's gradient, dS itself, is the graph of the same
+    formulas."""
     from .ir.node import Node
     causal, kind, scale = n.arg
     q, k, v = xs[:3]

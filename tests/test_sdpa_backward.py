@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import lazycandle as lc
+from lazycandle.compiler import optimize
 from lazycandle.ir.graph import capture
+from lazycandle.ir.schedule import schedule
 from lazycandle.nn_attention import _graph_sdpa
 from conftest import rng_for
 
@@ -84,11 +86,11 @@ def run_case(dt, qs, ks, vs, mask=None, causal=False, scale=None, key=""):
     return q, k, v, w, got
 
 
-def grad_nodes(q, k, v, mask=None, causal=False):
+def grad_capture(q, k, v, mask=None, causal=False):
     vs = [lc.Var(x) for x in (q, k, v)]
     out = sdpa(*vs, mask=None if mask is None else lc.tensor(mask), is_causal=causal)
     grads = out.sqr().sum().backward()
-    return capture([grads[t]._node for t in vs]).nodes
+    return capture([grads[t]._node for t in vs])
 
 
 CASES = {   # name: (q shape, k shape, v shape, mask kind, causal)
@@ -210,14 +212,19 @@ def test_central_differences_f64():
 
 
 def test_backward_is_fused():
-    """The gradient graph has one flash_attention_grad and no (L, S) tensor."""
+    """The gradient graph has one flash_attention_grad and no (L, S) tensor, and the
+    forward's kernel writes the log-sum-exp the backward reads (one pass over the scores)."""
     rng = rng_for("sdpa-bwd-nodes")
     q, k, v = (rng.standard_normal((1, 2, n, 16)).astype(np.float32) for n in (17, 29, 29))
     for mask, causal in ((None, True), (np.ones((17, 29), np.uint8), False)):
-        nodes = grad_nodes(q, k, v, mask, causal)
+        cap = grad_capture(q, k, v, mask, causal)
+        nodes = cap.nodes
         assert sum(n.op.name == "flash_attention_grad" for n in nodes) == 1
         assert sum(n.op.name == "flash_attention_lse" for n in nodes) == 1
         assert not [n for n in nodes if n.op.name != "buffer" and tuple(n.shape[-2:]) == (17, 29)]
+        opt = optimize(cap)
+        ops = [sorted(opt.nodes[j].op.name for j in k.nodes) for k in schedule(opt)[0]]
+        assert ["flash_attention", "flash_attention_lse"] in ops
 
 
 @pytest.mark.parametrize("kind", [None, "causal", "u8", "add"])
@@ -250,3 +257,18 @@ def test_thread_count_does_not_change_the_gradients():
             got.append(lc_grads(q, k, v, w, causal=True)[0])
     for a, b in zip(*got):
         np.testing.assert_array_equal(a, b)
+
+
+def test_compiled_training_step_reruns():
+    """lc.grad on placeholders compiles forward, log-sum-exp and backward into one program
+    (the forward's kernel writing the log-sum-exp); its later runs (the native path) on new
+    data stay right."""
+    shapes = {"q": (2, 2, 17, 16), "k": (2, 2, 29, 16), "v": (2, 2, 29, 8), "w": (2, 2, 17, 8)}
+    ph = {n: lc.placeholder(n, s) for n, s in shapes.items()}
+    loss = lambda q, k, v: (sdpa(q, k, v, is_causal=True) * ph["w"]).sum()
+    prog = lc.compile(list(lc.grad(loss, (0, 1, 2))(ph["q"], ph["k"], ph["v"])))
+    rng = rng_for("sdpa-bwd-program")
+    for _ in range(3):
+        feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+        got = prog.run(**feeds)
+        check(got, ref_grads(feeds["q"], feeds["k"], feeds["v"], feeds["w"], causal=True)[:3], np.float32)

@@ -20,8 +20,10 @@ over keys instead ("keys" mode): a score is a vector dot product over E (q rows 
 QR (BQ, E), k's last dim contiguous), the softmax statistics are scalars per row and a block's
 probabilities are vectors over its keys, P (BQ, BK).
 
-In `lse` mode (the backward's first pass, codegen/attention_grad.py) the unit skips P @ V and
-writes its rows' log-sum-exp m + log l instead (+inf for a fully masked row), (B, H, L).
+With `lse` the unit also writes its rows' log-sum-exp m + log l (+inf for a fully masked row)
+to a (B, H, L) buffer, the backward's input (codegen/attention_grad.py): after the operands
+when it writes the output too (the scheduler pairs the forward with the backward's lse node),
+else as its one output, skipping P @ V (`out` False).
 
 Compile-time: dtype, E, Ev, the mask kind, the mode, lse and the blocking (from the host's vector width).
 Run time (the `sizes` array, SIZES order): H, L, S, the number of query blocks and every
@@ -61,7 +63,8 @@ class AttentionSpec:
     cb: int             # keys per score tile ("rows")
     mode: str = "rows"  # "rows": score vectors over query rows; "keys": over keys (few query rows)
     we: int = 1         # lanes of the q . k dot products over E ("keys"; divides e)
-    lse: bool = False   # write each row's log-sum-exp (B, H, L) instead of the output (the backward's)
+    lse: bool = False   # write each row's log-sum-exp (B, H, L) (the backward's)
+    out: bool = True    # write the output (False: the log-sum-exp alone)
 
 
 def _lanes(n: int, width: int) -> int:
@@ -125,6 +128,7 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
     int_mask = spec.mask not in (None, "add")
     mt = ir.IntType(8 * D.DType.from_name(spec.mask).size_in_bytes) if int_mask else ct
     mask = arg_pointer(b, bufs, 4, mt, "mask") if spec.mask else None
+    lse_out = arg_pointer(b, bufs, 5 if spec.mask else 4, ct, "lse") if spec.lse and spec.out else out
     sz = {n: b.load(_at(b, sizes, I64(i)), align=8, name=n) for i, n in enumerate(SIZES)}
     scale = b.load(b.bitcast(scalars, F64.as_pointer()), align=8)
     if ct != F64:
@@ -174,11 +178,11 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
                 _scores(b, spec, ct, VT, RV, k, k_base, sz, S, j0, nk, QT, PT, sacc, zero_t, al)
                 for rv in range(RV):
                     _softmax_step(b, spec, ct, VT, rv, r0, j0, nk, L, PT, M, LS, AL, red, mask, m_base, sz, ninf, al)
-            if not spec.lse:
+            if spec.out:
                 _accumulate(b, spec, ct, VV, v, v_base, sz, j0, nk, nr, PT, ACC, AL, oacc, al)
         if spec.lse:
-            _store_lse(b, ct, out, b.add(b.mul(bh, L), r0), nr, M, LS, al)
-        else:
+            _store_lse(b, ct, lse_out, b.add(b.mul(bh, L), r0), nr, M, LS, al)
+        if spec.out:
             _store_rows(b, ct, out, b.mul(b.add(b.mul(bh, L), r0), I64(EV)), nr, EV, WV, VV, ACC, LS, al)
     b.ret_void()
     return str(m)

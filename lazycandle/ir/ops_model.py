@@ -10,7 +10,8 @@ steps), registered into the one op table.
            never writing the scores.  mask kind: None | "add" | the integer mask's dtype name.
            Kernel in codegen/attention.py, step in runtime/attention_steps.py.
   flash_attention_lse   srcs and arg as flash_attention -> (b, h, L): each query row's
-           log-sum-exp of its scaled, masked scores (+inf for a row with every key masked).
+           log-sum-exp of its scaled, masked scores (+inf for a row with every key masked);
+           the scheduler puts it in its forward's kernel when both are in one capture.
   flash_attention_grad  srcs (q, k, v, dO, lse, O) or (..., mask)   arg as flash_attention
            -> [dq | dk | dv] flat: the backward, scores recomputed per block (FlashAttention-2).
            Kernel in codegen/attention_grad.py, step in runtime/attention_steps.py.

@@ -146,6 +146,7 @@ def group_nodes(cap: Capture):
             _absorb_producers(gr, nodes, j, ops[0], notes)
         elif n.op.category == ELEMENTWISE:
             _fuse_elementwise(gr, nodes, j, ops, notes)
+    _pair_attention_lse(gr, nodes, operands, notes)
     fuse_epilogues(gr, nodes, operands, consumers, targets, notes)
     groups = {g: sorted(m) for g, m in gr.members.items()}
     order = _order_groups(cap, groups, gr.of)
@@ -153,6 +154,22 @@ def group_nodes(cap: Capture):
     if row_groups:
         order = _order_groups(cap, groups, gr.of, row_groups)
     return [groups[g] for g in order], gr.of, notes
+
+
+def _pair_attention_lse(gr, nodes, operands, notes):
+    """A flash_attention_lse node (the backward's) joins the forward of the same operands and
+    arg: one pass of the attention kernel writes the output and the rows' log-sum-exp
+    (runtime/attention_steps.py) instead of a second pass over the scores."""
+    forwards = {}
+    for j, n in enumerate(nodes):
+        if n.op.name == "flash_attention":
+            forwards.setdefault((n.arg, tuple(o.key() for o in operands[j])), j)
+    for j, n in enumerate(nodes):
+        if forwards and n.op.name == "flash_attention_lse":
+            f = forwards.pop((n.arg, tuple(o.key() for o in operands[j])), None)
+            if f is not None:
+                gr.merge([f, j], 0)
+                notes.append(f"n{j} (flash_attention_lse) is written by n{f}'s kernel (flash_attention)")
 
 
 def _absorb_producers(gr, nodes, j, o, notes):

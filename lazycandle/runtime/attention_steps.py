@@ -23,14 +23,17 @@ def _f64_bits(x):
     return np.array(struct.unpack("<q", struct.pack("<d", float(x))), np.int64)
 
 
-def _run_units(step, in_bufs, offsets, bufs):
-    """The kernel over the step's units: out first, then each operand at its offset."""
+def _run_units(step, in_bufs, offsets, bufs, extra_out=None):
+    """The kernel over the step's units: out first, then each operand at its offset, then
+    `extra_out`'s buffer (a second output)."""
     if step.fn is None:
         return
     addrs = [address(bufs[step.out])]
     for i in range(len(step.operands)):
         x, lx = step.operand(i, in_bufs, offsets, bufs)
         addrs.append(address(x) + lx.offset * x.itemsize)
+    if extra_out is not None:
+        addrs.append(address(bufs[extra_out]))
     ptrs = (ctypes.c_void_p * len(addrs))(*addrs)
     base, sizes, scalars = ctypes.addressof(ptrs), address(step.sizes), address(step.scalars)
     fn = step.fn
@@ -40,15 +43,24 @@ def _run_units(step, in_bufs, offsets, bufs):
 
 @register("flash_attention", "flash_attention_lse")
 class FlashAttentionStep(NodeStep):
+    """The forward, its log-sum-exp alone (flash_attention_lse), or both in one pass when the
+    scheduler put the two nodes of one attention in one kernel (ir/schedule.py)."""
+
     def setup(self, cap):
         causal, mask_kind, scale = self.arg
         (_, _, _, lq, dt), (_, _, _, lk, _), (_, _, _, lv, _) = self.operands[:3]
         B, H, L, E = lq.shape
         S, EV = lk.shape[2], lv.shape[3]
         self.spec = A.attention_spec(dt, E, EV, causal, mask_kind, L)
-        lse = cap.nodes[self.out].op.name == "flash_attention_lse"
+        by_op = {cap.nodes[j].op.name: j for j in self.kernel.nodes}
+        self.lse_out = None
+        if "flash_attention" in by_op:
+            self.out = by_op["flash_attention"]
+            self.lse_out = by_op.get("flash_attention_lse")
+            self.shape = cap.nodes[self.out].shape
+        lse = "flash_attention_lse" in by_op
         if lse:
-            self.spec = replace(self.spec, lse=True)
+            self.spec = replace(self.spec, lse=True, out="flash_attention" in by_op)
         nqb = -(-L // self.spec.bq)
         lm = self.operands[3][3] if mask_kind is not None else None
         mstr = tuple(lm.strides) if lm is not None else (0, 0, 0, 0)
@@ -71,13 +83,14 @@ class FlashAttentionStep(NodeStep):
         s = self.spec
         tiles = (f"score vectors of {s.width} keys, dot products over E in {s.we} lanes" if s.mode == "keys" else
                  f"score tiles {s.bq // s.width}x{s.width} rows x {s.cb} keys")
-        self.detail = (f"flash attention{' log-sum-exp' if lse else ''} {dt.name} (b, h)=({B}, {H}) "
+        what = "" if not lse else " and its log-sum-exp" if self.spec.out else " log-sum-exp"
+        self.detail = (f"flash attention{what} {dt.name} (b, h)=({B}, {H}) "
                        f"L={L} S={S} E={E} Ev={EV}"
                        f"{' causal' if causal else ''}{f' mask {mask_kind}' if mask_kind else ''}: {self.units} units "
                        f"of {s.bq} query rows, key blocks of {s.bk}, {tiles}")
 
     def run_node(self, in_bufs, offsets, bufs):
-        _run_units(self, in_bufs, offsets, bufs)
+        _run_units(self, in_bufs, offsets, bufs, self.lse_out)
 
 
 @register("flash_attention_grad")
