@@ -4,20 +4,24 @@ backward), against the same program through the graph version (`_graph_sdpa`: ma
 matmul and their gradients, the (b, h, L, S) scores written), and torch's F.sdpa forward +
 backward (when installed) and its backward alone (retain_graph).  f32, causal by default;
 implementations alternate inside one loop (bench/timing.py), the median of >= 9 runs after a
-warm-up; the load average is printed because the machine is shared.
+warm-up; the load average is printed because the machine is shared.  --cpu times the CPU
+seconds of the calling thread instead (one thread everywhere), which a loaded machine disturbs
+far less than wall time.
 
-    python -m bench.sdpa_backward [--shape 8 4 128 64] [--threads 2] [--no-causal]
+    python -m bench.sdpa_backward [--shape 8 4 128 64] [--threads 2] [--no-causal] [--cpu]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import time
 
 import numpy as np
 
 import lazycandle as lc
 from bench.peers import load_peers, threads
-from bench.timing import time_alternating
+from bench.timing import round_orders, time_alternating
 from lazycandle.nn_attention import _graph_sdpa
 
 
@@ -79,13 +83,32 @@ def check(feeds, causal, mods):
             assert np.allclose(g, t.grad.numpy(), atol=1e-4), np.abs(g - t.grad.numpy()).max()
 
 
+def cpu_alternating(fns: dict, repeats: int) -> dict:
+    """name -> CPU seconds of the calling thread per call (after two warm-up rounds), the
+    implementations interleaved in the orders bench/timing.round_orders gives."""
+    names, times = list(fns), {k: [] for k in fns}
+    for _ in range(2):
+        for k in names:
+            fns[k]()
+    orders = round_orders(names)
+    for r in range(repeats):
+        for k in orders[r % len(orders)]:
+            t = time.thread_time()
+            fns[k]()
+            times[k].append(time.thread_time() - t)
+    return times
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", type=int, nargs=4, default=(8, 4, 128, 64), metavar=("B", "H", "L", "E"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=11)
     ap.add_argument("--no-causal", action="store_true")
+    ap.add_argument("--cpu", action="store_true", help="CPU time of the calling thread, one thread")
     args = ap.parse_args(argv)
+    if args.cpu:
+        args.threads = 1
     causal = not args.no_causal
     mods, notes = load_peers(("torch",))
     rng = np.random.default_rng(0)
@@ -96,7 +119,18 @@ def main(argv=None) -> None:
               f"load average before {os.getloadavg()[0]:.2f}")
         for n in notes:
             print(f"  note: {n}")
-        stats = time_alternating(cases(feeds, causal, mods), repeats=args.repeats, warmup=2)
+        if args.cpu:
+            times = cpu_alternating(cases(feeds, causal, mods), args.repeats)
+        else:
+            stats = time_alternating(cases(feeds, causal, mods), repeats=args.repeats, warmup=2)
+    if args.cpu:
+        mine = statistics.median(times["lc fused"])
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            print(f"  {name:16s} CPU median {med * 1e3:8.2f} ms  (min {min(ts) * 1e3:7.2f}, n {len(ts)})  "
+                  f"this / lc fused = {med / mine:5.2f}x")
+        print(f"load average after {os.getloadavg()[0]:.2f}")
+        return
     mine = stats["lc fused"].median
     for name, s in stats.items():
         print(f"  {name:16s} median {s.median * 1e3:8.2f} ms  (min {s.min * 1e3:7.2f}, max {s.max * 1e3:7.2f}, "
