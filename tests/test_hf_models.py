@@ -339,6 +339,17 @@ def test_empty_prompt_and_zero_new_tokens(gpt2_model, llama_model):
         llama_model.bos_token_id = 1
 
 
+def test_eos_from_generation_config(tmp_path, llama_folder, llama_model):
+    path, w = llama_folder
+    free = llama_model.generate(PROMPT, 5, eos_token_id=[])
+    write_folder(tmp_path, LLAMA_CFG, w)
+    with open(tmp_path / "generation_config.json", "w") as f:
+        json.dump({"eos_token_id": [free[1], 100]}, f)
+    model = from_pretrained(tmp_path)
+    assert model.eos_token_id == [free[1], 100]
+    assert model.generate(PROMPT, 5) == free[:free.index(free[1]) + 1]
+
+
 def test_seeded_sampling_repeats_and_stays_in_the_vocabulary(llama_model):
     a = llama_model.generate(PROMPTS, 5, Sampler(temperature=0.9, top_k=20, seed=3), eos_token_id=[])
     b = llama_model.generate(PROMPTS, 5, Sampler(temperature=0.9, top_k=20, seed=3), eos_token_id=[])

@@ -6,6 +6,8 @@ A model subclasses CausalLM and defines `config` (with `max_len` and `vocab`),
 `new_cache(batch, max_len)` and `forward(ids, cache, step, last=False)` (generation.py)."""
 from __future__ import annotations
 
+import json
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -55,6 +57,19 @@ class CausalLM(Module):
         if not return_logits:
             return tokens
         return tokens, (gen.logits if batched else gen.logits[0])
+
+
+def set_special_ids(model, cfg, bos=None, eos=None) -> None:
+    """model.bos_token_id / eos_token_id from config.json (defaults `bos`, `eos`), then from the
+    folder's generation_config.json when it has them (where transformers' generate reads them:
+    instruction-tuned Llamas list their end-of-turn token there)."""
+    model.bos_token_id, model.eos_token_id = cfg.get("bos_token_id", bos), cfg.get("eos_token_id", eos)
+    gen = os.path.join(os.path.dirname(cfg.path), "generation_config.json")
+    if os.path.isfile(cfg.path) and os.path.isfile(gen):
+        with open(gen, encoding="utf-8") as f:
+            data = json.load(f)
+        model.bos_token_id = data.get("bos_token_id", model.bos_token_id)
+        model.eos_token_id = data.get("eos_token_id", model.eos_token_id)
 
 
 def _is_int(v) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .. import nn
 from ..dtype import f32
 from ..nn_layers import Embedding, LayerNorm, Linear, Module
-from .causal_lm import CausalLM
+from .causal_lm import CausalLM, set_special_ids
 from .generation import KVCache, causal_attention, update_or_pass
 
 ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none",
@@ -148,8 +148,7 @@ class GPT2(CausalLM):
 def from_config(cfg, vb) -> GPT2:
     """hub.py's builder: the model of a gpt2 folder."""
     model = GPT2(read_config(cfg), vb)
-    model.eos_token_id = cfg.get("eos_token_id", 50256)
-    model.bos_token_id = cfg.get("bos_token_id", 50256)
+    set_special_ids(model, cfg, 50256, 50256)
     return model
 
 

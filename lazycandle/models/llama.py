@@ -20,7 +20,7 @@ from .. import nn
 from ..dtype import f32
 from ..nn_layers import Embedding, Linear, Module, RmsNorm
 from ..tensor import arange, full, realize
-from .causal_lm import CausalLM
+from .causal_lm import CausalLM, set_special_ids
 from .generation import KVCache, causal_attention, update_or_pass
 
 PRESETS = {
@@ -199,8 +199,7 @@ class Llama(CausalLM):
 def from_config(cfg, vb) -> Llama:
     """hub.py's builder: the model of a llama folder."""
     model = Llama(read_config(cfg), vb)
-    model.eos_token_id = cfg.get("eos_token_id", None)
-    model.bos_token_id = cfg.get("bos_token_id", None)
+    set_special_ids(model, cfg)
     return model
 
 
