@@ -274,5 +274,5 @@ def linear(x, w, b=None):
 
 
 from .nn_attention import rope, rope_i, rope_thd, scaled_dot_product_attention  # noqa: E402,F401
-from .nn_layers import (Conv1d, Conv2d, Embedding, LayerNorm, Linear, Module, RmsNorm,  # noqa: E402,F401
-                        VarBuilder, VarMap)
+from .nn_layers import (Conv1d, Conv2d, Embedding, LayerNorm, Linear, Module, QLinear, RmsNorm,  # noqa: E402,F401
+                        VarBuilder, VarMap, quantize_linears)

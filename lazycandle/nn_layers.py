@@ -251,6 +251,64 @@ class Linear(Module):
         return y.reshape(x.shape[:-1] + (self.weight.shape[0],))
 
 
+class QLinear(Module):
+    """y = x @ qweight.dequantize().T + bias with the weight kept in GGML blocks (a QTensor of
+    shape (out, in); lc.qmatmul reads the blocks), the bias a float tensor: llama.cpp's and
+    candle's quantized linear layer."""
+    PARAMS = ("bias",)
+
+    def __init__(self, qweight, bias=None):
+        from .qtensor import QTensor
+        if not isinstance(qweight, QTensor) or qweight.rank != 2:
+            raise TypeError(f"QLinear: the weight must be a (out, in) QTensor, got {qweight!r}")
+        if bias is not None and tuple(bias.shape) != (qweight.shape[0],):
+            raise ShapeMismatchBinaryOp(f"QLinear: bias {tuple(bias.shape)} for a weight of {qweight.shape[0]} rows")
+        self.qweight, self.bias = qweight, bias
+
+    @classmethod
+    def from_linear(cls, linear: Linear, kind: str) -> "QLinear":
+        """`linear`'s weight packed into `kind` blocks (its bias kept as it is)."""
+        from .qtensor import quantize
+        return cls(quantize(linear.weight, kind), linear.bias)
+
+    def forward(self, x):
+        from .qtensor import qmatmul
+        # (..., in) as (rows, in) like Linear: the bias joins the result's rows
+        y = qmatmul(x if x.rank == 2 else x.reshape((-1, x.shape[-1])), self.qweight)
+        if self.bias is not None:
+            y = y.broadcast_add(self.bias if self.bias.dtype is y.dtype else self.bias.to_dtype(y.dtype))
+        return y if x.rank == 2 else y.reshape(x.shape[:-1] + (self.qweight.shape[0],))
+
+
+def quantize_linears(module: Module, kind=None) -> int:
+    """Swap every Linear under `module` (attributes, lists of modules) for a QLinear in place:
+    a Linear already holding a QTensor weight keeps it; with `kind` a float one whose in-dim is
+    a whole number of `kind` blocks is quantized (others stay float).  Returns the count."""
+    from .qtensor import QTensor, _format
+    block = _format(kind, "quantize_linears").block if kind is not None else None
+    count = 0
+
+    def swap(m):
+        nonlocal count
+        if not isinstance(m, Linear):
+            if isinstance(m, Module):
+                count += quantize_linears(m, kind)
+            return m
+        if isinstance(m.weight, QTensor):
+            count += 1
+            return QLinear(m.weight, m.bias)
+        if block is not None and m.weight.shape[1] % block == 0 and m.weight.dtype.is_float:
+            count += 1
+            return QLinear.from_linear(m, kind)
+        return m
+    for key, val in list(vars(module).items()):
+        if isinstance(val, Module):
+            setattr(module, key, swap(val))
+        elif isinstance(val, (list, tuple)) and any(isinstance(v, Module) for v in val):
+            setattr(module, key, type(val)(swap(v) for v in val))
+    return count
+
+
 class Embedding(Module):
     """Rows of weight (n, dim) at integer ids."""
     PARAMS = ("weight",)

@@ -28,7 +28,7 @@ import os
 import warnings
 
 from ..errors import IndexOutOfBounds, SerializationError
-from ..nn_layers import VarBuilder
+from ..nn_layers import VarBuilder, quantize_linears
 
 BUILDERS = {"gpt2": "lazycandle.models.gpt2", "llama": "lazycandle.models.llama", "bert": "lazycandle.models.bert"}
 _MISSING = object()
@@ -72,9 +72,15 @@ def check_length(n: int, max_positions: int, what="sequence") -> None:
         raise PromptTooLong(f"{what} length {n} exceeds the model's max_position_embeddings {max_positions}")
 
 
-def from_pretrained(path, dtype=None, strict: bool = True):
-    """The model in folder `path` (see the module docstring)."""
+def from_pretrained(path, dtype=None, strict: bool = True, quantize=None):
+    """The model in folder `path` (see the module docstring).  With `quantize` (a GGML kind,
+    "q4_0" ...) every Linear whose in-dim is a whole number of blocks becomes an lc.nn.QLinear
+    (checkpoint tensors are mapped, so with dtype=None only the blocks are held in memory);
+    norms, embeddings and biases stay float."""
     path = os.fspath(path)
+    if quantize is not None:
+        from ..qtensor import _format
+        _format(quantize, "from_pretrained")       # an unknown kind fails before any loading
     cfg = HFConfig(_read_json(os.path.join(path, "config.json")), os.path.join(path, "config.json"), strict)
     kind = cfg.get("model_type")
     if kind not in BUILDERS:
@@ -84,6 +90,8 @@ def from_pretrained(path, dtype=None, strict: bool = True):
     model = importlib.import_module(BUILDERS[kind]).from_config(cfg, vb)
     for name in vb.unused():
         report(strict, f"{vb.file_of(name)}: tensor {name!r}: in the checkpoint but not used by the {kind} model")
+    if quantize is not None:
+        quantize_linears(model, quantize)
     from .tokenizer import Tokenizer
     tok = os.path.join(path, "tokenizer.json")
     model.tokenizer = Tokenizer.from_file(tok) if os.path.isfile(tok) else None
