@@ -21,6 +21,7 @@ from . import dtype as D
 from .errors import NarrowInvalidArgs, UnsupportedDTypeForOp
 from .ir import ops_index  # noqa: F401  (registers the op kinds)
 from .ir.node import Node
+from .sizes import decide_ge0
 from .tensor_views import norm_dim
 
 
@@ -65,7 +66,7 @@ class ModelMixin:
         if k is None:
             raise TypeError(f"{op}: k must be an int (shape {self.shape})")
         size = self.shape[dim]
-        if not 0 <= k <= size:
+        if k < 0 or decide_ge0(size - k) is False:     # (k past a named dim's size: narrow's check, at run)
             raise NarrowInvalidArgs(f"{op}: k = {k} out of range for dim {dim} of size {size} (shape {self.shape}, "
                                     f"{self.dtype.name})")
         last = self.rank - 1

@@ -278,3 +278,15 @@ def test_gradients_over_a_named_batch_dim_match_fixed_shapes(loss):
             lc.Var(w0), lc.Var(b0))
         for g, e in zip(prog(x=xs), (want_v, want_w, want_b)):
             np.testing.assert_allclose(g, e.numpy(), rtol=2e-5, atol=2e-5)
+
+
+def test_topk_over_a_named_dim_checks_k_at_run():
+    x = lc.placeholder("x", (3, "n"), lc.f32)
+    values, ids = x.topk(2, -1)
+    prog = lc.compile([values, ids])
+    xs = _rand(3, 6)
+    got = prog(x=xs)
+    np.testing.assert_array_equal(got[0], -np.sort(-xs, -1)[:, :2])
+    np.testing.assert_array_equal(got[1], np.argsort(-xs, -1, kind="stable")[:, :2])
+    with pytest.raises(lc.NarrowInvalidArgs):
+        prog(x=_rand(3, 1))
