@@ -235,16 +235,19 @@ class IndexMixin:
         kh, kw = _pair(op, "kernel size", k, 1)
         sh, sw = (kh, kw) if stride is None else _pair(op, "stride", stride, 1)
         b, c, h, w = self.shape
-        if h < kh or w < kw:
-            raise ShapeMismatch(f"{op}: kernel ({kh}, {kw}) larger than the input's spatial dims {self.shape} "
-                                f"({self.dtype.name})")
+        checks = []         # a spatial dim of named size: checked when it is bound
+        for size, k in ((h, kh), (w, kw)):
+            require_ge0(checks, size - k, ShapeMismatch, f"{op}: kernel ({kh}, {kw}) larger than the input's "
+                        f"spatial dims {self.shape} ({self.dtype.name})")
         oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
         x = self.materializable()
         lay = x._node.layout
         s = lay.strides
         win = Layout((b, c, oh, ow, kh, kw), (s[0], s[1], s[2] * sh, s[3] * sw, s[2], s[3]), lay.offset)
-        return type(self)(Node("view", (x._node,), None, win.shape, self.dtype, layout=win,
-                               label=f"{op} windows ({kh}, {kw}) stride ({sh}, {sw})"))
+        out = Node("view", (x._node,), None, win.shape, self.dtype, layout=win,
+                   label=f"{op} windows ({kh}, {kw}) stride ({sh}, {sw})")
+        require(out, checks)
+        return type(self)(out)
 
     def max_pool2d(self, k, stride=None):
         """Max over (kh, kw) windows of a (b, c, h, w) tensor, stride defaulting to the window."""

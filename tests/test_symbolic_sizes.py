@@ -290,3 +290,16 @@ def test_topk_over_a_named_dim_checks_k_at_run():
     np.testing.assert_array_equal(got[1], np.argsort(-xs, -1, kind="stable")[:, :2])
     with pytest.raises(lc.NarrowInvalidArgs):
         prog(x=_rand(3, 1))
+
+
+def test_pooling_over_named_spatial_dims():
+    x = lc.placeholder("x", (1, 2, "h", "w"), lc.f32)
+    prog = lc.compile([x.max_pool2d(2), x.avg_pool2d(2, 1)])
+    for h, w in ((4, 6), (5, 3)):
+        xs = _rand(1, 2, h, w, seed=h)
+        got = prog(x=xs)
+        win = np.lib.stride_tricks.sliding_window_view(xs, (2, 2), axis=(2, 3))
+        np.testing.assert_allclose(got[0], win[:, :, ::2, ::2].max((-1, -2)), rtol=1e-6)
+        np.testing.assert_allclose(got[1], win.mean((-1, -2)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(lc.ShapeMismatch, match="max_pool2d"):
+        prog(x=_rand(1, 2, 1, 4))
