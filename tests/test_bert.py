@@ -12,7 +12,6 @@ import pytest
 
 import lazycandle as lc
 from lazycandle.models.hub import from_pretrained
-from lazycandle.models.tokenizer import Tokenizer  # noqa: F401
 from test_hub import CFG, make_folder
 
 pytest.importorskip("tokenizers")

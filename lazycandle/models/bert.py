@@ -15,10 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import nn
-from ..dtype import f32, i64, u8
+from ..dtype import f32, i64, u8, u32
+from ..errors import ShapeMismatch, UnsupportedDTypeForOp
 from ..nn_layers import Embedding, LayerNorm, Linear, Module
 from ..graph_api import jit
 from ..tensor import Tensor, arange, tensor
+from ..tensor_index import cat
 from .hub import HFConfig, check_length, report
 
 ACTIVATIONS = {"gelu": lambda x: nn.gelu(x), "gelu_new": lambda x: nn.gelu(x, "tanh"),
@@ -150,22 +152,16 @@ class Bert(Module):
                 parts.append(hidden.broadcast_mul(m).sum(1).broadcast_div(count))
             else:
                 parts.append(hidden.broadcast_mul(m).sum(1).broadcast_div(count.sqrt()))
-        return parts[0] if len(parts) == 1 else nn_cat(parts)
-
-
-def nn_cat(parts):
-    from ..tensor_index import cat
-    return cat(parts, -1)
+        return parts[0] if len(parts) == 1 else cat(parts, -1)
 
 
 def _ids(name, x, shape=None) -> Tensor:
     t = x if isinstance(x, Tensor) else tensor(np.asarray(x, np.int64))
-    if t.dtype not in (i64, u8) and t.dtype.name != "u32":
-        raise TypeError(f"Bert: {name} must be integers, got {t.dtype.name} (shape {t.shape})")
+    if t.dtype not in (i64, u8, u32):
+        raise UnsupportedDTypeForOp(f"Bert: {name} must be u8, u32 or i64 ids, got {t.dtype.name} (shape {t.shape})")
     if shape is not None and tuple(t.shape) != shape:
         t = t.unsqueeze(0) if t.rank == 1 else t
         if tuple(t.shape) != shape:
-            from ..errors import ShapeMismatch
             raise ShapeMismatch(f"Bert: {name} has shape {tuple(t.shape)}, the ids {shape}")
     return t
 
