@@ -130,6 +130,7 @@ def test_sizes_are_accepted_wherever_a_size_is():
             np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:Degrees of freedom")
 def test_a_size_as_a_scalar_operand_is_the_bound_size():
     x = lc.placeholder("x", ("n", 3), lc.f32)
     n = x.shape[0]
