@@ -380,13 +380,18 @@ def test_bf16_folder_stays_bf16_with_a_bf16_cache_and_f32_logits(tmp_path, llama
     _, w = llama_folder
     model = from_pretrained(write_folder(tmp_path, LLAMA_CFG, w, dtype=ml_dtypes.bfloat16))
     assert model.embed_tokens.weight.dtype is lc.bf16 and model.layers[0].q_proj.weight.dtype is lc.bf16
-    assert model.new_cache(1, 8).dtype is lc.bf16
+    assert model.new_cache(1, 8).dtype is lc.bf16 and model.new_cache(1, 8, lc.f32).dtype is lc.f32
     w16 = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in w.items()}
     logits = model(PROMPT)
     assert logits.dtype is lc.f32
     _close(logits.numpy()[0], ref_llama(w16, LLAMA_CFG, PROMPT), rtol=3e-2, atol=3e-2)
     toks, lg = model.generate(PROMPTS[:2], 3, eos_token_id=[], return_logits=True)
     assert lg[0].dtype == np.float32 and len(toks[1]) == 3
+    one, want = model.generate(PROMPT, 2, eos_token_id=[], return_logits=True)
+    session = Session(model, 1, 16)
+    session.cache = model.new_cache(1, 16, lc.f32)                  # an f32 cache under bf16 weights
+    _close(session.prefill([PROMPT]), want[:1])
+    _close(session.decode([one[0]]), want[1:], rtol=3e-2, atol=3e-2)
     f32 = from_pretrained(tmp_path, dtype=lc.f32)
     assert f32.embed_tokens.weight.dtype is lc.f32
 

@@ -107,7 +107,10 @@ class KVCache:
 
     def update(self, layer: int, k: Tensor, v: Tensor, step: Step):
         """(cached keys or None, k), (cached values or None, v) for attention of the new rows
-        k, v (batch, kv_heads, t, head_dim) at `step`; the rows are kept for `commit`."""
+        k, v (batch, kv_heads, t, head_dim) at `step` (in the cache's dtype); the rows are kept
+        for `commit`."""
+        if k.dtype is not self.dtype:
+            k, v = k.astype(self.dtype), v.astype(self.dtype)
         self.pending[layer] = (k, v)
         n = step.cached
         if not n:

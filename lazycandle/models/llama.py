@@ -172,9 +172,11 @@ class Llama(CausalLM):
     def dtype(self):
         return self.embed_tokens.weight.dtype
 
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
+    def new_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+        """Zeroed keys and values for `batch` sequences of up to max_len positions, in the
+        model's dtype unless `dtype` says otherwise."""
         c = self.config
-        return KVCache.zeros(c.n_layer, batch, c.n_kv_head, min(max_len, c.max_len), c.head_dim, self.dtype)
+        return KVCache.zeros(c.n_layer, batch, c.n_kv_head, min(max_len, c.max_len), c.head_dim, dtype or self.dtype)
 
     def forward(self, ids, cache, step, last: bool = False):
         """Logits (b, t, vocab) f32 of tokens `ids` (b, t) at `step` (generation.py); only the
