@@ -361,6 +361,8 @@ def test_long_prompts_and_bad_ids_raise_typed_errors(gpt2_model):
         gpt2_model.generate([1] * 41, 2)
     with pytest.raises(ValueError, match=r"41.*40"):
         gpt2_model([1] * 41)
+    with pytest.raises(lc.ShapeMismatch, match="one length"):
+        gpt2_model([[1, 2], [3]])
     with pytest.raises(lc.IndexOutOfBounds, match="97"):
         gpt2_model.generate([1, 97], 2)
     with pytest.raises(ValueError, match="max_new_tokens"):

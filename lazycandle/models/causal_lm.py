@@ -17,7 +17,7 @@ import numpy as np
 from ..autograd import no_grad
 from ..caches import cache_info
 from ..dtype import i64
-from ..errors import IndexOutOfBounds
+from ..errors import IndexOutOfBounds, SerializationError, ShapeMismatch
 from ..graph_api import compile
 from ..nn_layers import Module
 from ..tensor import Tensor, placeholder, realize, tensor
@@ -35,7 +35,7 @@ class CausalLM(Module):
         length lists, or a (b, t) integer array / tensor), no cache."""
         ids = ids if isinstance(ids, Tensor) else tensor(_as_rows(ids), i64)
         if ids.rank != 2:
-            raise IndexOutOfBounds(f"{type(self).__name__}: ids must be (batch, tokens), got shape {ids.shape}")
+            raise ShapeMismatch(f"{type(self).__name__}: ids must be (batch, tokens), got shape {ids.shape}")
         check_length(ids.shape[1], self.config.max_len)
         return self.forward(ids, None, Step(0, ids.shape[1]))
 
@@ -66,8 +66,11 @@ def set_special_ids(model, cfg, bos=None, eos=None) -> None:
     model.bos_token_id, model.eos_token_id = cfg.get("bos_token_id", bos), cfg.get("eos_token_id", eos)
     gen = os.path.join(os.path.dirname(cfg.path), "generation_config.json")
     if os.path.isfile(cfg.path) and os.path.isfile(gen):
-        with open(gen, encoding="utf-8") as f:
-            data = json.load(f)
+        try:
+            with open(gen, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SerializationError(f"{gen}: not readable JSON: {e}") from None
         model.bos_token_id = data.get("bos_token_id", model.bos_token_id)
         model.eos_token_id = data.get("eos_token_id", model.eos_token_id)
 
@@ -77,10 +80,13 @@ def _is_int(v) -> bool:
 
 
 def _as_rows(ids) -> np.ndarray:
-    a = np.asarray(ids)
+    try:
+        a = np.asarray(ids)
+    except ValueError:
+        a = np.asarray(ids, dtype=object)
     if a.dtype == object:
-        raise IndexOutOfBounds("ids: the sequences of a batch must have one length for model(ids) "
-                               "(generate takes prompts of different lengths)")
+        raise ShapeMismatch("ids: the sequences of a batch must have one length for model(ids) "
+                            "(generate takes prompts of different lengths)")
     return (a.reshape(1, -1) if a.ndim == 1 else a).astype(np.int64)
 
 
