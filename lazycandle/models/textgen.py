@@ -133,7 +133,8 @@ def _generate(model, args) -> int:
             shown[0] = text
 
     gen = run(model, [prompt], args.max_new_tokens, sampler, on_token=on_token)
-    print()
+    text = _text(model, tokens)
+    print(text[len(shown[0]):] if text.startswith(shown[0]) else "\n" + text)
     n = len(prompt)
     print(f"new tokens: {gen.tokens[0]}", file=sys.stderr)
     print(f"prefill: {gen.prefill_ms:.1f} ms for {n} tokens ({gen.prefill_ms / max(n, 1):.2f} ms/token)",
