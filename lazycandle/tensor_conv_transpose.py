@@ -18,6 +18,8 @@ from . import dtype as D
 from .errors import ShapeMismatch, ShapeMismatchBinaryOp, UnsupportedDTypeForOp
 from .ir import ops_index  # noqa: F401  (registers col2im)
 from .ir.node import Node
+from .named_dims import require, require_ge0
+from .sizes import decide_eq, decide_ge0
 from .tensor_index import _int_arg, _pair
 from .tensor_views import shape_desc
 
@@ -42,7 +44,7 @@ def col2im(cols, oh, ow, ph, pw, sh, sw, dh, dw):
                                              f"s=({sh}, {sw}) d=({dh}, {dw})"))
 
 
-def _conv_transpose(op, x, kernel, padding, out_padding, stride, dilation, groups, shapes):
+def _conv_transpose(op, x, kernel, padding, out_padding, stride, dilation, groups, shapes, checked=False):
     """conv_transpose2d on (b, c_in, h, w) x (c_in, c_out/groups, kh, kw) with pairs for the parameters."""
     groups = _int_arg(op, "groups", groups, 1)
     b, ci, ih, iw = x.shape
@@ -57,9 +59,14 @@ def _conv_transpose(op, x, kernel, padding, out_padding, stride, dilation, group
                                     f"{stride} or the dilation {dilation} (input {xs}, kernel {ks}, {x.dtype.name})")
     oh = (ih - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
     ow = (iw - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
-    if ih < 1 or iw < 1 or oh < 1 or ow < 1:
-        raise ShapeMismatchBinaryOp(f"{op}: input {xs} with kernel {ks}, padding {padding}, dilation {dilation} "
-                                    f"gives an empty output ({oh}, {ow}) ({x.dtype.name})")
+    checks = []         # (sizes of named dims: checked when they are bound)
+    for v in () if checked else (ih, iw, oh, ow):
+        require_ge0(checks, v - 1, ShapeMismatchBinaryOp, f"{op}: input {xs} with kernel {ks}, padding {padding}, "
+                    f"dilation {dilation} gives an empty output ({oh}, {ow}) ({x.dtype.name})")
+    if checks:
+        y = _conv_transpose(op, x, kernel, padding, out_padding, stride, dilation, groups, shapes, checked=True)
+        require(y._node, checks, first=True)
+        return y
     if x.dtype.codec:      # f16 / bf16 / f8: the GEMM and the overlap sum in f32, one rounding
         y = _conv_transpose(op, x.to_dtype(D.f32), kernel.to_dtype(D.f32), padding, out_padding, stride,
                             dilation, groups, shapes)
@@ -77,7 +84,12 @@ def _bilinear_taps(src, dst, align_corners):
     the two weights of every destination index."""
     from .tensor import arange
     i = arange(0, dst, dtype=D.f64)
-    if align_corners:
+    if src.__class__ is not int or dst.__class__ is not int:     # sizes of named dims: runtime scalars
+        if align_corners:
+            pos = i * (src - 1) / (dst - 1) if decide_ge0(dst - 2) is True else i * 0.0
+        else:
+            pos = ((i + 0.5) * src / dst - 0.5).maximum(0.0)
+    elif align_corners:
         pos = i * ((src - 1) / (dst - 1)) if dst > 1 else i * 0.0
     else:
         pos = ((i + 0.5) * (src / dst) - 0.5).maximum(0.0)
@@ -132,10 +144,11 @@ class ConvTransposeMixin:
 def _bilinear_dim(op, x, dim, dst, align_corners, dtype):
     """Resize `dim` of x to `dst` (`dtype`: the caller's, for the error message; x may be its f32 copy)."""
     src = x.shape[dim]
-    if dst == src:
+    if decide_eq(dst, src) is True:
         return x
-    if src == 0 or dst == 0:
-        if src == 0:
+    # (a named dim bound to 0: index_select's bounds check, at run)
+    if decide_eq(src, 0) is True or decide_eq(dst, 0) is True:
+        if decide_eq(src, 0) is True:
             raise ShapeMismatch(f"{op}: cannot upsample an empty dim {dim} ({shape_desc(x.shape, dtype)}) to {dst}")
         return x.narrow(dim, 0, 0)
     i0, i1, w0, w1 = _bilinear_taps(src, dst, align_corners)

@@ -270,8 +270,10 @@ class IndexMixin:
     def _nearest(self, dim, size, op):
         """Resize `dim` to `size` by nearest neighbour: source index floor(i * src / size)."""
         src = self.shape[dim]
-        if size == src:
+        if decide_eq(size, src) is True:
             return self
+        if src.__class__ is not int or size.__class__ is not int:
+            return self._nearest_sized(dim, size, src, op)
         if src == 0 or size == 0:
             if src == 0 and size:
                 raise ShapeMismatch(f"{op}: cannot upsample an empty dim {dim} ({shape_desc(self.shape, self.dtype)}) "
@@ -284,6 +286,17 @@ class IndexMixin:
         from .tensor import tensor
         ids = tensor([i * src // size for i in range(size)], dtype=D.u32 if src < 2 ** 32 else D.i64)
         return self.index_select(ids, dim)
+
+    def _nearest_sized(self, dim, size, src, op):
+        """_nearest where a size is of named dims: the source ids floor(i * src / size) computed
+        by the program (i64), an empty source checked when the sizes are bound."""
+        from .tensor import arange
+        checks = []
+        require_ge0(checks, src - 1, ShapeMismatch, f"{op}: cannot upsample an empty dim {dim} "
+                    f"({shape_desc(self.shape, self.dtype)}) to {size}")
+        out = self.index_select((arange(size) * src) // size, dim)
+        require(out._node, checks, first=True)
+        return out
 
     def upsample_nearest1d(self, size):
         """(b, c, l) -> (b, c, size), nearest neighbour (source index floor(i * l / size))."""

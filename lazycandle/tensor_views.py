@@ -248,6 +248,13 @@ class ViewMixin:
         if n < 1:
             raise ShapeMismatch(f"chunk: need n >= 1 chunks, got {n} ({shape_desc(self.shape, self.dtype)})")
         size = self.shape[dim]
+        if size.__class__ is Size:      # n pieces of (size - i + n - 1) // n: at least n elements, checked at run
+            out, start = [], 0
+            for i in range(n):
+                length = (size - i + n - 1) // n
+                out.append(self.narrow(dim, start, length))
+                start = start + length
+            return out
         if size == 0:
             return [self]
         if size < n:
