@@ -324,12 +324,7 @@ NAMED_SIZE_OPS = {
 }
 
 
-NAMED_SIZE_XFAIL = {    # issue 38: still open here
-    "max_pool2d": "the window count floor-divides a named size: FeedError 'not a polynomial of the named dims'",
-    "chunk": "the chunk length divides a named size: FeedError 'not a polynomial of the named dims'",
-    "upsample_nearest1d": "the source index is computed with the probe value: IndexOutOfBounds at 219902325555",
-    "upsample_bilinear2d": "the size enters as a scalar operand: UnboundPlaceholder at compile",
-}
+NAMED_SIZE_XFAIL = {}   # issue 38: chunk, upsample_nearest1d / bilinear2d, conv_transpose2d over a named dim fixed
 
 
 @pytest.mark.parametrize("op,named", [(op, False) for op in sorted(NAMED_SIZE_OPS)] + [
