@@ -104,3 +104,18 @@ def test_ten_thousand_op_reuse_graphs_compile_and_match(kind):
         for _ in range(5000):
             a, b = b, (a + b) * np.float32(0.5)
         np.testing.assert_allclose(got, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_residual_stream_is_read_not_recomputed_by_each_layer_norm():
+    """x_{i+1} = x_i + a_i with layer_norm(x_i) of each: recomputing x_i from x_0 and every a_j
+    is cheap in ops but reads i + 1 buffers (a 6-layer BERT's last norm read 12); past
+    RECOMPUTE_READS the norms read the stored x_i, so the bytes grow linearly in depth."""
+    def stream(layers):
+        x = lc.placeholder("x", (64, 96))
+        outs = []
+        for i in range(layers):
+            x = x + lc.placeholder(f"a{i}", (64, 96))
+            outs.append(lc.nn.layer_norm(x, lc.ones((96,)), lc.zeros((96,)), 1e-5))
+        kernels, _, _ = schedule_capture(capture([t._node for t in outs]))
+        return sum(len(k.inputs) for k in kernels)
+    assert stream(24) <= 4 * 24        # 393 input reads when each norm recomputed its x_i

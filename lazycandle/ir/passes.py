@@ -108,6 +108,22 @@ def _origin(cap: Capture) -> list:
 
 
 RECOMPUTE_BUDGET = 48   # op cost units a reduction may recompute instead of reading a buffer
+RECOMPUTE_READS = 3     # ... and full-size values it may read to do so (a residual stream,
+                        # x + a0 + a1 + ..., is cheap in ops but reads one buffer per term: a
+                        # 6-layer BERT's last layer_norm re-read 12 of them instead of 1)
+
+
+def _full_reads(sub, nodes, operands) -> int:
+    """Distinct values of their own shape that the nodes `sub` read from outside it (computed
+    nodes and inputs; constants and broadcast reads are cheap)."""
+    reads = set()
+    for p in sub:
+        for q in operands[p]:
+            if q.kind == "const" or (q.kind == "node" and q.index in sub) or q.shape != nodes[p].shape:
+                continue
+            if all(s != 0 or d == 1 for d, s in zip(q.shape, q.strides)):
+                reads.add(("in", q.src) if q.kind == "in" else ("node", q.index, q.strides, q.offset))
+    return len(reads)
 
 
 def recompute_into_reductions(cap: Capture) -> Capture:
@@ -141,7 +157,7 @@ def recompute_into_reductions(cap: Capture) -> Capture:
                 if q.kind == "node" and nodes[q.index].op.category == ELEMENTWISE and \
                         nodes[q.index].shape == nodes[p].shape and _is_identity_read(q, q.shape):
                     stack.append(q.index)
-        if cost > RECOMPUTE_BUDGET:
+        if cost > RECOMPUTE_BUDGET or _full_reads(sub, nodes, operands) > RECOMPUTE_READS:
             continue
         private = not (sub & set(cap.targets)) and all(consumers[y] <= sub | {r} for y in sub)
         if private:
