@@ -202,11 +202,14 @@ _TILES = {}        # tests / benches may override (m == 1, block 256?) -> (mt, n
 
 def _tile(m: int, f: QFormat):
     """(activation rows, weight rows) per kernel tile.  Measured here (bench/qmatmul.py): more
-    than one weight row per tile never won, and k-quant tiles of 2+ weight rows spill badly."""
-    key = (m == 1, f.block == 256)
+    than one weight row per tile never won, and k-quant tiles of 2+ weight rows spill badly.
+    A named (run-time) row count takes the multi-row tile; the node also carries m = 1's tile,
+    which the step takes when the count binds to 1 (batch-1 decode of a batch-generic program)."""
+    one = isinstance(m, int) and m == 1
+    key = (one, f.block == 256)
     if key in _TILES:
         return _TILES[key]
-    return (1, 1) if m == 1 else (4, 1)
+    return (1, 1) if one else (4, 1)
 
 
 def qmatmul(x, qw: QTensor) -> Tensor:
@@ -232,6 +235,7 @@ def qmatmul(x, qw: QTensor) -> Tensor:
     xc = x.to_dtype(D.f32).contiguous().materializable()
     path, isa = _choose(m)
     mt, nt = _tile(m, qw.format)
-    res = Tensor(Node("qmatmul", (xc._node, qw.node()), (qw.kind, N, K, path, isa, mt, nt), lead + (N,), D.f32,
+    one = _tile(1, qw.format) if not isinstance(m, int) else (mt, nt)     # a named m bound to 1 at run
+    res = Tensor(Node("qmatmul", (xc._node, qw.node()), (qw.kind, N, K, path, isa, mt, nt, one), lead + (N,), D.f32,
                       label=f"qmatmul {qw.kind} {path}"))
     return res if x.dtype is D.f32 else res.to_dtype(x.dtype)

@@ -15,7 +15,8 @@ steps), registered into the one op table.
   flash_attention_grad  srcs (q, k, v, dO, lse, O) or (..., mask)   arg as flash_attention
            -> [dq | dk | dv] flat: the backward, scores recomputed per block (FlashAttention-2).
            Kernel in codegen/attention_grad.py, step in runtime/attention_steps.py.
-  qmatmul  srcs (x, w)   arg (kind, N, K, path, isa, mt, nt)
+  qmatmul  srcs (x, w)   arg (kind, N, K, path, isa, mt, nt, one): (mt, nt) the tile, `one` the tile
+           when x's rows (a named size) bind to 1
            x (..., K) f32 contiguous times the transposed GGML-block weight (N, K) whose bytes
            are the u8 buffer w -> (..., N) f32.  Kernels in codegen/qmatmul.py (path "int8":
            int8 activation blocks first), step in runtime/qsteps.py.

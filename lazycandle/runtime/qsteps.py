@@ -30,12 +30,14 @@ def run(fn, arrays, sizes, units: int, cost_per_unit: float, align: int = 1) -> 
 @register("qmatmul")
 class QMatmulStep(NodeStep):
     def setup(self, cap):
-        kind, N, K, path, isa, mt, nt = self.arg
+        kind, N, K, path, isa, mt, nt, one = self.arg
         lx = self.operands[0][3]
         if lx.shape[-1] != K or (K > 1 and lx.strides[-1] != 1) or \
                 any(s != K * prod(lx.shape[d + 1:-1]) for d, s in enumerate(lx.strides[:-1]) if lx.shape[d] > 1):
             raise ValueError(f"qmatmul: x must be contiguous rows of {K}, got {lx}")
-        self.m, self.N, self.K, self.nt = prod(lx.shape[:-1]), N, K, nt
+        self.m, self.N, self.K = prod(lx.shape[:-1]), N, K
+        mt, nt = one if self.m == 1 else (mt, nt)        # (a named row count bound here)
+        self.nt = nt
         self.sizes = np.array([self.m, N, K], np.int64)      # made once: the call path is per token
         self.act_sizes = np.array([K], np.int64)
         self.int8 = path == "int8"
