@@ -70,7 +70,7 @@ def gguf_layout(n_layers):
                       p + "post_attention_layernorm.weight": (g + "ffn_norm.weight", Q.F32),
                       p + "self_attn.q_proj.weight": (g + "attn_q.weight", Q.Q8_0 if i == 0 else Q.F32),
                       p + "self_attn.k_proj.weight": (g + "attn_k.weight", Q.Q8_0 if i == 0 else Q.F32),
-                      p + "self_attn.v_proj.weight": (g + "attn_v.weight", Q.Q8_0),
+                      p + "self_attn.v_proj.weight": (g + "attn_v.weight", Q.Q8_0 if i == 0 else Q.F16),
                       p + "self_attn.o_proj.weight": (g + "attn_output.weight", Q.Q8_0),
                       p + "mlp.gate_proj.weight": (g + "ffn_gate.weight", Q.Q4_0),
                       p + "mlp.up_proj.weight": (g + "ffn_up.weight", Q.Q4_0),
@@ -102,9 +102,10 @@ def write_gguf(path, weights, arch="llama", tokenizer=None):
             t = converter_permute(t, heads)
         elif name.endswith("attn_k.weight"):
             t = converter_permute(t, kv_heads)
-        if qtype == Q.F32:
-            w.add_tensor(name, t)
-            exact[hf] = weights[hf]
+        if qtype in (Q.F32, Q.F16):
+            dt = np.float32 if qtype == Q.F32 else np.float16
+            w.add_tensor(name, t.astype(dt))
+            exact[hf] = weights[hf].astype(dt).astype(np.float32)
         else:
             w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
             exact[hf] = gguf.quants.dequantize(gguf.quants.quantize(weights[hf], qtype), qtype).astype(np.float32)
@@ -173,6 +174,7 @@ def test_gguf_generates_the_dequantized_models_tokens(gguf_pair):
     model = from_gguf(path)
     assert isinstance(model.layers[0].q_proj, lc.nn.QLinear) and model.layers[0].q_proj.qweight.kind == "q8_0"
     assert isinstance(model.layers[1].q_proj, lc.nn.Linear)         # f32 in the file: a float Linear
+    assert model.layers[1].v_proj.weight.dtype is lc.f32             # f16 in the file, computed in f32
     assert isinstance(model.lm_head, lc.nn.QLinear) and model.lm_head.qweight.kind == "q4_0"  # tied, quantized
     want = ref([PROMPT]).numpy()[0]
     assert rel_err(model([PROMPT]).numpy()[0], want) < 2e-2          # int8 activations
@@ -273,3 +275,21 @@ def test_gguf_llama_tokenizer_merges_by_score_with_byte_fallback(tmp_path, weigh
     assert tok.encode("low") == [1, ids["▁"], ids["l"], ids["o"], ids["w"]]
     assert tok.encode("hé") == [1, ids["▁"], ids["h"], 3 + 0xC3, 3 + 0xA9]
     assert tok.decode(tok.encode("hello héllo world")) == "hello héllo world"
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q6_k"])
+def test_qlinear_over_a_named_batch_binds_any_row_count(kind):
+    """One compiled program over a named batch dim (as batch-generic decode programs are) runs
+    batches of 1 (m = 1's tile) and of 5 rows."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((40, 256)) * 0.02).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    layer = lc.nn.QLinear(lc.quantize(lc.tensor(w), kind), lc.tensor(b))
+    prog = lc.compile([layer(lc.placeholder("x", ("b", 1, 256), lc.f32))])
+    deq = layer.qweight.dequantize().numpy()
+    for n in (1, 5, 1):
+        x = rng.standard_normal((n, 1, 256)).astype(np.float32)
+        (got,) = prog.run(x=x)
+        want = x @ deq.T + b
+        assert got.shape == (n, 1, 40)
+        assert np.abs(np.asarray(got) - want).max() / np.abs(want).max() < 2e-2

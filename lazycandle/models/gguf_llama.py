@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from ..dtype import as_dtype, f32
 from ..errors import SerializationError
 from ..gguf import load_gguf
 from ..nn_layers import VarBuilder, quantize_linears
@@ -49,10 +50,12 @@ class _Tensors:
         return self.named[name]
 
 
-def from_gguf(path, strict: bool = True):
+def from_gguf(path, strict: bool = True, dtype=None):
     """The Llama of GGUF file `path` with `model.tokenizer` from its `tokenizer.ggml.*` keys
-    (None when absent).  A file of another architecture, a missing or mis-shaped tensor, or
-    (strict) a tensor the model does not use: lc.SerializationError naming it."""
+    (None when absent).  Float tensors (f16 / bf16 / f32 in the file) are converted to `dtype`
+    (default f32, where llama.cpp computes); quantized ones stay in blocks.  A file of another
+    architecture, a missing or mis-shaped tensor, or (strict) a tensor the model does not use:
+    lc.SerializationError naming it."""
     path = os.fspath(path)
     tensors, meta = load_gguf(path)
     arch = meta.get("general.architecture")
@@ -61,7 +64,8 @@ def from_gguf(path, strict: bool = True):
                                  f"(known: {', '.join(ARCHITECTURES)})")
     cfg = HFConfig(hf_config(meta, tensors, path), path, strict)
     c = read_config(cfg)
-    src = _Tensors(path, hf_tensors(tensors, c, path))
+    want = f32 if dtype is None else as_dtype(dtype)
+    src = _Tensors(path, {n: _float_as(t, want) for n, t in hf_tensors(tensors, c, path).items()})
     model = Llama(c, VarBuilder(src))
     for name in sorted(set(src.where) - src.used):
         report(strict, f"from_gguf: {path}: tensor {name!r}: in the file but not used by the llama model")
@@ -71,6 +75,13 @@ def from_gguf(path, strict: bool = True):
     model.tokenizer = tokenizer_from_gguf(meta, path)
     model.hf_config, model.gguf_metadata = cfg.data, meta
     return model
+
+
+def _float_as(t, dtype):
+    """A float Tensor converted to `dtype`; QTensors and integer tensors as they are."""
+    if isinstance(t, QTensor) or not t.dtype.is_float or t.dtype is dtype:
+        return t
+    return t.to_dtype(dtype).realize()
 
 
 def _key(meta, key, path, default=None):
