@@ -270,6 +270,14 @@ def test_gguf_llama_tokenizer_merges_by_score_with_byte_fallback(tmp_path, weigh
         w.add_unk_token_id(0)
     tok = _write_with_tokenizer(str(tmp_path / "t.gguf"), weights, add)
     ids = {t: i for i, t in enumerate(tokens)}
+
+    def no_prefix(w):
+        add(w)
+        w.add_add_space_prefix(False)
+        w.add_add_bos_token(False)
+    bare = _write_with_tokenizer(str(tmp_path / "bare.gguf"), weights, no_prefix)
+    assert bare.encode("hello world") == [ids["hello"], ids["▁world"]]
+    assert bare.decode(bare.encode(" hello")) == " hello"
     # llama.cpp's order: ▁w, or, ▁wor, ld, then ▁wor + ld (a low score, but the only pair left)
     assert tok.encode("hello world") == [1, ids["▁hello"], ids["▁world"]]
     assert tok.encode("low") == [1, ids["▁"], ids["l"], ids["o"], ids["w"]]
@@ -293,3 +301,23 @@ def test_qlinear_over_a_named_batch_binds_any_row_count(kind):
         want = x @ deq.T + b
         assert got.shape == (n, 1, 40)
         assert np.abs(np.asarray(got) - want).max() / np.abs(want).max() < 2e-2
+
+
+def _count(module, cls) -> int:
+    n = 0
+    for v in vars(module).values():
+        for m in v if isinstance(v, (list, tuple)) else [v]:
+            n += isinstance(m, cls) + (_count(m, cls) if isinstance(m, lc.nn.Module) else 0)
+    return n
+
+
+def test_from_pretrained_quantizes_gpt2_linears_too(tmp_path):
+    from lazycandle.models import gpt2
+    from lazycandle.models.textgen import random_model, save_folder
+    cfg = dict(gpt2.PRESETS["tiny"])
+    ref, vm = random_model(gpt2, cfg)
+    folder = save_folder(vm, cfg, tmp_path / "gpt2")
+    model = from_pretrained(folder, quantize="q8_0")
+    assert _count(model, lc.nn.QLinear) == 9 and _count(model, lc.nn.Linear) == 0   # 4 per layer, the head
+    ids = [[1, 5, 9, 22, 7]]
+    assert 0 < rel_err(model(ids).numpy()[0], ref(ids).numpy()[0]) < 2e-2

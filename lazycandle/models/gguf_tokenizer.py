@@ -7,7 +7,7 @@
   whose joined piece has the highest score, which is BPE with one merge per vocabulary piece
   ranked by that piece's score (how transformers converts these files too); `<0xXX>` byte
   pieces are the fallback for text the vocabulary lacks; "▁" stands for a space, one is
-  prepended.
+  prepended unless `add_space_prefix` is false.
 Control tokens (token_type 3) are special; `add_bos_token` (default: true for "llama") puts the
 bos token first when encoding."""
 from __future__ import annotations
@@ -84,9 +84,10 @@ def _sentencepiece(meta, tokens, types, path):
     unk = meta.get("tokenizer.ggml.unknown_token_id")
     tk = Tk(models.BPE(vocab, [(a, b) for _, _, a, b in ranked], byte_fallback=True, fuse_unk=True,
                        unk_token=None if unk is None else tokens[int(unk)]))
-    tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                    decoders.Strip(" ", 1, 0)])
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁")] * prefix + [normalizers.Replace(" ", "▁")])
+    tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+                                   + [decoders.Strip(" ", 1, 0)] * prefix)
     return tk
 
 
