@@ -321,3 +321,12 @@ def test_from_pretrained_quantizes_gpt2_linears_too(tmp_path):
     assert _count(model, lc.nn.QLinear) == 9 and _count(model, lc.nn.Linear) == 0   # 4 per layer, the head
     ids = [[1, 5, 9, 22, 7]]
     assert 0 < rel_err(model(ids).numpy()[0], ref(ids).numpy()[0]) < 2e-2
+
+
+def test_generate_cli_runs_a_gguf_file_and_a_quantized_folder(gguf_pair, f32_folder, capsys):
+    from lazycandle.cli import main
+    path, _ = gguf_pair
+    assert main(["generate", path, "--prompt", "hi", "--max-new-tokens", "3"]) == 0
+    assert "new tokens: [" in capsys.readouterr().err
+    assert main(["generate", f32_folder, "--quantize", "q4_0", "--prompt", "hi", "--max-new-tokens", "3"]) == 0
+    assert "new tokens: [" in capsys.readouterr().err

@@ -68,17 +68,25 @@ def add_sampling_args(ap) -> None:
 
 def add_generate(sub) -> None:
     """The `generate` subcommand of the `lazycandle` command line."""
-    g = sub.add_parser("generate", help="generate text with a Hugging Face GPT-2 / Llama folder")
-    g.add_argument("folder", help="config.json, model.safetensors (or shards), tokenizer.json")
+    from ..qtensor import KINDS
+    g = sub.add_parser("generate", help="generate text with a Hugging Face GPT-2 / Llama folder or a llama GGUF file")
+    g.add_argument("folder", help="config.json, model.safetensors (or shards), tokenizer.json; or a .gguf file")
+    g.add_argument("--quantize", choices=KINDS, default=None,
+                   help="a folder's linear layers quantized to this GGML block format as they load")
     add_sampling_args(g)
 
 
 def run_generate(args) -> int:
-    """`lazycandle generate FOLDER`: load the folder, stream the text to stdout, timings to stderr."""
+    """`lazycandle generate FOLDER|FILE.gguf`: load the model, stream the text to stdout, timings to
+    stderr."""
     from ..errors import Error
+    from .gguf_llama import from_gguf
     from .hub import from_pretrained
     try:
-        model = from_pretrained(args.folder, dtype=args.dtype)
+        if os.path.isfile(args.folder) and args.folder.endswith(".gguf"):
+            model = from_gguf(args.folder, dtype=args.dtype)
+        else:
+            model = from_pretrained(args.folder, dtype=args.dtype, quantize=getattr(args, "quantize", None))
     except Error as e:
         print(f"lazycandle generate: {e}", file=sys.stderr)
         return 2
