@@ -78,7 +78,7 @@ def gguf_layout(n_layers):
     return names
 
 
-def write_gguf(path, weights, arch="llama", tokenizer=None):
+def write_gguf(path, weights, arch="llama", tokenizer=None, skip=()):
     """`weights` (HF names) as a llama.cpp-style GGUF file; returns the HF weights the file's
     values equal (quantized tensors dequantized by the gguf package)."""
     c = CFG
@@ -97,6 +97,8 @@ def write_gguf(path, weights, arch="llama", tokenizer=None):
         tokenizer(w)
     exact = {}
     for hf, (name, qtype) in gguf_layout(c["num_hidden_layers"]).items():
+        if name in skip:
+            continue
         t = weights[hf]
         if name.endswith("attn_q.weight"):
             t = converter_permute(t, heads)
@@ -330,3 +332,10 @@ def test_generate_cli_runs_a_gguf_file_and_a_quantized_folder(gguf_pair, f32_fol
     assert "new tokens: [" in capsys.readouterr().err
     assert main(["generate", f32_folder, "--quantize", "q4_0", "--prompt", "hi", "--max-new-tokens", "3"]) == 0
     assert "new tokens: [" in capsys.readouterr().err
+
+
+def test_gguf_missing_tensor_is_named(tmp_path, weights):
+    path = str(tmp_path / "m.gguf")
+    write_gguf(path, weights, skip=("blk.1.ffn_up.weight",))
+    with pytest.raises(lc.SerializationError, match=r"layers\.1\.mlp\.up_proj"):
+        from_gguf(path)

@@ -21,7 +21,6 @@ from ..gguf import load_gguf
 from ..nn_layers import VarBuilder, quantize_linears
 from ..qtensor import QTensor
 from ..tensor import tensor
-from .causal_lm import set_special_ids
 from .hub import HFConfig, report
 from .llama import Llama, read_config
 
@@ -41,7 +40,7 @@ class _Tensors:
         self.where = {n: self for n in named}
 
     def describe(self) -> str:
-        return self.path
+        return f"{self.path} (its tensors under their Hugging Face names)"
 
     def shape(self, name) -> tuple:
         return tuple(self.named[name].shape)
@@ -70,7 +69,7 @@ def from_gguf(path, strict: bool = True, dtype=None):
     for name in sorted(set(src.where) - src.used):
         report(strict, f"from_gguf: {path}: tensor {name!r}: in the file but not used by the llama model")
     quantize_linears(model)
-    set_special_ids(model, cfg)
+    model.bos_token_id, model.eos_token_id = cfg.data["bos_token_id"], cfg.data["eos_token_id"]
     from .gguf_tokenizer import tokenizer_from_gguf
     model.tokenizer = tokenizer_from_gguf(meta, path)
     model.hf_config, model.gguf_metadata = cfg.data, meta
