@@ -375,6 +375,10 @@ def test_decode_compiles_nothing_after_warmup(gpt2_model):
     from lazycandle.models.causal_lm import run
     gen = run(gpt2_model, PROMPTS, 10, eos_token_id=[], warmup=3)
     assert [len(t) for t in gen.tokens] == [10, 10, 10] and gen.kernels_after_warmup == 0
+    programs = set(gpt2_model._programs)
+    for batch in (PROMPTS[:2], PROMPTS[1:2], PROMPTS * 2):      # other batch sizes bind the same program
+        assert run(gpt2_model, batch, 5, eos_token_id=[], warmup=1).kernels_after_warmup == 0
+    assert set(gpt2_model._programs) == programs
 
 
 # ---- dtypes ----------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 from ..autograd import no_grad
 from ..caches import cache_info
 from ..dtype import i64
-from ..errors import IndexOutOfBounds, SerializationError, ShapeMismatch
+from ..errors import IndexOutOfBounds, SerializationError, ShapeMismatch, SymbolicSizeError
 from ..graph_api import compile
 from ..nn_layers import Module
 from ..tensor import Tensor, placeholder, realize, tensor
@@ -94,11 +94,12 @@ def _as_rows(ids) -> np.ndarray:
 class Session:
     """A batch of sequences sharing one KV cache (batch, kv_heads, max_len, head_dim).
     `prefill(prompts)` runs the left-padded prompts eagerly; `decode(tokens)` one new token per
-    sequence.  Decode steps run a compiled Program cached on the model, one per (batch,
-    max_len, span of `span_block` cache slots): the cache slot is fed as data, the caches go in
-    (read in place) and only the step's new keys and values come back, written into the caches
-    by KVCache.commit, so a step builds no graph, compiles nothing and writes O(new rows) of
-    cache.  `compiled=False` builds each decode step eagerly instead.  Both return the last
+    sequence.  Decode steps run a compiled Program cached on the model, one per (max_len, span
+    of `span_block` cache slots) whatever the batch size (a named dim "b": a new batch size binds
+    the same program, it compiles nothing): the cache slot and the padding are fed as data, the
+    caches go in (read in place) and only the step's new keys and values come back, written into
+    the caches by KVCache.commit, so a step builds no graph, compiles nothing and writes O(new
+    rows) of cache.  `compiled=False` builds each decode step eagerly instead.  Both return the last
     position's logits, a (batch, vocab) f32 array."""
 
     def __init__(self, model, batch: int, max_len: int, compiled: bool = True, span_block: int = 128):
@@ -128,9 +129,8 @@ class Session:
         self._room(1)
         span = min(self.max_len, -(-(self.pos + 1) // self.span_block) * self.span_block)
         prog = self._program(span)
-        feeds = {"ids": ids, "start": np.array([self.pos], np.int64)}
-        if self.pad is not None:
-            feeds["pad"] = self.pad
+        pad = self.pad if self.pad is not None else np.zeros(self.batch, np.int64)
+        feeds = {"ids": ids, "start": np.array([self.pos], np.int64), "pad": pad}
         feeds.update({f"k{i}": a for i, a in enumerate(self.cache.k)})
         feeds.update({f"v{i}": a for i, a in enumerate(self.cache.v)})
         logits, *rows = prog.run(**feeds)
@@ -153,20 +153,32 @@ class Session:
         return out
 
     def _program(self, span: int):
-        key = ("decode", self.batch, self.max_len, span, self.pad is not None)
+        """The decode step over `span` cache slots for any batch size ("b"), or for this one
+        when the model's ops need a concrete batch (a layer raising SymbolicSizeError, e.g.
+        quantized matmuls choosing their tiles by row count)."""
+        dt = self.cache.k[0].dtype
         progs = self.model.__dict__.setdefault("_programs", {})
-        if key not in progs:
-            like = self.cache.k[0]
-            shape, dt = tuple(like.shape), like.dtype
-            n = len(self.cache.k)
-            cache = KVCache([placeholder(f"k{i}", shape, dt) for i in range(n)],
-                            [placeholder(f"v{i}", shape, dt) for i in range(n)])
-            pad = None if self.pad is None else placeholder("pad", (self.batch,), i64)
-            step = Step(placeholder("start", (1,), i64), 1, span, pad)
-            with no_grad():
-                logits = self.model.forward(placeholder("ids", (self.batch, 1), i64), cache, step, last=True)
-            progs[key] = compile([logits[:, -1]] + cache.rows())
-        return progs[key]
+        named = ("decode", self.max_len, span, dt.name)
+        fixed = named + (self.batch,)
+        if named in progs or fixed in progs:
+            return progs[named] if named in progs else progs[fixed]
+        if progs.get("named batch", True):
+            try:
+                progs[named] = self._build(span, "b", dt)
+                return progs[named]
+            except SymbolicSizeError:
+                progs["named batch"] = False
+        progs[fixed] = self._build(span, self.batch, dt)
+        return progs[fixed]
+
+    def _build(self, span: int, b, dt):
+        n, shape = len(self.cache.k), (b,) + tuple(self.cache.k[0].shape[1:])
+        cache = KVCache([placeholder(f"k{i}", shape, dt) for i in range(n)],
+                        [placeholder(f"v{i}", shape, dt) for i in range(n)])
+        step = Step(placeholder("start", (1,), i64), 1, span, placeholder("pad", (b,), i64))
+        with no_grad():
+            logits = self.model.forward(placeholder("ids", (b, 1), i64), cache, step, last=True)
+        return compile([logits[:, -1]] + cache.rows())
 
 
 # ---- the generation loop ------------------------------------------------------------------------

@@ -187,7 +187,7 @@ class Llama(CausalLM):
             cos, sin = self.cos.narrow(0, step.start, t), self.sin.narrow(0, step.start, t)
         else:
             cos, sin = nn.embedding(pos, self.cos), nn.embedding(pos, self.sin)
-            if cos.shape[0] == 1:
+            if step.pad is None:            # positions shared by the batch: (1, t) -> (t, d/2) tables
                 cos, sin = cos.squeeze(0), sin.squeeze(0)
         x = self.embed_tokens(ids)
         for layer in self.layers:
