@@ -46,7 +46,7 @@ def step(m, p, q, drive):
     # p, q: the two newest values; each value is read by exactly two later ops (the leaf
     # `drive` by every step, so the values do not decay to zero)
     if kind == "diamond":
-        return (q * 0.5 + m.sqr(q) * 0.25) * 0.9 + m.tanh(q) * 0.05 + drive
+        return (q * 0.5 + m.sqr(q) * 0.1) * 0.9 + m.tanh(q) * 0.05 + drive     # stable: |q| < ~0.7
     if kind == "fib":
         return m.tanh(q) * 0.5 + p * 0.4 + drive
     return m.tanh(q - m.mean(p)) * 0.3 + p * 0.3 + drive       # "rows": a row reduction per step
