@@ -144,10 +144,10 @@ class ReduceMixin:
         for d in dims:
             shape[d] = 1
         shape = tuple(shape)
-        # max / min / arg* need an element of the reduced dims for every output element (an
-        # empty dim of named sizes is found when they are bound: named_dims.bind)
-        if kind not in EMPTY_OK_KINDS and decide_eq(prod(shape), 0) is False \
-                and any(decide_eq(x_shape[d], 0) is True for d in dims):
+        # max / min / arg* have no value over a zero-length dim: they raise even when the output
+        # is empty too, as NumPy and torch do (an empty dim of named sizes is found when they
+        # are bound: named_dims.bind)
+        if kind not in EMPTY_OK_KINDS and any(decide_eq(x_shape[d], 0) is True for d in dims):
             raise EmptyReduction(f"{op}: reduction over a zero-length dim ({shape_desc(in_shape, dt)}, dims {dims})")
         arg_kind = kind.startswith("arg")
         checks = []

@@ -213,9 +213,12 @@ def test_norms_of_empty_rows_are_empty():
     assert lc.nn.rms_norm(x, w, 1e-5).numpy().shape == (3, 0)
 
 
-def test_max_over_an_empty_dim_with_an_empty_result_is_allowed():
-    assert lc.zeros((0, 0)).max(1).numpy().shape == (0,)
-    assert lc.zeros((0, 4)).argmax_keepdim(1).numpy().shape == (0, 1)
+def test_max_over_an_empty_dim_raises_even_into_an_empty_result():
+    """SPEC, NumPy and torch: max/min/arg* over a zero-length dim raise, whatever the output."""
+    for how in ("max", "min", "argmax", "argmin"):
+        with pytest.raises(lc.EmptyReduction):
+            getattr(lc.zeros((0, 0)), how)(1)
+    assert lc.zeros((0, 4)).argmax_keepdim(1).numpy().shape == (0, 1)    # a non-empty dim is reduced
     with pytest.raises(lc.EmptyReduction):
         lc.zeros((4, 0)).max(1)
     with pytest.raises(lc.EmptyReduction):

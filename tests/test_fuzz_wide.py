@@ -282,12 +282,6 @@ def test_slice_set_runtime_start_with_empty_src_is_identity(compiled):
     np.testing.assert_array_equal(got, a)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a decision for the lead: max/min/argmax/argmin over a zero-length dim raise "
-                          "EmptyReduction only when the output is non-empty (tensor_reduce.py, `prod(shape)` in "
-                          "the check; test_bad_input.py::test_max_over_an_empty_dim_with_an_empty_result_is_allowed "
-                          "asserts it), while SPEC's wording, NumPy, torch and named_dims.bind raise for any "
-                          "zero-length reduced dim")
 @pytest.mark.parametrize("how", ["max", "min", "argmax", "argmin"])
 def test_max_over_empty_dim_into_empty_output_raises(how):
     x = lc.zeros((3, 0, 0))
