@@ -98,8 +98,9 @@ def test_parallel_tiled_gemm_from_a_python_pool_worker_runs_inline(monkeypatch, 
     assert any(ran_on_worker) and not any(on_worker)
 
 
-@pytest.mark.parametrize("m", [130, 300])        # 300 rows: B packed once, shared by the threads
-def test_fused_bias_gelu_epilogue_on_the_native_parallel_path(monkeypatch, two_threads, m):
+@pytest.mark.parametrize("tiles", [8, 21])        # 21 row tiles: B packed once, shared by the threads
+def test_fused_bias_gelu_epilogue_on_the_native_parallel_path(monkeypatch, two_threads, tiles):
+    m = (tiles - 1) * MM._tile_kernel(D.f32)[0].mr + 2      # the host's register tile sets the count
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
     monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     monkeypatch.setattr(MM, "_plans", {})
@@ -113,7 +114,7 @@ def test_fused_bias_gelu_epilogue_on_the_native_parallel_path(monkeypatch, two_t
         got = (lc.tensor(x) @ lc.tensor(w) + lc.tensor(bias)).gelu().numpy()
     finally:
         config.set_matmul_backend(old)
-    assert any(getattr(p, "shared_rows", 0) for p in MM._plans.values()) == (m == 300)
+    assert any(getattr(p, "shared_rows", 0) for p in MM._plans.values()) == (tiles == 21)
     y = x.astype(np.float64) @ w + bias
     ref = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
@@ -181,7 +182,8 @@ def test_b_is_not_shared_when_it_differs_per_batch_or_the_rows_are_few(monkeypat
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
     monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     assert _plan(301, 77, 250, 2).shared_rows
-    assert not _plan(96, 64, 130, 2).shared_rows            # 7 row tiles: the n split keeps both busy
+    mr = MM._tile_kernel(D.f32)[0].mr
+    assert not _plan(7 * mr, 64, 130, 2).shared_rows        # 7 row tiles: the n split keeps both busy
     assert not _plan(301, 77, 250, 2, (3,)).shared_rows     # a B per batch element: tasks are batches
     assert not _plan(301, 77, 250, 1).shared_rows
 
