@@ -107,8 +107,9 @@ class _Traced:
         self.targets = [n for n, _ in targets]
         self.out_offsets = [off for _, off in targets]
         self.cap = capture(self.targets)
-        self.views = _view_nodes(user_nodes)
-        self.checks = _node_checks(user_nodes)
+        graph = _unrealized(user_nodes)
+        self.views = [n for n in graph if n.op.category == "view"]
+        self.checks = [c for n in graph for c in named_dims.checks_of(n)]
         self.binders = []
         self.direct = []            # DirectRunners, one per size class that has one
         self.direct_runs = []       # (DirectRunner, its prepared Program.run: feeds_runner)
@@ -144,29 +145,15 @@ class _Traced:
             self.binders.append(pb)
 
 
-def _view_nodes(roots) -> list:
-    """The unrealized view nodes the graph of `roots` holds."""
+def _unrealized(roots) -> list:
+    """The unrealized nodes of the graph behind `roots`, each once."""
     out, seen, stack = [], set(), list(roots)
     while stack:
         n = stack.pop()
         if id(n) in seen or n.realized:
             continue
         seen.add(id(n))
-        if n.op.category == "view":
-            out.append(n)
-        stack.extend(n.srcs)
-    return out
-
-
-def _node_checks(roots) -> list:
-    """The bind-time checks (named_dims.require) of the unrealized nodes behind `roots`."""
-    out, seen, stack = [], set(), list(roots)
-    while stack:
-        n = stack.pop()
-        if id(n) in seen or n.realized:
-            continue
-        seen.add(id(n))
-        out.extend(named_dims.checks_of(n))
+        out.append(n)
         stack.extend(n.srcs)
     return out
 
