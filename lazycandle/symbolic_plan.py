@@ -19,6 +19,7 @@ kernel spec (index, sort, scan, conv pieces) get no binder (Plan.binds_sizes).""
 from __future__ import annotations
 
 from . import named_dims
+from .errors import SymbolicSizeError
 from .ir.graph import Capture, size_signature
 from .ir.schedule import bind_kernels
 from .layout import contiguous_strides
@@ -109,6 +110,9 @@ def _symbolic_capture(cap: Capture, symbol_of: dict) -> Capture:
         return tuple(symbol_of[d] for d in shape)
 
     nodes = [_SymbolicNode(n, sub(n.shape)) for n in cap.nodes]
+    # largest first: a stride is read as the largest size dividing it (64 as head_dim, not as
+    # 32 * a sequence length that happens to be 2)
+    sizes = sorted(((c, p) for c, p in symbol_of.items() if c > 1), key=lambda cp: -cp[0])
     raw = []
     for ops in cap._raw:
         out = []
@@ -118,7 +122,7 @@ def _symbolic_capture(cap: Capture, symbol_of: dict) -> Capture:
                 continue
             base = cap.inputs[cap.slots[r[1]][0]].shape if r[0] == "i" else cap.nodes[r[1]].shape
             radix = _radix(base, sub(base))
-            strides = tuple(_express(s, radix + [(c, p) for c, p in symbol_of.items() if c > 1]) for s in r[3])
+            strides = tuple(_express(s, radix + sizes) for s in r[3])
             if r[0] == "i":
                 out.append((r[0], r[1], sub(r[2]), strides))
             else:
@@ -262,7 +266,10 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
             or [(n.op.name, n.arg) for n in traced_cap.inputs] != [(n.op.name, n.arg) for n in cap.inputs]:
         return None
     var = {n: f"v_{n}" for n in names}
-    _, pdims, playout = size_signature(traced_cap)
+    try:
+        _, pdims, playout = size_signature(traced_cap)
+    except SymbolicSizeError:       # the class key decides on a size the names leave open (an
+        return None                 # offset that is 0 at some sizes): bind through named_dims
 
     def src(values):
         out = [_source(v, var) for v in values]

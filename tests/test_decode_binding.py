@@ -151,3 +151,58 @@ def test_rebinder_on_batched_operands_matches_the_small_m_plan_or_decides_again(
         # (with 4-row blocks, AVX2's, 17 folded rows have own's spec but not its side of RULE_M)
         same = p.spec == own.spec and SK._fold_batch(p.g).m <= SK.RULE_M
         assert rebind(la, lb) == ((p.sizes_list, p.extent, p.cost) if same else None), shape
+
+
+def _sdpa_decode_program(h=4, d=16):
+    e = h * d
+    x, wq = lc.placeholder("x", (1, e)), lc.placeholder("wq", (e, e))
+    k, v = lc.placeholder("k", (1, h, "L", d)), lc.placeholder("v", (1, h, "L", d))
+    q = (x @ wq).reshape((1, h, 1, d))
+    return lc.compile([lc.nn.scaled_dot_product_attention(q, k, v).reshape((1, e))])
+
+
+def _sdpa_feeds(L, h=4, d=16, seed=0):
+    rng = np.random.default_rng(seed + L)
+    return {"x": rng.standard_normal((1, h * d), np.float32), "wq": rng.standard_normal((h * d, h * d), np.float32) / 8,
+            "k": rng.standard_normal((1, h, L, d), np.float32), "v": rng.standard_normal((1, h, L, d), np.float32)}
+
+
+def _sdpa_numpy(f, h=4, d=16):
+    q = (f["x"].astype(np.float64) @ f["wq"]).reshape(1, h, 1, d)
+    s = q @ np.swapaxes(f["k"], -1, -2).astype(np.float64) / np.sqrt(d)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return ((p / p.sum(-1, keepdims=True)) @ f["v"]).reshape(1, h * d)
+
+
+def test_fused_attention_decode_binds_each_new_length_natively_without_a_plan(monkeypatch):
+    """The flash-attention step takes its sizes at run time (steps.SizedStep), so a decode
+    program over a growing cache binds every new length through its class plan and runs it in
+    the native program: no Plan, no compile, no per-kernel run after the class is learnt --
+    also when the class was learnt at L = 2, where head_dim / 2 == L could be misread."""
+    from lazycandle.codegen import jit
+    from lazycandle.runtime import executor
+    prog = _sdpa_decode_program(h=3, d=4)      # head_dim 4 = 2 * L at L = 2
+    for L in (1, 2, 3, 4, 5):
+        for _ in range(2):
+            f = _sdpa_feeds(L, h=3, d=4)
+            np.testing.assert_allclose(prog.run(**f)[0], _sdpa_numpy(f, h=3, d=4), rtol=1e-4, atol=1e-5)
+    compiled = jit.stats["compiled"]
+    made, slow = [], []
+    real_init, real_python = executor.Plan.__init__, executor.Plan.run_python
+    monkeypatch.setattr(executor.Plan, "__init__", lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
+    monkeypatch.setattr(executor.Plan, "run_python",
+                        lambda self, *a, **k: slow.append(1) or real_python(self, *a, **k))
+    for L in (6, 9, 17, 64, 130):
+        f = _sdpa_feeds(L, h=3, d=4)
+        np.testing.assert_allclose(prog.run(**f)[0], _sdpa_numpy(f, h=3, d=4), rtol=1e-4, atol=1e-5)
+    assert (made, slow, jit.stats["compiled"] - compiled) == ([], [], 0)
+
+
+def test_fused_attention_native_and_per_kernel_paths_agree(monkeypatch):
+    prog = _sdpa_decode_program()
+    for L in (1, 3, 40, 3):
+        f = _sdpa_feeds(L)
+        slow = _run(prog, f, "python", monkeypatch)
+        fast = _run(prog, f, "native", monkeypatch)
+        assert np.array_equal(slow, fast), L
+        np.testing.assert_allclose(fast, _sdpa_numpy(f), rtol=1e-4, atol=1e-5)

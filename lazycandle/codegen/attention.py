@@ -28,7 +28,7 @@ else as its one output, skipping P @ V (`out` False).
 Compile-time: dtype, E, Ev, the mask kind, the mode, lse and the blocking (from the host's vector width).
 Run time (the `sizes` array, SIZES order): H, L, S, the number of query blocks and every
 operand's strides (the last dim of v is contiguous; q, k and the mask are read through any
-strides, stride 0 for broadcast batch dims); `scalars[0]` is the scale (f64 bits).  So a new
+strides, stride 0 for broadcast batch dims), then the scale as f64 bits (`read_scale`).  So a new
 sequence length, e.g. each decode step's longer KV cache, compiles nothing.
 """
 from __future__ import annotations
@@ -87,6 +87,13 @@ def attention_spec(dt: D.DType, e: int, ev: int, causal: bool, mask: str | None,
     return AttentionSpec(dt.name, e, ev, causal, mask, width, wv, 2 * width, 64, 8 if bits >= 512 else 4)
 
 
+def read_scale(b, sizes, at, ct):
+    """The softmax scale, stored as f64 bits in sizes[at] (so the kernel takes the standard
+    arguments and no scalar slot), in the compute type."""
+    scale = b.load(b.bitcast(_at(b, sizes, I64(at)), F64.as_pointer()), align=8)
+    return scale if ct == F64 else b.fptrunc(scale, ct)
+
+
 def _at(b, p, off):
     return b.gep(p, [off], inbounds=True)
 
@@ -120,7 +127,7 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
     ninf = const(ct, float("-inf"))
     m = new_module(name)
     fn, b = kernel_function(m, name)
-    bufs, sizes, scalars = fn.args[0], fn.args[1], fn.args[2]
+    bufs, sizes = fn.args[0], fn.args[1]
     out = arg_pointer(b, bufs, 0, ct, "out")
     q = arg_pointer(b, bufs, 1, ct, "q")
     k = arg_pointer(b, bufs, 2, ct, "k")
@@ -130,9 +137,7 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
     mask = arg_pointer(b, bufs, 4, mt, "mask") if spec.mask else None
     lse_out = arg_pointer(b, bufs, 5 if spec.mask else 4, ct, "lse") if spec.lse and spec.out else out
     sz = {n: b.load(_at(b, sizes, I64(i)), align=8, name=n) for i, n in enumerate(SIZES)}
-    scale = b.load(b.bitcast(scalars, F64.as_pointer()), align=8)
-    if ct != F64:
-        scale = b.fptrunc(scale, ct)
+    scale = read_scale(b, sizes, len(SIZES), ct)
     QT, PT, ACC = _stack(b, ct, E * BQ), _stack(b, ct, BK * BQ), _stack(b, ct, BQ * EV)
     M, LS, AL = _stack(b, ct, BQ), _stack(b, ct, BQ), _stack(b, ct, BQ)
     VE = ir.VectorType(ct, spec.we) if spec.we > 1 else ct

@@ -17,7 +17,7 @@ Finally dK_j (times scale) and dV_j are stored.  Output: one flat buffer [dq | d
 
 Compile-time: dtype, E, Ev, causal, the mask kind and the blocking.  Run time (`sizes`, SIZES
 order): H, L, S, the operands' strides (q, dO and O: last dim contiguous; k, v and the mask:
-any) and where dk and dv start; `scalars[0]` is the scale.  lse is (B, H, L) contiguous.
+any) and where dk and dv start, then the scale as f64 bits.  lse is (B, H, L) contiguous.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import llvmlite.ir as ir
 
 from .. import dtype as D
 from . import jit, vmath
-from .attention import _at, _lanes, _min, _reduce, _stack, _vload, _vstore
-from .llvmutil import F64, I32, I64, call_intrinsic, const, ltype, splat
+from .attention import _at, _lanes, _min, _reduce, _stack, _vload, _vstore, read_scale
+from .llvmutil import I32, I64, call_intrinsic, const, ltype, splat
 from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_module, unit_range
 
 SIZES = ("H", "L", "S", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h", "k_s", "k_e", "v_b", "v_h", "v_s", "v_e",
@@ -127,16 +127,14 @@ def build_attention_grad(spec: GradSpec, name: str = "attention_grad") -> str:
     W, BQ, BK, E, EV = spec.width, spec.bq, spec.bk, spec.e, spec.ev
     m = new_module(name)
     fn, b = kernel_function(m, name)
-    bufs, sizes, scalars = fn.args[0], fn.args[1], fn.args[2]
+    bufs, sizes = fn.args[0], fn.args[1]
     out = arg_pointer(b, bufs, 0, ct, "out")
     q, k, v, do, lse, o = (arg_pointer(b, bufs, i + 1, ct, n) for i, n in enumerate(("q", "k", "v", "do", "lse", "o")))
     int_mask = spec.mask not in (None, "add")
     mt = ir.IntType(8 * D.DType.from_name(spec.mask).size_in_bytes) if int_mask else ct
     mask = arg_pointer(b, bufs, 7, mt, "mask") if spec.mask else None
     sz = {n: b.load(_at(b, sizes, I64(i)), align=8, name=n) for i, n in enumerate(SIZES)}
-    scale = b.load(b.bitcast(scalars, F64.as_pointer()), align=8)
-    if ct != F64:
-        scale = b.fptrunc(scale, ct)
+    scale = read_scale(b, sizes, len(SIZES), ct)
     st = {"KT": _stack(b, ct, E * BK), "KS": _stack(b, ct, BK * E), "VT": _stack(b, ct, EV * BK),
           "DK": _stack(b, ct, BK * E), "DV": _stack(b, ct, BK * EV), "P": _stack(b, ct, BQ * BK),
           "DS": _stack(b, ct, BQ * BK), "D": _stack(b, ir.VectorType(ct, spec.wv) if spec.wv > 1 else ct, 1)}

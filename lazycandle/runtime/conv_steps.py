@@ -7,17 +7,19 @@ from __future__ import annotations
 from math import prod
 
 from ..codegen import conv_transpose as CT
-from .buffers import address
-from .index_steps import _Launch, _SizedStep, _addr
-from .steps import register
+from .steps import Launch, SizedStep, register
 
 
 @register("col2im")
-class Col2imStep(_SizedStep):
+class Col2imStep(SizedStep):
+    def setup(self, cap):
+        self.kernel_buffers = (("node", self.out), ("operand", 0))
+        super().setup(cap)
+
     def make(self, layouts):
         lay = layouts[0]
         spec, sizes = CT.col2im_kernel(self.operands[0][4], lay.shape, lay.strides, self.arg)
-        return _Launch(spec, sizes, prod(self.shape_at(lay)) > 0)
+        return Launch.of_spec(spec, sizes, prod(self.shape_at(lay)) > 0)
 
     def shape_at(self, lay):
         """The image shape (b, c, oh, ow) for columns of layout `lay`."""
@@ -27,8 +29,3 @@ class Col2imStep(_SizedStep):
         oh, ow, kh, kw, ph, pw, sh, sw, dh, dw = self.arg
         return (f"col2im {self.operands[0][3].shape} -> {self.shape}: kernel ({kh}, {kw}), padding ({ph}, {pw}), "
                 f"stride ({sh}, {sw}), dilation ({dh}, {dw}); sizes at run time")
-
-    def run_node(self, in_bufs, offsets, bufs, layouts=None):
-        layouts = self.layouts(layouts)
-        x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
-        self.prepare(layouts).run([address(bufs[self.out]), _addr(x, lx)])

@@ -432,7 +432,7 @@ class NativePlan:
         call = self.call_steps[seg][call_no]
         step = self.steps_of[call.label]
         status = np.frombuffer((ctypes.c_int64 * 2).from_address(int(self.ptrs[call.status_at])), np.int64)
-        step.raise_bad_id(int(status[1]), self.binding.steps[self.plan.steps.index(step)])
+        step.raise_status(int(status[1]), self.binding.steps[self.plan.steps.index(step)])
 
     # ---- dump -------------------------------------------------------------------------
     def schedule_lines(self) -> list:

@@ -333,21 +333,20 @@ class NativeProgram:
         or a function of the binding's entry for the step giving them (a node step's layouts).
         The size count and every ref are the same at every binding of the plan."""
         from ..codegen.program import Call
-        from .index_steps import IndexStep
+        from .steps import SizedStep
         bufs_at = len(refs)
-        if isinstance(step, IndexStep):
-            own = step.prepare(self.plan.binding.steps[i])[0]
+        if isinstance(step, SizedStep) and step.kernel_buffers is not None:
+            own = step.launch_of(step.prepare(self.plan.binding.steps[i]))
             if own.fn is None:
                 return None
-            refs += self._index_refs(step, i, status_no)
+            status_at = self._sized_refs(step, i, refs, status_no)
             fn, n_sizes, align, slots = own.fn, len(own.sizes), 1, ()
 
             def sized(layouts):
-                got = step.prepare(layouts)[0]
+                got = step.launch_of(step.prepare(layouts))
                 if got.fn is not own.fn or len(got.sizes) != n_sizes:
-                    raise NotNative(f"step {i}: the index kernel at this binding is not the program's kernel")
+                    raise NotNative(f"step {i}: the kernel at this binding is not the program's kernel")
                 return got.sizes, got.units, got.unit_cost
-            status_at = bufs_at + 3
         elif isinstance(step, MatmulStep):
             return self._matmul_call(i, step, refs, word_at, imports, names)
         elif isinstance(step, NodeStep):
@@ -416,17 +415,21 @@ class NativeProgram:
                     label=f"#{i} matmul (small-m)")
         return call, sized, n_sizes
 
-    def _index_refs(self, step, i, status_no):
-        """The index kernel's pointers as index_steps.IndexStep.run_node passes them (node
-        operands at each binding's layout offsets)."""
-        def operand(n):
-            kind, idx, _, _, _ = step.operands[n]
-            if kind == "in":
-                return ("slot", idx)
-            return self._ref_of_bind(("node", idx), ("layout", i, n))
-        out = self._ref_of_bind(("node", step.out), 0)
-        data, ids, *base = (operand(n) for n in step.kernel_operands)
-        return [out, data, ids, ("status", status_no)] + base
+    def _sized_refs(self, step, i, refs, status_no):
+        """Append the pointers of a single-call sized step's kernel (steps.SizedStep's
+        kernel_buffers: node operands at each binding's layout offsets); the position of its
+        status word, or None."""
+        status_at = None
+        for item in step.kernel_buffers:
+            if item[0] == "node":
+                refs.append(self._ref_of_bind(item, 0))
+            elif item[0] == "operand":
+                kind, idx = step.operands[item[1]][:2]
+                refs.append(("slot", idx) if kind == "in" else self._ref_of_bind(("node", idx), ("layout", i, item[1])))
+            else:
+                status_at = len(refs)
+                refs.append(("status", status_no))
+        return status_at
 
     def _regions(self, step, k):
         """(reads, writes) of a step as memory regions: ("out", t) or ("slot", s); buffers of

@@ -8,8 +8,11 @@ from dataclasses import replace
 
 import numpy as np
 
+import ctypes
+
 from .. import config
 from ..layout import Layout
+from . import pool
 from .buffers import address
 
 STEPS: dict = {}
@@ -60,6 +63,124 @@ class NodeStep:
 
     def run_node(self, in_bufs, offsets, bufs):
         raise NotImplementedError
+
+
+def operand_address(buf, lay) -> int:
+    return address(buf) + lay.offset * buf.itemsize
+
+
+class Reads:
+    """What the dump tool's schedule stage lists for a kernel's inputs: (dtype, strides) each."""
+
+    def __init__(self, operands):
+        self.inputs = tuple((dt.name, lay.strides) for _, _, _, lay, dt in operands)
+
+
+class Modules:
+    """Several compiled modules shown as one by the dump tool (`llvm` / `asm` stages)."""
+
+    def __init__(self, cms):
+        self.cms = cms
+        self.ir_text = "\n".join(cm.ir_text for cm in cms)
+
+    def asm(self):
+        return "\n".join(cm.asm() for cm in self.cms)
+
+
+class Launch:
+    """One kernel call at one binding's sizes: the compiled function (None: nothing to run),
+    its sizes array, units and cost per unit.  The kernel takes the standard arguments
+    (pointers, sizes, no scalars, unit range), so the native program can call it too."""
+    __slots__ = ("spec", "fn", "sizes", "units", "unit_cost", "module")
+
+    def __init__(self, spec, sizes, units, unit_cost, fn):
+        self.spec, self.units, self.unit_cost, self.fn = spec, units, unit_cost, fn
+        self.sizes = np.array(sizes or (0,), np.int64)
+        self.module = fn._module if fn is not None else None
+
+    @classmethod
+    def of_spec(cls, spec, sizes, runs=True):
+        """The launch of a spec that knows its extent, unit cost and compiled function."""
+        units = spec.extent(sizes) if runs else 0
+        return cls(spec, sizes, units, spec.unit_cost(sizes) if units else 0.0,
+                   spec.compiled() if units > 0 else None)
+
+    def run(self, addrs) -> None:
+        if self.fn is None:
+            return
+        arr = (ctypes.c_void_p * len(addrs))(*addrs)
+        base, sizes_ptr, fn = ctypes.addressof(arr), address(self.sizes), self.fn
+        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, self.units, cost_per_item=self.unit_cost)
+        del arr
+
+
+class SizedStep(NodeStep):
+    """A node step whose kernels take their sizes at run time: `prepare(layouts)` makes (and
+    keeps, per operand shapes and strides) what one binding's sizes need, so one plan serves
+    every size of its size class (binds_layouts).  A step of one kernel call says what its
+    pointers are in `kernel_buffers` -- ("node", j): node j's buffer, ("operand", n): operand
+    n at its offset, ("status",): a status word [flag, value] -- and `launch_of(prepared)`
+    gives its Launch; the native program then calls that kernel in a segment, and `run_node`
+    here is its per-kernel form.  Steps of several calls leave kernel_buffers None."""
+    binds_layouts = True
+    PREPARED_KEPT = 16
+    kernel_buffers = None
+
+    def setup(self, cap):
+        self.reads = Reads(self.operands)
+        self._prepared = {}
+        first = self.prepare(self.layouts())
+        launches = self.launches(first)
+        self.spec = launches[0].spec if len(launches) == 1 else None     # at the plan's own sizes
+        mods = [ln.module for ln in launches if ln.module is not None]
+        self.module = mods[0] if len(mods) == 1 else (Modules(mods) if mods else None)
+        self.detail = self.describe(first)
+
+    def layouts(self, layouts=None):
+        return layouts if layouts is not None else [o[3] for o in self.operands]
+
+    def prepare(self, layouts):
+        key = tuple((lay.shape, lay.strides) for lay in layouts)
+        got = self._prepared.get(key)
+        if got is None:
+            if len(self._prepared) >= self.PREPARED_KEPT:
+                self._prepared.clear()
+            got = self._prepared[key] = self.make(layouts)
+        return got
+
+    def launches(self, prepared):
+        return [self.launch_of(prepared)]
+
+    def launch_of(self, prepared) -> Launch:
+        return prepared
+
+    def make(self, layouts):
+        raise NotImplementedError
+
+    def describe(self, prepared) -> str:
+        return ""
+
+    def raise_status(self, value: int, layouts=None):
+        """The typed error of a kernel that set its status word, with `value` from it."""
+        raise AssertionError(f"{type(self).__name__}: its kernel set a status word it does not explain")
+
+    def run_node(self, in_bufs, offsets, bufs, layouts=None):
+        layouts = self.layouts(layouts)
+        launch = self.launch_of(self.prepare(layouts))
+        if launch.fn is None:
+            return
+        status, addrs = None, []
+        for item in self.kernel_buffers:
+            if item[0] == "node":
+                addrs.append(address(bufs[item[1]]))
+            elif item[0] == "operand":
+                addrs.append(operand_address(*self.operand(item[1], in_bufs, offsets, bufs, layouts)))
+            else:
+                status = np.zeros(2, np.int64)
+                addrs.append(address(status))
+        launch.run(addrs)
+        if status is not None and status[0]:
+            self.raise_status(int(status[1]), layouts)
 
 
 FUSED_BACKENDS = ("tiled", "skinny")     # matmul kernels that apply the epilogue as they store
