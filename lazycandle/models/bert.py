@@ -93,8 +93,9 @@ class Bert(Module):
         if ids.rank == 1:
             ids = ids.unsqueeze(0)
         b, t = ids.shape
-        check_length(t, self.config.max_position_embeddings, "Bert: sequence")
-        x = self.word_embeddings(ids) + self.position_embeddings(arange(t))
+        positions = arange(t)
+        check_length(t, self.config.max_position_embeddings, "Bert: sequence", positions)
+        x = self.word_embeddings(ids) + self.position_embeddings(positions)
         types = self.token_type_embeddings.weight.narrow(0, 0, 1) if token_type_ids is None else \
             self.token_type_embeddings(_ids("token_type_ids", token_type_ids, (b, t)))
         x = self.embed_norm(x + types)

@@ -36,7 +36,7 @@ class CausalLM(Module):
         ids = ids if isinstance(ids, Tensor) else tensor(_as_rows(ids), i64)
         if ids.rank != 2:
             raise ShapeMismatch(f"{type(self).__name__}: ids must be (batch, tokens), got shape {ids.shape}")
-        check_length(ids.shape[1], self.config.max_len)
+        check_length(ids.shape[1], self.config.max_len, tensor=ids)
         return self.forward(ids, None, Step(0, ids.shape[1]))
 
     def generate(self, ids, max_new_tokens: int, sampler=None, eos_token_id=None, stop=None,

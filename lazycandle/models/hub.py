@@ -66,10 +66,19 @@ class PromptTooLong(IndexOutOfBounds, ValueError):
     """A prompt (or prompt + generated tokens) longer than the model's position table."""
 
 
-def check_length(n: int, max_positions: int, what="sequence") -> None:
-    """A `what` of n tokens must fit the model's max_position_embeddings."""
-    if n > max_positions:
-        raise PromptTooLong(f"{what} length {n} exceeds the model's max_position_embeddings {max_positions}")
+def check_length(n, max_positions: int, what="sequence", tensor=None) -> None:
+    """A `what` of n tokens must fit the model's max_position_embeddings.  A length that is a
+    named dim (lc.Size) is checked when the program binds it: the check rides on `tensor`."""
+    from ..named_dims import is_symbolic, require, require_ge0
+    message = f"{what} length {n} exceeds the model's max_position_embeddings {max_positions}"
+    if not is_symbolic(n):
+        if n > max_positions:
+            raise PromptTooLong(message)
+        return
+    checks = []
+    require_ge0(checks, max_positions - n, PromptTooLong, message)
+    if checks:
+        require(tensor._node, checks)
 
 
 def from_pretrained(path, dtype=None, strict: bool = True, quantize=None):
