@@ -78,6 +78,24 @@ def test_tiny_bert_matches_numpy_with_padding(tmp_path):
     np.testing.assert_allclose(types, got, rtol=1e-6, atol=1e-6)
 
 
+def test_tiny_bert_under_named_dims_matches_eager_and_checks_the_length_at_bind(tmp_path):
+    """Traced once with a named batch and sequence length (lc.jit dynamic=True): every length
+    equals the eager model, and a length past max_position_embeddings is PromptTooLong when the
+    program binds it (the check cannot run in Python on a named length)."""
+    from test_hub import bert_tensors
+    m = from_pretrained(make_folder(tmp_path))
+    prog = lc.jit(lambda ids, mask: m(ids, attention_mask=mask), dynamic=True)
+    rng = np.random.default_rng(0)
+    for b, t in ((2, 5), (3, 7), (1, 2)):
+        ids, mask = rng.integers(1, 16, (b, t)), np.ones((b, t), np.int64)
+        mask[0, t // 2 + 1:] = 0
+        np.testing.assert_allclose(np.asarray(prog(ids, mask)), np_bert(bert_tensors(), CFG, ids, mask),
+                                   rtol=1e-5, atol=1e-5)
+    too_long = CFG["max_position_embeddings"] + 1
+    with pytest.raises(lc.models.PromptTooLong, match="max_position_embeddings"):
+        prog(np.ones((1, too_long), np.int64), np.ones((1, too_long), np.int64))
+
+
 def test_tiny_embed_pooling_modes(tmp_path):
     from test_hub import bert_tensors
     folder = make_folder(tmp_path)
