@@ -125,7 +125,11 @@ def running_threads():
     return states.count("R")
 
 native_pool.set_spin_us(5e6)          # the one worker in the sections spins on for seconds
-assert len(run_sections(addr, 2, 50)) == 2
+ids = run_sections(addr, 2, 50)
+deadline = time.time() + 30           # on a loaded machine the worker may get no core before
+while len(ids) < 2 and time.time() < deadline:      # the caller has run every chunk
+    ids |= run_sections(addr, 2, 50)
+assert len(ids) == 2, ids
 time.sleep(0.05)
 print("running", [running_threads() for _ in range(5)])
 """
