@@ -206,3 +206,53 @@ def test_fused_attention_native_and_per_kernel_paths_agree(monkeypatch):
         fast = _run(prog, f, "native", monkeypatch)
         assert np.array_equal(slow, fast), L
         np.testing.assert_allclose(fast, _sdpa_numpy(f), rtol=1e-4, atol=1e-5)
+
+
+def _epilogue_program(width=24, blocks=3):
+    rng = np.random.default_rng(3)
+    ws = [rng.standard_normal((width, width), np.float32) / 5 for _ in range(blocks)]
+    bs = [rng.standard_normal(width, np.float32) for _ in range(blocks)]
+    x = lc.placeholder("x", ("n", width))
+    h = x
+    for w, b in zip(ws, bs):
+        h = h + (h @ lc.tensor(w) + lc.tensor(b)).relu()       # bias, activation, residual: one GEMM epilogue
+    return lc.compile([h]), ws, bs
+
+
+def _epilogue_numpy(x, ws, bs):
+    h = x.astype(np.float64)
+    for w, b in zip(ws, bs):
+        h = h + np.maximum(h @ w + b, 0)
+    return h
+
+
+@pytest.mark.parametrize("backend", ["auto", "blas", "tiled"])
+def test_matmul_epilogues_bind_new_sizes_without_a_plan(backend, monkeypatch):
+    """A GEMM with a fused epilogue takes its operands' and its epilogue's layouts from the
+    binding, so a named-dim program of such GEMMs binds each new row count through its class
+    plan (no Plan built, nothing compiled), on the native program and the per-kernel path alike,
+    whichever GEMM runs (the BLAS one applies the epilogue as its own kernel at each size)."""
+    from lazycandle.codegen import jit
+    from lazycandle.runtime import executor
+    lc.set_matmul_backend(backend)
+    try:
+        prog, ws, bs = _epilogue_program()
+        rng = np.random.default_rng(0)
+        for n in (3, 4, 5, 5):
+            x = rng.standard_normal((n, 24), np.float32)
+            np.testing.assert_allclose(prog.run(x=x)[0], _epilogue_numpy(x, ws, bs), rtol=1e-4, atol=1e-4)
+        compiled, made = jit.stats["compiled"], []
+        real_init = executor.Plan.__init__
+        monkeypatch.setattr(executor.Plan, "__init__", lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
+        shift = {"auto": 0, "blas": 300, "tiled": 600}[backend]     # sizes no other case bound
+        for n in (6, 7, 40, 200, 9):
+            x = rng.standard_normal((n + shift, 24), np.float32)
+            fast = _run(prog, {"x": x}, "native", monkeypatch)
+            slow = _run(prog, {"x": x}, "python", monkeypatch)
+            assert np.array_equal(fast, slow), n
+            np.testing.assert_allclose(fast, _epilogue_numpy(x, ws, bs), rtol=1e-4, atol=1e-4)
+        assert made == []
+        if backend != "auto":       # (auto may measure a new size regime once)
+            assert jit.stats["compiled"] == compiled
+    finally:
+        lc.set_matmul_backend("auto")

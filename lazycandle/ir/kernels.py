@@ -8,8 +8,10 @@ choice.  The sizes of the merged dims and the runtime strides are the kernel's `
 argument (`runtime_sizes`), so a new length of the same computation reuses the kernel."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
+
+from ..layout import contiguous_strides, merge_dims
 
 RUNTIME = "n"       # stride class of a stride passed at run time
 
@@ -22,6 +24,27 @@ def runtime_sizes(shape, strides) -> tuple:
     """The `sizes` array of a kernel over merged `shape` whose inputs walk `strides`: the dim
     sizes, then every stride that is neither 0 nor 1 (input by input, dim by dim)."""
     return tuple(shape) + tuple(x for st in strides for x in st if x not in (0, 1))
+
+
+def ew_loop(shape, in_strides):
+    """(merged iteration shape, each input's strides over it) of an elementwise kernel over
+    `shape` that reads its inputs by `in_strides` and writes contiguous outputs."""
+    mshape, mstrides = merge_dims(shape, list(in_strides) + [contiguous_strides(shape)])
+    return (mshape, mstrides[:-1]) if prod(shape) else ((0,), [(0,)] * len(in_strides))
+
+
+def ew_classes(dtypes, mstrides) -> tuple:
+    """An EwSpec's `inputs`: (dtype name, stride classes) per input."""
+    return tuple((dt, tuple(stride_class(x) for x in st)) for dt, st in zip(dtypes, mstrides))
+
+
+def rebound_ew(spec, shape, in_strides):
+    """(spec, runtime sizes) of elementwise kernel `spec` over another `shape` and input strides:
+    the instructions stay, the merged rank and stride classes may change with the sizes."""
+    mshape, mstrides = ew_loop(shape, in_strides)
+    inputs = ew_classes([dt for dt, _ in spec.inputs], mstrides)
+    spec = replace(spec, rank=len(mshape), inputs=inputs, tile=tile_dim([c for _, c in inputs]))
+    return spec, runtime_sizes(mshape, mstrides)
 
 
 TILE_SUPER = 8      # a tiled elementwise kernel's unit spans TILE_SUPER x TILE_SUPER tiles of W x W

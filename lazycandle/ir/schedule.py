@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from math import prod
 
 from ..errors import SchedulerError
-from ..layout import contiguous_strides, merge_dims
+from ..layout import contiguous_strides
 from . import rows
 from .graph import Capture
 from .epilogue import epilogue_kernel, fuse_epilogues
-from .kernels import EwSpec, RedSpec, runtime_sizes, stride_class, tile_dim
+from .kernels import EwSpec, RedSpec, ew_classes, ew_loop, runtime_sizes, tile_dim
 from .ops import ELEMENTWISE, MATMUL, REDUCE
 
 # Ops fused into one kernel at most.  LLVM's optimiser is superlinear in the size of one
@@ -384,20 +383,16 @@ def _fused_kernel(cap: Capture, group, mat) -> Kernel:
         else:
             instrs.append((n.op.name, cap.args[j], dtype_of(ops[n.op.arity - 1]).name, n.dtype.name, refs))
     scalar_dtypes = tuple(cap.scalars[k][1].name for k in scalars)
-    def classes(strides):
-        return tuple((dt.name, tuple(stride_class(x) for x in st)) for dt, st in zip(in_dtypes, strides))
-
     if red_node is not None:
         red = tuple(i in sink.arg for i in range(len(shape)))
         mshape, mred, mstrides = _merge_classed(shape, in_strides, red)
-        spec = RedSpec(mred, classes(mstrides), tuple(instrs), sink.op.name, ((len(instrs) - 1, sink.dtype.name),),
+        spec = RedSpec(mred, ew_classes([dt.name for dt in in_dtypes], mstrides), tuple(instrs), sink.op.name, ((len(instrs) - 1, sink.dtype.name),),
                        scalar_dtypes)
         return Kernel(REDUCE, list(group), [red_node], inputs, spec, scalars=scalars, loop_shape=mshape,
                       loop_strides=tuple(mstrides), sizes=runtime_sizes(mshape, mstrides))
     outputs = [j for j in group if j in mat]
-    mshape, mstrides = merge_dims(shape, in_strides + [contiguous_strides(shape)])
-    mshape, mstrides = ((mshape, mstrides[:-1]) if prod(shape) else ((0,), [(0,)] * len(in_strides)))
-    cls = classes(mstrides)
+    mshape, mstrides = ew_loop(shape, in_strides)
+    cls = ew_classes([dt.name for dt in in_dtypes], mstrides)
     spec = EwSpec(len(mshape), cls, tuple(instrs), tuple((instr_of[j], cap.nodes[j].dtype.name) for j in outputs),
                   scalar_dtypes, tile_dim([c for _, c in cls]))
     return Kernel(ELEMENTWISE, list(group), outputs, inputs, spec, scalars=scalars, loop_shape=mshape,

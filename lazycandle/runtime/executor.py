@@ -98,6 +98,13 @@ def _node_step(op_name, kind):
     return STEPS[op_name]
 
 
+def bound_operands(k, cap) -> list:
+    """The operands whose Layouts a node step of kernel `k` takes from a Binding, in order: its
+    node's non-constant operands, then (a matmul with an epilogue) the epilogue's other inputs."""
+    ops = [o for o in cap.operands[k.nodes[0]] if o.kind != "const"]
+    return ops + list(k.epilogue.operands) if k.epilogue is not None else ops
+
+
 def describe(cap):
     """Node-free description of a capture: inputs, nodes (op, arg, shape, dtype, operands), targets."""
     ins = [("placeholder" if n.op.name == "placeholder" else "buffer", n.arg if n.op.name == "placeholder" else None,
@@ -135,9 +142,9 @@ class Plan:
         # how bind_values reads the flat quantities: per kernel (spec, sizes count | operand
         # ranks, node-read count), then one element count per buffer node
         self._recipe = [(k.spec, len(k.sizes), sum(1 for b in k.inputs if b[0] == "node")) if k.spec is not None
-                        else (None, [len(lay.shape) for _, _, _, lay, _ in step.operands],
+                        else (None, [len(o.shape) for o in bound_operands(k, cap)],
                               sum(1 for b in k.inputs if b[0] == "node"))
-                        for k, step in zip(kernels, self.steps)]
+                        for k in kernels]
         self._buffer_nodes = sorted(materialized)
         self.runs = 0                   # runs so far at any binding (the native switch)
         self.native_program = None      # native_exec.NativeProgram: built once, at the plan's 2nd run
@@ -153,11 +160,10 @@ class Plan:
             if k.spec is not None:
                 out.extend(k.sizes)
             else:
-                for o in cap.operands[k.nodes[0]]:
-                    if o.kind != "const":
-                        out.extend(o.shape)
-                        out.extend(o.strides)
-                        out.append(o.offset if o.kind == "node" else 0)
+                for o in bound_operands(k, cap):
+                    out.extend(o.shape)
+                    out.extend(o.strides)
+                    out.append(o.offset if o.kind == "node" else 0)
             out.extend(b[2] for b in k.inputs if b[0] == "node")
         out.extend(prod(cap.nodes[j].shape) for j in sorted(self.materialized))
         return out

@@ -191,8 +191,9 @@ class Rebinder:
     rows per block) and the compiled kernel are `plan`'s, made once; a call works out only the
     kernel's sizes, extent and cost per unit.  It returns None when the layouts leave the
     decision's bucket -- another form or row class, across RULE_M, or (above RULE_M) a measured
-    choice's other size bucket -- and the caller decides again (matmul.plan_for).  Steps with an
-    epilogue keep their layouts, so a rebinder serves plans without one."""
+    choice's other size bucket -- and the caller decides again (matmul.plan_for).  It serves
+    plans without an epilogue; a step with one decides at each new binding (its epilogue's
+    operand layouts are part of the plan)."""
 
     def __init__(self, plan):
         from .matmul import _canon, geometry

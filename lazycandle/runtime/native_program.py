@@ -384,12 +384,11 @@ class NativeProgram:
             off = ("layout", i, n) if step.binds_layouts else lay.offset
             refs.append(("slot", idx) if kind == "in" else self._ref_of_bind(("node", idx), off))
         refs.append(self._ref_of_bind(("node", step.out), 0))
-        for kind, buf, slot, offset in step.ep_reads:
-            refs.append(("slot", slot) if kind == "in" else self._ref_of_bind(("node", buf), offset))
+        for e, (kind, buf, slot) in enumerate(step.ep_reads):
+            refs.append(("slot", slot) if kind == "in" else self._ref_of_bind(("node", buf), ("layout", i, 2 + e)))
         refs += [("fixed", 0)] * (bufs_at + 3 + MAX_EPILOGUE_INPUTS - len(refs))     # unused epilogue slots
         n_sizes = len(own.sizes_list)
-        own_sized = (own.sizes_list, own.extent, own.cost)      # SkinnyPlan.cost is per unit
-        rebind = matmul_skinny.Rebinder(own) if step.binds_layouts else None
+        rebind = matmul_skinny.Rebinder(own) if step.ep_key is None else None
         setting = (config.get_matmul_backend(), own.threads)
 
         def decide(layouts):
@@ -401,8 +400,8 @@ class NativeProgram:
         def sized(layouts):
             """The kernel's (sizes, extent, cost) at a binding: by arithmetic while the backend
             setting and the decision's bucket hold (matmul_skinny.Rebinder), else decided again."""
-            if (config.get_matmul_backend(), config.get_num_threads()) == setting:
-                got = own_sized if rebind is None else rebind(layouts[0], layouts[1])
+            if rebind is not None and (config.get_matmul_backend(), config.get_num_threads()) == setting:
+                got = rebind(layouts[0], layouts[1])
                 if got is not None:
                     return got
             return decide(layouts)

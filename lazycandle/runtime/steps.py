@@ -211,12 +211,12 @@ class MatmulStep(NodeStep):
         la, lb = self.operands[0][3], self.operands[1][3]
         self.out = self.kernel.outputs[0]
         ep = self.kernel.epilogue
-        self.binds_layouts = ep is None       # an epilogue's operand layouts are baked at setup
-        self.ep_key, self.ep_layouts, self.ep_reads, self.ep_step = None, (), (), None
+        self.binds_layouts = True       # a binding's layouts: a, b, then the epilogue's operands
+        self.ep_key, self.ep_layouts, self.ep_reads, self.ep_steps = None, (), (), {}
         if ep is not None:
             self.ep_key = (ep.spec, ep.mm_input)
             self.ep_layouts = tuple(Layout(o.shape, o.strides, o.offset) for o in ep.operands)
-            self.ep_reads = tuple((o.kind, o.src if o.kind == "in" else o.index, o.index, o.offset)
+            self.ep_reads = tuple((o.kind, o.src if o.kind == "in" else o.index, o.index)
                                   for o in ep.operands)
         setting = config.get_matmul_backend()
         try:
@@ -235,40 +235,47 @@ class MatmulStep(NodeStep):
                      else "as an in-place pass after the BLAS GEMM")
             self.detail = f"epilogue {', '.join(ep.ops)} applied {where}"
 
-    def _epilogue_step(self):
-        """The consumers' elementwise kernel, compiled on the first BLAS run."""
-        if self.ep_step is None:
+    def _epilogue_step(self, out_shape, ep_layouts):
+        """The consumers' elementwise kernel at this binding (the Step and its sizes), run over
+        the output after a BLAS GEMM; compiled on the first BLAS run of its merged form."""
+        from ..ir.kernels import rebound_ew
+        from ..layout import contiguous_strides
+        ep = self.kernel.epilogue
+        strides = [lay.strides for lay in ep_layouts]
+        strides.insert(ep.mm_input, contiguous_strides(out_shape))
+        spec, sizes = rebound_ew(ep.spec, out_shape, strides)
+        got = self.ep_steps.get(spec)
+        if got is None:
+            from dataclasses import replace as with_spec
             from .executor import Step
-            k = self.kernel.epilogue.kernel
-            sizes = tuple(k.sizes)
-            extent = k.spec.extent(sizes)
-            self.ep_step = (Step(k, k.spec.rank == 1 and k.spec.tile is None),
-                            (sizes, extent, k.spec.cost(sizes) / (extent or 1)))
-        return self.ep_step
+            k = with_spec(ep.kernel, spec=spec)
+            got = self.ep_steps[spec] = Step(k, spec.rank == 1 and spec.tile is None)
+        extent = spec.extent(sizes)
+        return got, (sizes, extent, spec.cost(sizes) / (extent or 1))
 
-    def _plan(self, la, lb):
-        key = (config._matmul_backend, config._num_threads, la.shape, la.strides, lb.shape, lb.strides)
+    def _plan(self, la, lb, ep_layouts=()):
+        key = (config._matmul_backend, config._num_threads, la.shape, la.strides, lb.shape, lb.strides,
+               tuple((e.shape, e.strides) for e in ep_layouts))
         plan = self.plans.get(key)
         if plan is None:
             if len(self.plans) >= MATMUL_PLANS_KEPT:
                 self.plans.clear()
-            plan = self.plans[key] = self.mm.plan_for(la, lb, self.dtype, key[0], key[1], self.ep_key,
-                                                      self.ep_layouts)
+            plan = self.plans[key] = self.mm.plan_for(la, lb, self.dtype, key[0], key[1], self.ep_key, ep_layouts)
         return plan
 
     def native_plan(self, layouts):
         """The small-m plan this step runs at a binding's operand layouts, or None: that kernel
         takes the standard kernel arguments, so the native program can call it in a phase."""
-        la, lb = (layouts[0], layouts[1]) if self.binds_layouts else (self.operands[0][3], self.operands[1][3])
-        plan = self._plan(la, lb)
+        plan = self._plan(layouts[0], layouts[1], tuple(layouts[2:]))
         return plan if plan.backend == "skinny" else None
 
     def run_node(self, in_bufs, offsets, bufs, layouts=None, scalars=None):
         run_plan = self.mm.run_plan
         (ka, ia, sa, la, _), (kb, ib, sb, lb, _) = self.operands
+        ep_layouts = self.ep_layouts
         if layouts is not None:             # this run's sizes (a plan bound to another size)
-            la, lb = layouts[0], layouts[1]
-        plan = self._plan(la, lb)
+            la, lb, ep_layouts = layouts[0], layouts[1], tuple(layouts[2:])
+        plan = self._plan(la, lb, ep_layouts)
         a, oa = (in_bufs[sa], offsets[ia]) if ka == "in" else (bufs[ia], la.offset)
         b, ob = (in_bufs[sb], offsets[ib]) if kb == "in" else (bufs[ib], lb.offset)
         out = bufs[self.out]
@@ -279,17 +286,22 @@ class MatmulStep(NodeStep):
             run_plan(plan, a, oa, b, ob, out)
             return
         extras = []
-        for kind, buf, slot, offset in self.ep_reads:
+        for (kind, buf, slot), lay in zip(self.ep_reads, ep_layouts):
             arr = in_bufs[buf] if kind == "in" else bufs[buf]
-            extras.append(address(arr) + (offsets[slot] if kind == "in" else offset) * arr.itemsize)
+            extras.append(address(arr) + (offsets[slot] if kind == "in" else lay.offset) * arr.itemsize)
         ek = self.kernel.epilogue.kernel
         if plan.backend in FUSED_BACKENDS:
             scal = scalars[np.array(ek.scalars, np.intp)] if ek.scalars else np.zeros(1, np.int64)
             run_plan(plan, a, oa, b, ob, out, extras, address(scal))
             return
         run_plan(plan, a, oa, b, ob, out)
-        step, sized = self._epilogue_step()
+        step, sized = self._epilogue_step(plan_out_shape(la, lb), ep_layouts)
         if sized[1]:
             addrs = list(extras)
             addrs.insert(self.kernel.epilogue.mm_input, address(out))
             step.run(addrs + [address(out)], scalars, sized)
+
+
+def plan_out_shape(la, lb) -> tuple:
+    """The shape of la @ lb."""
+    return tuple(la.shape[:-1]) + (lb.shape[-1],)
