@@ -61,7 +61,7 @@ class NativePlan:
     nothing is compiled."""
 
     def __init__(self, plan, binding):
-        prog = plan.native_program or program_of(plan)
+        prog = program_of(plan, binding)
         like = prog.last_bound          # the previous binding's NativePlan: its size-independent part
         if like is not None:
             self.__dict__.update(like.__dict__)

@@ -123,15 +123,32 @@ def supports(plan) -> bool:
 _build_lock = threading.Lock()
 
 
-def program_of(plan) -> "NativeProgram":
-    """The plan's NativeProgram, built (and its module linked) on first use, once per plan."""
-    prog = plan.native_program
+def program_of(plan, binding=None) -> "NativeProgram":
+    """The plan's NativeProgram for `binding`'s matmul forms (default: the plan's own binding):
+    one per combination of small-m kernels its matmul steps run -- a row count that crosses
+    the small-m rule turns a step from a native call into a Python item -- built and linked on
+    first use.  `plan.native_program` is the one used last."""
+    binding = binding or plan.binding
+    key = matmul_forms(plan, binding)
+    prog = plan.native_programs.get(key)
     if prog is None:
         with _build_lock:
-            prog = plan.native_program
+            prog = plan.native_programs.get(key)
             if prog is None:
-                prog = plan.native_program = NativeProgram(plan)
+                prog = plan.native_programs[key] = NativeProgram(plan, binding)
+    plan.native_program = prog
     return prog
+
+
+def matmul_forms(plan, binding) -> tuple:
+    """Per matmul step, the address of the small-m kernel it runs at `binding` (None: BLAS or
+    tiled, which run in Python between segments)."""
+    forms = []
+    for i, step in enumerate(plan.steps):
+        if isinstance(step, MatmulStep):
+            got = step.native_plan(binding.steps[i])
+            forms.append(None if got is None else _fn_address(got.fn))
+    return tuple(forms)
 
 
 class BindingSource:
@@ -172,9 +189,9 @@ class NativeProgram:
     are decided on slot identity (two buffers of one slot always clash).  A NativePlan binds
     it to one Binding (pointers, sizes, extents, arena offsets)."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, binding):
         from ..codegen import jit, program
-        self.plan = plan
+        self.plan, self.binding = plan, binding     # (the binding whose matmul forms it calls)
         self.slots = arena_slots(plan)
         self.targets = list(dict.fromkeys(plan.targets))      # one buffer per node, even when
         self.target_index = {j: t for t, j in enumerate(self.targets)}     # several targets share it
@@ -189,7 +206,7 @@ class NativeProgram:
         n_words = 0
         status_words = 0
         for i, (step, k) in enumerate(zip(plan.steps, plan.kernels)):
-            if not isinstance(step, NodeStep) and not plan.binding.steps[i][1]:
+            if not isinstance(step, NodeStep) and not binding.steps[i][1]:
                 continue                    # a zero-size dim: nothing to compute at any size of the class
             got = self._call_of(i, step, k, refs, n_words, imports, names, status_words)
             if got is None:
@@ -336,7 +353,7 @@ class NativeProgram:
         from .steps import SizedStep
         bufs_at = len(refs)
         if isinstance(step, SizedStep) and step.kernel_buffers is not None:
-            own = step.launch_of(step.prepare(self.plan.binding.steps[i]))
+            own = step.launch_of(step.prepare(self.binding.steps[i]))
             if own.fn is None:
                 return None
             status_at = self._sized_refs(step, i, refs, status_no)
@@ -355,7 +372,7 @@ class NativeProgram:
             reads = iter(range(sum(1 for b in k.inputs if b[0] == "node")))
             refs += [self._ref_of_bind(bind, (i, next(reads)) if bind[0] == "node" else 0) for bind in k.inputs]
             refs += [self._ref_of_bind(("node", j), 0) for j in k.outputs]
-            n_sizes = len(self.plan.binding.steps[i][0])
+            n_sizes = len(self.binding.steps[i][0])
             fn, align, slots, sized = step.fn, step.align, tuple(k.scalars), i
             status_at = None
         addr = _fn_address(fn)
@@ -374,7 +391,7 @@ class NativeProgram:
         from ..codegen.gemm_skinny import MAX_EPILOGUE_INPUTS
         from ..codegen.program import Call
         from . import matmul_skinny
-        own = step.native_plan(self.plan.binding.steps[i])
+        own = step.native_plan(self.binding.steps[i])
         if own is None:
             return None
         self.kept_plans.append(own)             # keeps its compiled kernel alive
