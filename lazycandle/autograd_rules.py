@@ -184,9 +184,11 @@ def _extreme(n, g, xs, out):
 
 # ---- matmul -------------------------------------------------------------------------------
 def _transposed(t) -> bool:
-    """Whether t's last two dims are swapped in memory (a linear layer's `w.t()`)."""
+    """Whether t's last two dims are provably swapped in memory (a linear layer's `w.t()`).  A
+    stride that is a named size may or may not be 1: no, then (either form is the same product;
+    this only picks the gradient's layout)."""
     st = t._node.layout.strides
-    return t.rank >= 2 and st[-2] == 1 and st[-1] != 1
+    return t.rank >= 2 and decide_eq(st[-2], 1) is True and decide_eq(st[-1], 1) is False
 
 
 def _matmul_as(lhs, rhs, like):

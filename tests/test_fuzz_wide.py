@@ -382,19 +382,10 @@ def _cumsum0_grad(named):
     return lc.compile([lc.grad(lambda t: (t.cumsum(0) * 0.5).sqr().sum())(x)]), ref
 
 
-ALL_NAMED_XFAIL = {      # issue 38, at 4ef0386
-    "gram_grad": "matmul's gradient rule (autograd_rules._transposed) compares a Size with 1: "
-                 "SymbolicSizeError 'm == 1'",
-    "jit_cumsum_grad": "lc.jit(dynamic=True) of a cumsum's gradient: symbolic_plan.derive_program_binder -> "
-                       "graph.size_signature compares a Size: SymbolicSizeError 'a0_d1 - 1 == 0'",
-    "cumsum0_grad": "cumsum's gradient over the named dim (a flipped view at offset 5*n - 5): "
-                    "graph.size_signature compares a Size: SymbolicSizeError '5*n - 5 == 0'",
-}
+ALL_NAMED = ("cumsum0_grad", "gram_grad", "jit_cumsum_grad")     # each failed under named dims before issue 38's fixes
 
 
-@pytest.mark.parametrize("case,named", [(c, False) for c in sorted(ALL_NAMED_XFAIL)] + [
-    pytest.param(c, True, marks=pytest.mark.xfail(strict=True, reason="issue 38: " + ALL_NAMED_XFAIL[c]))
-    for c in sorted(ALL_NAMED_XFAIL)])
+@pytest.mark.parametrize("case,named", [(c, named) for named in (False, True) for c in ALL_NAMED])
 def test_every_dim_named(case, named):
     rng = np.random.default_rng(8)
     prog, ref = {"gram_grad": _gram_grad, "jit_cumsum_grad": _jit_cumsum_grad, "cumsum0_grad": _cumsum0_grad}[case](named)
