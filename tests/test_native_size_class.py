@@ -81,7 +81,7 @@ def test_a_class_with_an_empty_dim_binds_new_sizes_natively(monkeypatch):
         assert prog._last.plan.native is not None
 
 
-def test_the_program_module_is_linked_once_per_plan_not_per_binding(monkeypatch):
+def test_the_program_module_is_linked_once_per_matmul_form_not_per_binding(monkeypatch):
     prog = _mixed_program()
     prog.run(**_feeds(5))
     prog.run(**_feeds(5))             # the plan's second run builds its native program
@@ -93,8 +93,11 @@ def test_the_program_module_is_linked_once_per_plan_not_per_binding(monkeypatch)
         prog.run(**_feeds(n))
         native = prog._last.plan.native
         assert native, f"a new binding (n={n}) did not run natively at its first run"
-    assert links == [] and lc.cache_info()["kernels"] == kernels
-    assert len({id(inst.plan.native.program) for inst in prog._bound.values()}) == 1
+    # one program module per matmul form the bindings meet (k = n past the small-m kernel's
+    # regime turns its call into a BLAS / tiled step), not one per binding; no kernel compiled
+    programs = {id(inst.plan.native.program) for inst in prog._bound.values()}
+    assert len(links) <= 1 and len(programs) <= 2, links      # (earlier tests may have linked both)
+    assert lc.cache_info()["kernels"] == kernels
 
 
 def test_a_one_shot_eager_realize_does_not_link_a_program_module(monkeypatch):
