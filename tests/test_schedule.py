@@ -181,3 +181,29 @@ def test_exhausted_reachability_budget_only_refuses_merges(monkeypatch):
     assert len(starved) > len(full)
     pn = np.exp(a.numpy().astype(np.float64))
     np.testing.assert_allclose(y.numpy(), (pn * np.tanh(pn @ w.numpy()) + np.sin(pn)) * 0.5, rtol=1e-5, atol=1e-6)
+
+
+def test_merged_groups_spanning_a_scan_do_not_wait_for_each_other():
+    """Found by test_autograd's random graphs: the gradient of cumsum(a.t() @ b.flip(0)) ...
+    fused a sigmoid (read by one cumsum) with a product read after the other cumsum, and the
+    reach test, which skipped groups older than its source, missed the path through them: two
+    kernels waited for each other (SchedulerError).  Now it schedules, and the gradient is right."""
+    rng = np.random.default_rng(0)
+    xv, yv = rng.uniform(-1, 1, (2, 2)), rng.uniform(-1, 1, (2, 2))
+
+    def fn(x, y):
+        m = (x.t() @ x.flip(0)) * 1.0
+        s = (m.sqr() + 1.0).sqrt() + x
+        return (s.cumsum(1) * m.sigmoid()).sum()
+    gx = lc.grad(fn)(lc.tensor(xv), lc.tensor(yv)).numpy()
+    eps, num = 1e-6, np.zeros_like(xv)
+
+    def f64(x):
+        m = x.T @ x[::-1]
+        s = np.sqrt(m * m + 1) + x
+        return (np.cumsum(s, 1) * (1 / (1 + np.exp(-m)))).sum()
+    for i in np.ndindex(xv.shape):
+        d = np.zeros_like(xv)
+        d[i] = eps
+        num[i] = (f64(xv + d) - f64(xv - d)) / (2 * eps)
+    np.testing.assert_allclose(gx, num, rtol=1e-6, atol=1e-8)

@@ -62,7 +62,8 @@ class _Groups:
     """Disjoint groups of node indices and the group graph's edges.  A group's id is one of its
     members; a merge relabels the smaller groups, so all merges together cost O(n log n)."""
 
-    def __init__(self, n_nodes):
+    def __init__(self, n_nodes, prune=True):
+        self.prune = prune                      # reaches() skips groups older than its source
         self.of = list(range(n_nodes))          # node -> group id
         self.members = {}                       # group id -> member nodes
         self.preds = {}                         # group id -> nodes outside it that its members read
@@ -101,8 +102,11 @@ class _Groups:
 
     def reaches(self, src, dsts) -> bool:
         """Whether group `src` has a path to a group in `dsts`.  True also when the search runs
-        over budget: the caller then refuses a merge, which is always safe."""
-        lo, of, hi, preds = self.lo[src], self.of, self.hi, self.preds
+        over budget: the caller then refuses a merge, which is always safe.  With `prune`, a
+        group whose members are all older than src's is not searched: no path of nodes leads
+        from src to it, but one of groups can, through a group that holds an old node and a
+        node reading src (group_nodes then groups again without the pruning)."""
+        lo, of, hi, preds = self.lo[src] if self.prune else -1, self.of, self.hi, self.preds
         stack = [g for g in dsts if hi[g] >= lo]
         seen = set(stack)
         work = 0
@@ -137,7 +141,16 @@ def group_nodes(cap: Capture):
             if o.kind == "node":
                 consumers[o.index].add(j)
     targets = set(cap.targets)
-    gr, notes = _Groups(len(nodes)), []
+    try:
+        return _group(cap, consumers, targets, prune=True)
+    except SchedulerError:      # (rare) the pruned reach test let two groups wait for each other
+        return _group(cap, consumers, targets, prune=False)
+
+
+def _group(cap, consumers, targets, prune):
+    """group_nodes' grouping, with reach tests pruned by node age or not (_Groups.reaches)."""
+    nodes, operands = cap.nodes, cap.operands
+    gr, notes = _Groups(len(nodes), prune), []
     for j, (n, ops) in enumerate(zip(nodes, operands)):
         node_ops = [o.index for o in ops if o.kind == "node"]
         gr.add(j, node_ops, len(consumers[j]), j in targets)
