@@ -90,6 +90,20 @@ def get_matmul_backend() -> str:
     return _matmul_backend
 
 
+AMX_MODES = {"": "auto", "auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
+
+
+def amx_mode() -> str:
+    """LAZYCANDLE_AMX: "auto" (default: the bf16 tiled GEMM runs on AMX tiles where the host
+    has amx-tile and amx-bf16 and Linux grants them), "off" (never: the AVX-512 forms), "on"
+    (as auto, but a host that cannot is an error instead of a fallback).  The one place the
+    override is read (codegen/gemm_amx.py asks when it builds a bf16 GEMM spec)."""
+    raw = os.environ.get("LAZYCANDLE_AMX", "").strip().lower()
+    if raw not in AMX_MODES:
+        raise ValueError(f"LAZYCANDLE_AMX={raw!r}: expected one of auto, on, off, 1, 0")
+    return AMX_MODES[raw]
+
+
 def _env_reader(name: str):
     """A function returning env var `name`'s current raw value (None when unset), for flags
     read at every run: one lookup in the dict behind os.environ (what os.environ.get reads,

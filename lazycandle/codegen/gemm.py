@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 
 from ..dtype import DType
-from . import gemm_pairs, jit, registry
+from . import gemm_amx, gemm_pairs, jit, registry
 from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
 from .gemm_ir import (ONE, ZERO, I64, acc_add, acc_type, define, for_range, from_acc, gep, i64,
                       if_then, imin, load, mul, add, new_module, storage_type, store, type_bytes, vload,
@@ -67,6 +67,7 @@ class GemmSpec(KernelSpec):
     prefetch: int = 8  # prefetch the C tile before the k loop, and A this many unrolled steps ahead
     role: str = "gemm"   # "gemm": the driver; "pack_b": the shared-B packer (build_ir)
     pairs: bool = False  # bf16 panels in k-pairs for the dot-product instruction (gemm_pairs.py)
+    amx: bool = False    # bf16 on AMX tiles (gemm_amx.py): MR = NR = 32, k in steps of unroll = 32
 
     @property
     def nr(self) -> int:
@@ -80,7 +81,7 @@ class GemmSpec(KernelSpec):
     @property
     def key(self) -> str:
         role = "" if self.role == "gemm" else f"_{self.role}"
-        form = "_pairs" if self.pairs else ""
+        form = "_pairs" if self.pairs else "_amx" if self.amx else ""
         return f"{self.dtype.name}_{self.mr}x{self.nv}x{self.vw}_u{self.unroll}p{self.prefetch}{form}{role}"
 
     def extent(self, sizes) -> int:
@@ -95,7 +96,7 @@ class GemmSpec(KernelSpec):
 
     def describe(self) -> str:
         what = "tiled GEMM" if self.role == "gemm" else "tiled GEMM's shared-B packer"
-        form = ", bf16 pair dot products" if self.pairs else ""
+        form = ", bf16 pair dot products" if self.pairs else ", AMX tiles" if self.amx else ""
         return f"{what} {self.dtype.name}, register tile {self.mr}x{self.nr}, k unroll {self.unroll}{form}"
 
 
@@ -118,8 +119,11 @@ def choose_tile(dt: DType, vector_bits: int | None = None) -> tuple:
 
 
 def tiled_spec(dt: DType) -> GemmSpec:
-    """The tiled GEMM's spec for `dt` on this host: choose_tile's register tile, in the bf16
-    pair form where the host has the instruction for it."""
+    """The tiled GEMM's spec for `dt` on this host: bf16 on AMX tiles where the host runs them
+    (gemm_amx.usable), else choose_tile's register tile, in the bf16 pair form where the host
+    has the instruction for it."""
+    if gemm_amx.usable(dt):
+        return GemmSpec(dt, gemm_amx.MR, gemm_amx.NR // 16, 16, unroll=gemm_amx.KSTEP, prefetch=0, amx=True)
     mr, nv, vw = choose_tile(dt)
     return GemmSpec(dt, mr, nv, vw, pairs=gemm_pairs.usable(dt, vw))
 
@@ -131,10 +135,11 @@ def _fma(b, x, y, acc):
     return call_intrinsic(b, "fma", [x, y, acc])
 
 
-def edge_rows(mr: int) -> tuple:
-    """Row counts of the extra micro-kernels for a last row tile of few rows (MR = 14: 4, 8),
-    so that e.g. 256 rows (18 tiles + 4 rows) do not compute a whole 14-row tile for 4."""
-    return tuple(r for r in (4, 8) if r < mr)
+def edge_rows(mr: int, amx: bool = False) -> tuple:
+    """Row counts of the extra micro-kernels for a last row tile of few rows (MR = 14: 4, 8;
+    AMX: one row of tiles, 16), so that e.g. 256 rows (18 tiles + 4 rows) do not compute a
+    whole 14-row tile for 4."""
+    return tuple(r for r in ((gemm_amx.ROWS,) if amx else (4, 8)) if r < mr)
 
 
 def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
@@ -152,6 +157,12 @@ def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
                     I1, I1])
     kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = fn.args
     tile = b.alloca(at, size=R * NR)
+    tile.align = 64
+    if spec.amx:        # the tiles run the k loop and leave C in `tile`
+        gemm_amx.micro_tiles(b, R, kb, ap, bp, tile)
+        store_tile(b, spec, R, lambda i, v: vload(b, tile, i64(i * NR + v * VW), VW, 64), tile, None, fn.args[3:])
+        b.ret_void()
+        return fn
     o_rows = [b.gep(o, [mul(b, i64(i), ldo)]) for i in range(R)]
     w_rows = [b.gep(w, [mul(b, i64(i), ldw)]) for i in range(R)]
     if spec.prefetch:
@@ -180,18 +191,36 @@ def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
     else:
         accs = _acc_loop(b, kb, U, ap, bp, MR * U, NR * U, init, steps)
 
+    def spill():
+        for i in range(R):
+            for v in range(NV):
+                vstore(b, accs[i][v], tile, i64(i * NR + v * VW), ab)
+    store_tile(b, spec, R, lambda i, v: accs[i][v], tile, spill, fn.args[3:], o_rows, w_rows)
+    b.ret_void()
+    return fn
+
+
+def store_tile(b, spec: GemmSpec, R: int, get, tile, spill, args, o_rows=None, w_rows=None) -> None:
+    """Store the micro-kernel's R x NR accumulators as _by_mode says: get(i, v) gives vector v
+    of row i; a partial tile (mr x nr valid) goes element by element from the R x NR scratch
+    `tile` (spill(), when given, writes it first).  args: (o, ldo, w, ldw, mr, nr,
+    first, last) of the micro-kernel."""
+    o, ldo, w, ldw, mr, nr, first, last = args
+    NV, VW, NR = spec.nv, spec.vw, spec.nr
+    ab = type_bytes(acc_type(spec.dtype))
+    o_rows = o_rows or [b.gep(o, [mul(b, i64(i), ldo)]) for i in range(R)]
+    w_rows = w_rows or [b.gep(w, [mul(b, i64(i), ldw)]) for i in range(R)]
     full = b.and_(b.icmp_signed("==", mr, i64(R)), b.icmp_signed("==", nr, i64(NR)))
     with b.if_else(full) as (then, otherwise):
         with then:
             def whole_tile(mode):
                 for i in range(R):
                     for v in range(NV):
-                        _apply(b, spec, mode, accs[i][v], o_rows[i], i64(v * VW), w_rows[i], i64(v * VW))
+                        _apply(b, spec, mode, get(i, v), o_rows[i], i64(v * VW), w_rows[i], i64(v * VW))
             _by_mode(b, spec, first, last, whole_tile)
         with otherwise:
-            for i in range(R):
-                for v in range(NV):
-                    vstore(b, accs[i][v], tile, i64(i * NR + v * VW), ab)
+            if spill:
+                spill()
 
             def edge_tile(mode):
                 with for_range(b, ZERO, mr, name="ei") as ei:
@@ -199,8 +228,6 @@ def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
                         x = load(b, tile, add(b, mul(b, ei, i64(NR)), ej), ab)
                         _apply(b, spec, mode, x, o, add(b, mul(b, ei, ldo), ej), w, add(b, mul(b, ei, ldw), ej))
             _by_mode(b, spec, first, last, edge_tile)
-    b.ret_void()
-    return fn
 
 
 def _call_micro(b, micro: dict, mr, args) -> None:
@@ -318,6 +345,8 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
     MR, NR = spec.mr, spec.nr
     fn, b = define(m, name, VOID, [I64.as_pointer(), I64, I64, ir.IntType(8).as_pointer()], internal=False)
     params, t_lo, t_hi, ws = fn.args
+    if spec.amx:
+        gemm_amx.configure(b)       # once per call: the tile micro-kernels run inside it
 
     def p(field, i=0):
         return load(b, params, i64(param_index(field, i)), 8)
@@ -435,6 +464,8 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
             b.store(add(b, pc, kc), pc_slot)
             b.cbranch(b.icmp_signed("<", b.load(pc_slot), K), loop, after)
             b.position_at_end(after)
+    if spec.amx:
+        gemm_amx.release(b)
     b.ret_void()
     return fn
 
@@ -483,7 +514,10 @@ def build_ir(spec: GemmSpec) -> tuple:
     """(IR text, exported function name) for one GEMM kernel: the driver, or for role
     "pack_b" the shared-B packer (same signature)."""
     m = new_module(f"gemm_{spec.key}")
-    if spec.pairs:
+    if spec.amx:         # B in k-pair panels (gemm_pairs.py), A in tile rows (gemm_amx.py)
+        def pack(name, width):
+            return (gemm_pairs.emit_pack if name == "pack_b" else gemm_amx.emit_pack_a)(m, spec, name, width)
+    elif spec.pairs:
         def pack(name, width):
             return gemm_pairs.emit_pack(m, spec, name, width)
     else:
@@ -497,7 +531,7 @@ def build_ir(spec: GemmSpec) -> tuple:
         _emit_pack_b_tasks(m, spec, pack_b, name)
         return finalize_ir(m), name
     pack_a = pack("pack_a", spec.mr)
-    micro = {r: _emit_micro(m, spec, r) for r in edge_rows(spec.mr) + (spec.mr,)}
+    micro = {r: _emit_micro(m, spec, r) for r in edge_rows(spec.mr, spec.amx) + (spec.mr,)}
     _emit_driver(m, spec, pack_a, pack_b, micro, name)
     return finalize_ir(m), name
 

@@ -190,7 +190,7 @@ def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
     floor = 1024 if _tile_kernel(spec.dtype)[3] else 512
     kc_max = max(floor, CACHES[2] // 4 // ((spec.mr + spec.nr) * acc_bytes) // 8 * 8)
     blocks = max(1, -(-k // kc_max))
-    kc = _round_up(max(1, -(-k // blocks)), 8)
+    kc = _round_up(max(1, -(-k // blocks)), max(8, spec.unroll))     # AMX: whole 32-k tile steps
     mc = max(spec.mr, (CACHES[2] // 3 // (kc * acc_bytes)) // spec.mr * spec.mr)
     nc = max(spec.nr, min(4 << 20, CACHES[3] // 2) // (kc * acc_bytes) // spec.nr * spec.nr)
     return mc, kc, nc
