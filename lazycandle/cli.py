@@ -44,6 +44,8 @@ def _info(args) -> int:
     print(f"threads:        {config.get_num_threads()} (LAZYCANDLE_NUM_THREADS={os.environ.get('LAZYCANDLE_NUM_THREADS', '')!s}, "
           f"affinity {len(os.sched_getaffinity(0))} cpus)")
     print(f"matmul backend: {config.get_matmul_backend()}")
+    from .codegen import gemm_amx
+    print(f"amx:            {gemm_amx.status()}")
     try:
         from .runtime import blas
         print(f"BLAS library:   {_blas_words(blas.info())}")

@@ -1,7 +1,8 @@
 """The bf16 pair (dot-product instruction) form of the tiled GEMM (codegen/gemm_pairs.py):
 chosen where the host has AVX512-BF16, and against NumPy's f32 product on every packing path
 (row-major, transposed and strided operands, odd k, partial panels, zero sizes), special
-values, epilogue fusion, shared-B at two threads, and the f32 form on the same inputs."""
+values, epilogue fusion, shared-B at two threads, and the f32 form on the same inputs (with the
+AMX form, which would take the tiled bf16 GEMM on an AMX host, off)."""
 from __future__ import annotations
 
 import ml_dtypes
@@ -16,6 +17,17 @@ from lazycandle.runtime import matmul as MM
 
 BF = ml_dtypes.bfloat16
 HAS_PAIRS = gemm_pairs.usable(D.bf16, gemm.choose_tile(D.bf16)[2])
+
+
+@pytest.fixture(autouse=True)
+def no_amx(monkeypatch):
+    """These are the pair form's tests: on an AMX host the tiled bf16 GEMM runs on tiles
+    (tests/test_matmul_amx.py) unless told not to."""
+    monkeypatch.setenv("LAZYCANDLE_AMX", "off")
+    lc.clear_caches()
+    yield
+    monkeypatch.delenv("LAZYCANDLE_AMX")
+    lc.clear_caches()
 
 
 @pytest.fixture

@@ -339,8 +339,9 @@ def test_tiled_generator_is_parametric(monkeypatch, bits):
     """The AVX2 (6 x 2 vectors) and AVX-512 (14 x 2 vectors for floats, 6 x 4 for integers)
     tiles stay correct whatever the host: LLVM legalises the wider vectors on narrower hosts.
     Sizes around the register tile, k not a multiple of the unroll, transposed and sliced
-    operands."""
+    operands (the register tiles: AMX, which an AMX host would run bf16 on, off)."""
     from lazycandle.codegen import gemm
+    monkeypatch.setenv("LAZYCANDLE_AMX", "off")
     real = gemm.choose_tile
     monkeypatch.setattr(gemm, "choose_tile", lambda dt, vector_bits=None: real(dt, bits))
     monkeypatch.setattr(MM, "_tile_kernels", {})

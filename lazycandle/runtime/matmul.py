@@ -276,6 +276,7 @@ class TiledPlan:
         self.g, self.threads = g, threads
         spec, self.fn, ab, needs_w = _tile_kernel(g.dtype)
         mc, kc, nc = _blocking(spec, ab, g.k)
+        kc = _round_up(kc, spec.unroll)     # a KC block's panels are kbp <= KC deep (AMX: 32-k steps)
         nb = g.nbatch
         nr, mr, unroll = spec.nr, spec.mr, spec.unroll
         mchunk, nchunk = _chunks(nb, g.m, g.n, mr, nr, g.flops, threads)
