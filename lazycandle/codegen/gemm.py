@@ -157,8 +157,8 @@ def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
                     I1, I1])
     kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = fn.args
     tile = b.alloca(at, size=R * NR)
-    tile.align = 64
     if spec.amx:        # the tiles run the k loop and leave C in `tile`
+        tile.align = 64
         gemm_amx.micro_tiles(b, R, kb, ap, bp, tile)
         store_tile(b, spec, R, lambda i, v: vload(b, tile, i64(i * NR + v * VW), VW, 64), tile, None, fn.args[3:])
         b.ret_void()
