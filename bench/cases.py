@@ -78,18 +78,18 @@ def _lowp_ref(xp, a, b):
     return (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype)
 
 
-def _matmul_lowp(dtname, quick, tiny):
+def _matmul_lowp(dtname, quick, tiny, n_full=1024):
     import ml_dtypes
     npdt = np.float16 if dtname == "f16" else ml_dtypes.bfloat16
     tol = 2e-3 if dtname == "f16" else 1.6e-2
     return Case(
-        name=f"matmul_{dtname}_1024", group="seed", title=lambda n: f"matmul {dtname} {n}x{n}",
-        sizes={"full": 1024, "quick": quick, "tiny": tiny},
+        name=f"matmul_{dtname}_{n_full}", group="seed", title=lambda n: f"matmul {dtname} {n}x{n}",
+        sizes={"full": n_full, "quick": quick, "tiny": tiny},
         make=_square("ab", npdt), lc=lambda lc, a, b: a.matmul(b), ref=_lowp_ref,
         work=_mm_work(2), metric="flops", rtol=tol, atol=tol,
         torch=lambda torch, a, b: a @ b,
         note=f"NumPy/jax: {dtname} inputs, f32 product, rounded to {dtname}; torch: native {dtname}",
-        seed_label=f"{dtname} matmul 1024")
+        seed_label=f"{dtname} matmul {n_full}")
 
 
 N4M = 4_194_304
@@ -101,6 +101,7 @@ SEED_CASES = [
     _matmul_f32(2048, 1024, 32),
     _matmul_lowp("f16", 512, 16),
     _matmul_lowp("bf16", 512, 16),
+    _matmul_lowp("bf16", 1024, 32, 2048),       # issue 43: AMX where the host has it
     Case(name="exp", group="seed", title=lambda n: f"exp, {n:,} f32", sizes=_EW_SIZES,
          make=_vec("a"), lc=lambda lc, a: a.exp(), ref=lambda xp, a: xp.exp(a),
          work=_ew_work(1, 1), numexpr=lambda ne, a: ne.evaluate("exp(a)"),

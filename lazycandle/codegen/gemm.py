@@ -160,7 +160,8 @@ def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
     if spec.amx:        # the tiles run the k loop and leave C in `tile`
         tile.align = 64
         gemm_amx.micro_tiles(b, R, kb, ap, bp, tile)
-        store_tile(b, spec, R, lambda i, v: vload(b, tile, i64(i * NR + v * VW), VW, 64), tile, None, fn.args[3:])
+        store_tile(b, spec, R, lambda i, v: vload(b, tile, i64(gemm_amx.tile_index(i, v * VW)), VW, 64), tile, None,
+                   fn.args[3:], at=lambda i, j: gemm_amx.tile_index_ir(b, i, j))
         b.ret_void()
         return fn
     o_rows = [b.gep(o, [mul(b, i64(i), ldo)]) for i in range(R)]
@@ -200,10 +201,10 @@ def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
     return fn
 
 
-def store_tile(b, spec: GemmSpec, R: int, get, tile, spill, args, o_rows=None, w_rows=None) -> None:
+def store_tile(b, spec: GemmSpec, R: int, get, tile, spill, args, o_rows=None, w_rows=None, at=None) -> None:
     """Store the micro-kernel's R x NR accumulators as _by_mode says: get(i, v) gives vector v
     of row i; a partial tile (mr x nr valid) goes element by element from the R x NR scratch
-    `tile` (spill(), when given, writes it first).  args: (o, ldo, w, ldw, mr, nr,
+    `tile` (spill(), when given, writes it first), element (i, j) at at(i, j) (default i * NR + j).  args: (o, ldo, w, ldw, mr, nr,
     first, last) of the micro-kernel."""
     o, ldo, w, ldw, mr, nr, first, last = args
     NV, VW, NR = spec.nv, spec.vw, spec.nr
@@ -225,7 +226,7 @@ def store_tile(b, spec: GemmSpec, R: int, get, tile, spill, args, o_rows=None, w
             def edge_tile(mode):
                 with for_range(b, ZERO, mr, name="ei") as ei:
                     with for_range(b, ZERO, nr, name="ej") as ej:
-                        x = load(b, tile, add(b, mul(b, ei, i64(NR)), ej), ab)
+                        x = load(b, tile, at(ei, ej) if at else add(b, mul(b, ei, i64(NR)), ej), ab)
                         _apply(b, spec, mode, x, o, add(b, mul(b, ei, ldo), ej), w, add(b, mul(b, ei, ldw), ej))
             _by_mode(b, spec, first, last, edge_tile)
 

@@ -162,7 +162,7 @@ def _zero(b, t: int) -> None:
 # ---- micro-kernel -----------------------------------------------------------------------
 def micro_tiles(b, rows: int, kbp, ap, bp, tile) -> None:
     """C (rows x NR f32, rows 16 or 32) = A panel (MR rows) x B panel (NR columns) over kbp
-    (a multiple of KSTEP) k, run in the tiles and stored row-major into `tile` (f32 *)."""
+    (a multiple of KSTEP) k, run in the tiles and stored into `tile` (f32 *) as tile_index says."""
     cs = (C00, C01, C10, C11)[:2 * rows // ROWS]
     for c in cs:
         _zero(b, c)
@@ -181,9 +181,20 @@ def micro_tiles(b, rows: int, kbp, ap, bp, tile) -> None:
             _dot(b, C10, A1, B0)
             _dot(b, C11, A1, B1)
     t8 = b.bitcast(tile, P8)
-    for n, c in enumerate(cs):
-        r, col = divmod(n, 2)
-        _store(b, c, gep(b, t8, i64((r * ROWS * NR + col * ROWS) * 4)), NR * 4)
+    for n, c in enumerate(cs):       # each tile's 1 KB in one piece: ~3x faster than rows NR apart
+        _store(b, c, gep(b, t8, i64(n * ROWS * ROW_BYTES)), ROW_BYTES)
+
+
+def tile_index(i: int, j: int) -> int:
+    """Element of C's (i, j) in micro_tiles' scratch: the C tiles one after another, row-major."""
+    return ((i // ROWS) * (NR // ROWS) + j // ROWS) * ROWS * ROWS + (i % ROWS) * ROWS + j % ROWS
+
+
+def tile_index_ir(b, i, j):
+    """tile_index of run-time i, j (i64)."""
+    r16, c16 = i64(ROWS), i64(ROWS)
+    t = add(b, mul(b, b.udiv(i, r16), i64(NR // ROWS)), b.udiv(j, c16))
+    return add(b, mul(b, t, i64(ROWS * ROWS)), add(b, mul(b, b.urem(i, r16), r16), b.urem(j, c16)))
 
 
 # ---- A's packer -------------------------------------------------------------------------
