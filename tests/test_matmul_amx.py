@@ -117,7 +117,7 @@ def test_bf16_matches_numpy(mode, m, k, n, layout):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("m,k,n", [(520, 301, 400), (300, 130, 700), (96, 3001, 80)])
+@pytest.mark.parametrize("m,k,n", [(520, 301, 400), (300, 130, 700), (96, 3001, 80), (40, 3001, 70)])
 def test_bf16_threads_and_k_blocks(mode, threads, m, k, n):
     # 520 x 400: the 2-thread shared-B plan; 300 x 700: the split plans; k = 3001: past one KC
     # block (partial sums through W, then rounded once)

@@ -159,9 +159,11 @@ def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
     tile = b.alloca(at, size=R * NR)
     if spec.amx:        # the tiles run the k loop and leave C in `tile`
         tile.align = 64
-        gemm_amx.micro_tiles(b, R, kb, ap, bp, tile)
-        store_tile(b, spec, R, lambda i, v: vload(b, tile, i64(gemm_amx.tile_index(i, v * VW)), VW, 64), tile, None,
-                   fn.args[3:], at=lambda i, j: gemm_amx.tile_index_ir(b, i, j))
+        gemm_amx.micro_tiles(b, R, kb, ap, bp, tile, w, first, last)
+        with if_then(b, last, "out"):   # partial sums stay in W (tile order) between KC blocks
+            yes = ir.Constant(I1, 1)
+            store_tile(b, spec, R, lambda i, v: vload(b, tile, i64(gemm_amx.tile_index(i, v * VW)), VW, 64), tile,
+                       None, (o, ldo, w, ldw, mr, nr, yes, yes), at=lambda i, j: gemm_amx.tile_index_ir(b, i, j))
         b.ret_void()
         return fn
     o_rows = [b.gep(o, [mul(b, i64(i), ldo)]) for i in range(R)]
@@ -454,6 +456,8 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
                         row = add(b, ic, ir_)
                         oi = add(b, mul(b, row, ldo), col)
                         wi = add(b, mul(b, b.sub(row, m0), nb), jr)      # W: the task's rows x this NC block
+                        if spec.amx:    # ... in MR x NR blocks of tile order
+                            wi = add(b, mul(b, b.sub(row, m0), _round_up_ir(b, nb, NR)), mul(b, jr, i64(MR)))
                         _call_micro(b, micro, mr, [kbp, gep(b, ap_blk, mul(b, ir_, kbp)), bpanel, gep(b, O, oi), ldo,
                                                    b.gep(W, [wi]), nb, mr, nr, first, last])
                         with if_then(b, b.and_(last, has_ep), "ep"):

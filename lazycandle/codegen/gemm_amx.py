@@ -160,12 +160,22 @@ def _zero(b, t: int) -> None:
 
 
 # ---- micro-kernel -----------------------------------------------------------------------
-def micro_tiles(b, rows: int, kbp, ap, bp, tile) -> None:
-    """C (rows x NR f32, rows 16 or 32) = A panel (MR rows) x B panel (NR columns) over kbp
-    (a multiple of KSTEP) k, run in the tiles and stored into `tile` (f32 *) as tile_index says."""
+def micro_tiles(b, rows: int, kbp, ap, bp, tile, w, first, last) -> None:
+    """C (rows x NR f32, rows 16 or 32) += A panel (MR rows) x B panel (NR columns) over kbp
+    (a multiple of KSTEP) k, in the tiles: C starts at 0 on the first KC block, else from the
+    partial sums at w (the block's MR x NR f32 in tile_index order); it goes to `tile` (f32 *,
+    same order) after the last block, else back to w.  Whole 1 KB tiles both ways, so a KC
+    block costs 4 tile loads and stores more, and a short KC keeps the B panel in L1 across
+    the row blocks that read it."""
     cs = (C00, C01, C10, C11)[:2 * rows // ROWS]
-    for c in cs:
-        _zero(b, c)
+    w8 = b.bitcast(w, P8)
+    with b.if_else(first) as (zero, partial):
+        with zero:
+            for c in cs:
+                _zero(b, c)
+        with partial:
+            for n, c in enumerate(cs):
+                _load(b, c, gep(b, w8, i64(n * ROWS * ROW_BYTES)), ROW_BYTES)
     a8, b8 = b.bitcast(ap, P8), b.bitcast(bp, P8)
     b_stride = NR * 4                              # a k-pair row of B's panel: NR pair words
     with for_range(b, ZERO, b.sdiv(kbp, i64(KSTEP)), name="ks") as s:
@@ -180,7 +190,7 @@ def micro_tiles(b, rows: int, kbp, ap, bp, tile) -> None:
             _load(b, A1, gep(b, pa, i64(ROWS * ROW_BYTES)), ROW_BYTES)
             _dot(b, C10, A1, B0)
             _dot(b, C11, A1, B1)
-    t8 = b.bitcast(tile, P8)
+    t8 = b.select(last, b.bitcast(tile, P8), w8)
     for n, c in enumerate(cs):       # each tile's 1 KB in one piece: ~3x faster than rows NR apart
         _store(b, c, gep(b, t8, i64(n * ROWS * ROW_BYTES)), ROW_BYTES)
 
