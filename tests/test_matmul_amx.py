@@ -92,7 +92,8 @@ def test_info_says_whether_amx_runs(capsys):
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 70), (17, 31, 33), (33, 33, 17), (31, 64, 32), (48, 95, 47),
-                                   (65, 200, 100), (100, 1, 3), (5, 0, 7), (0, 6, 5), (3, 6, 0)])
+                                   (65, 200, 100), (100, 1, 3), (5, 0, 7), (0, 6, 5), (3, 6, 0),
+                                   (64, 96, 40), (70, 128, 33)])     # k in whole tile steps: A read in place
 @pytest.mark.parametrize("layout", ["rows", "a_t", "b_t", "both_t", "strided", "narrowed"])
 def test_bf16_matches_numpy(mode, m, k, n, layout):
     rng = np.random.default_rng(m * 1000 + k * 10 + n)
@@ -117,17 +118,18 @@ def test_bf16_matches_numpy(mode, m, k, n, layout):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("m,k,n", [(520, 301, 400), (300, 130, 700), (96, 3001, 80), (40, 3001, 70)])
+@pytest.mark.parametrize("m,k,n", [(520, 301, 400), (300, 130, 700), (96, 3001, 80), (40, 3001, 70), (70, 3072, 50),
+                                   (520, 320, 400)])
 def test_bf16_threads_and_k_blocks(mode, threads, m, k, n):
     # 520 x 400: the 2-thread shared-B plan; 300 x 700: the split plans; k = 3001: past one KC
-    # block (partial sums through W, then rounded once)
+    # block (partial sums through W, then rounded once); k = 3072, 320: A read in place (AMX)
     rng = np.random.default_rng(m + k + n + threads)
     a, b = bf16(rng, (m, k)), bf16(rng, (k, n))
     got = with_threads(threads, lambda: (lc.tensor(a) @ lc.tensor(b)).numpy())
     assert_rounded_once(got, a, b)
     plans = [p for p in MM._plans.values() if isinstance(p, MM.TiledPlan) and p.g.m == m]
     assert plans and bool(plans[0].shared_rows) == (threads == 2 and m == 520)
-    assert (plans[0].params[gemm.param_index("kc")] < k) == (k == 3001)
+    assert (plans[0].params[gemm.param_index("kc")] < k) == (k > 3000)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

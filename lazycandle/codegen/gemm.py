@@ -154,12 +154,12 @@ def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
     ab = type_bytes(at)
     fn, b = define(m, "micro" if R == MR else f"micro_r{R}", VOID,
                    [I64, at.as_pointer(), at.as_pointer(), st.as_pointer(), I64, at.as_pointer(), I64, I64, I64,
-                    I1, I1])
-    kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = fn.args
+                    I1, I1] + [I64, I64] * spec.amx)
+    kb, ap, bp, o, ldo, w, ldw, mr, nr, first, last = fn.args[:11]
     tile = b.alloca(at, size=R * NR)
     if spec.amx:        # the tiles run the k loop and leave C in `tile`
         tile.align = 64
-        gemm_amx.micro_tiles(b, R, kb, ap, bp, tile, w, first, last)
+        gemm_amx.micro_tiles(b, R, kb, ap, bp, tile, w, first, last, *fn.args[11:])
         with if_then(b, last, "out"):   # partial sums stay in W (tile order) between KC blocks
             yes = ir.Constant(I1, 1)
             store_tile(b, spec, R, lambda i, v: vload(b, tile, i64(gemm_amx.tile_index(i, v * VW)), VW, 64), tile,
@@ -350,6 +350,9 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
     params, t_lo, t_hi, ws = fn.args
     if spec.amx:
         gemm_amx.configure(b)       # once per call: the tile micro-kernels run inside it
+        direct = b.and_(b.icmp_signed("==", load(b, params, i64(param_index("csa")), 8), ONE),
+                        b.icmp_signed("==", b.srem(load(b, params, i64(param_index("k")), 8), i64(gemm_amx.KSTEP)),
+                                      ZERO))
 
     def p(field, i=0):
         return load(b, params, i64(param_index(field, i)), 8)
@@ -444,9 +447,13 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
                 ap_blk = gep(b, Ap, b.select(a_keep, add(b, mul(b, pc, a_rows), mul(b, b.sub(ic, m0), kbp)), ZERO))
                 # a kept block is not packed again: zero rows (a select, not a branch, so that
                 # LLVM does not unswitch, i.e. duplicate, the loop nest on the flag)
-                rows_a = b.select(pack_a_now, mb, ZERO)
-                b.call(pack_a, [gep(b, A, add(b, mul(b, ic, rsa), mul(b, pc, csa))), rsa, csa, rows_a, kb, kbp,
-                                ap_blk])
+                # AMX, row-major A and K in whole tile steps: whole row blocks are read in place
+                # (skip: their rows), only a last partial one is packed (zero rows past m)
+                skip = mul(b, b.sdiv(mb, i64(MR)), i64(MR)) if spec.amx else ZERO
+                skip = b.select(direct, skip, ZERO) if spec.amx else skip
+                rows_a = b.select(pack_a_now, b.sub(mb, skip), ZERO)
+                b.call(pack_a, [gep(b, A, add(b, mul(b, add(b, ic, skip), rsa), mul(b, pc, csa))), rsa, csa, rows_a,
+                                kb, kbp, gep(b, ap_blk, mul(b, skip, kbp))])
                 with for_range(b, ZERO, nb, i64(NR), name="jr") as jr:
                     nr = imin(b, i64(NR), b.sub(nb, jr))
                     bpanel = gep(b, Bblk, mul(b, jr, kbp))
@@ -458,8 +465,15 @@ def _emit_driver(m: ir.Module, spec: GemmSpec, pack_a, pack_b, micro, name: str)
                         wi = add(b, mul(b, b.sub(row, m0), nb), jr)      # W: the task's rows x this NC block
                         if spec.amx:    # ... in MR x NR blocks of tile order
                             wi = add(b, mul(b, b.sub(row, m0), _round_up_ir(b, nb, NR)), mul(b, jr, i64(MR)))
-                        _call_micro(b, micro, mr, [kbp, gep(b, ap_blk, mul(b, ir_, kbp)), bpanel, gep(b, O, oi), ldo,
-                                                   b.gep(W, [wi]), nb, mr, nr, first, last])
+                        a_at = gep(b, ap_blk, mul(b, ir_, kbp))
+                        args = [kbp, a_at, bpanel, gep(b, O, oi), ldo, b.gep(W, [wi]), nb, mr, nr, first, last]
+                        if spec.amx:    # A's tile rows: in place (row stride, 64 bytes a step) or packed
+                            inplace = b.and_(direct, b.icmp_signed("==", mr, i64(MR)))
+                            src = b.bitcast(gep(b, A, add(b, mul(b, row, rsa), pc)), a_at.type)
+                            args[1] = b.select(inplace, src, a_at)
+                            args += [b.select(inplace, mul(b, rsa, i64(2)), i64(64)),
+                                     b.select(inplace, i64(64), i64(MR * 64))]
+                        _call_micro(b, micro, mr, args)
                         with if_then(b, b.and_(last, has_ep), "ep"):
                             for k in range(NE):     # tile origin of each epilogue operand
                                 at = add(b, mul(b, row, p(f"rse{k}")), mul(b, col, p(f"cse{k}")))

@@ -143,8 +143,9 @@ def _tile(n: int):
     return ir.Constant(I8, n)
 
 
-def _load(b, t: int, ptr, stride: int) -> None:
-    _intr(b, "llvm.x86.tileloadd64", [_tile(t), ptr, i64(stride)], [I8, P8, I64])
+def _load(b, t: int, ptr, stride) -> None:
+    _intr(b, "llvm.x86.tileloadd64", [_tile(t), ptr, i64(stride) if isinstance(stride, int) else stride],
+          [I8, P8, I64])
 
 
 def _store(b, t: int, ptr, stride: int) -> None:
@@ -160,9 +161,11 @@ def _zero(b, t: int) -> None:
 
 
 # ---- micro-kernel -----------------------------------------------------------------------
-def micro_tiles(b, rows: int, kbp, ap, bp, tile, w, first, last) -> None:
-    """C (rows x NR f32, rows 16 or 32) += A panel (MR rows) x B panel (NR columns) over kbp
-    (a multiple of KSTEP) k, in the tiles: C starts at 0 on the first KC block, else from the
+def micro_tiles(b, rows: int, kbp, ap, bp, tile, w, first, last, a_rs, a_step) -> None:
+    """C (rows x NR f32, rows 16 or 32) += A (MR rows) x B panel (NR columns) over kbp (a
+    multiple of KSTEP) k, in the tiles; A's rows are a_rs bytes apart and its next 32 k a_step
+    bytes on (its packed panel: 64 and MR * 64; a row-major A read in place: its row stride and
+    64). C starts at 0 on the first KC block, else from the
     partial sums at w (the block's MR x NR f32 in tile_index order); it goes to `tile` (f32 *,
     same order) after the last block, else back to w.  Whole 1 KB tiles both ways, so a KC
     block costs 4 tile loads and stores more, and a short KC keeps the B panel in L1 across
@@ -179,15 +182,15 @@ def micro_tiles(b, rows: int, kbp, ap, bp, tile, w, first, last) -> None:
     a8, b8 = b.bitcast(ap, P8), b.bitcast(bp, P8)
     b_stride = NR * 4                              # a k-pair row of B's panel: NR pair words
     with for_range(b, ZERO, b.sdiv(kbp, i64(KSTEP)), name="ks") as s:
-        pa = gep(b, a8, mul(b, s, i64(MR * ROW_BYTES)))
+        pa = gep(b, a8, mul(b, s, a_step))
         pb = gep(b, b8, mul(b, s, i64(ROWS * b_stride)))
         _load(b, B0, pb, b_stride)
         _load(b, B1, gep(b, pb, i64(ROW_BYTES)), b_stride)
-        _load(b, A0, pa, ROW_BYTES)
+        _load(b, A0, pa, a_rs)
         _dot(b, C00, A0, B0)
         _dot(b, C01, A0, B1)
         if rows > ROWS:
-            _load(b, A1, gep(b, pa, i64(ROWS * ROW_BYTES)), ROW_BYTES)
+            _load(b, A1, gep(b, pa, mul(b, a_rs, i64(ROWS))), a_rs)
             _dot(b, C10, A1, B0)
             _dot(b, C11, A1, B1)
     t8 = b.select(last, b.bitcast(tile, P8), w8)
