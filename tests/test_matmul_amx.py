@@ -186,3 +186,18 @@ def test_bf16_subnormal_inputs_flush_or_not(mode):
     b = np.ones((41, 33), BF)
     got = (lc.tensor(a) @ lc.tensor(b)).numpy().astype(np.float64)
     np.testing.assert_array_equal(got, 1.0)
+
+
+@pytest.mark.parametrize("m", [1, 5, 17, 40])
+@pytest.mark.parametrize("form", ["t", "n"])
+def test_bf16_auto_backend_small_m_and_decode_forms(mode, monkeypatch, m, form):
+    # under "auto" a small m may run the small-m kernel or the tiled one (measured): both right
+    lc.set_matmul_backend("auto")
+    rng = np.random.default_rng(m + len(form))
+    x, w, bias = bf16(rng, (m, 300)), bf16(rng, (300, 200)), bf16(rng, (200,))
+    tw = lc.tensor(np.ascontiguousarray(w.T)).t() if form == "t" else lc.tensor(w)
+    got = (lc.tensor(x) @ tw).numpy()
+    assert_rounded_once(got, x, w)
+    fused = (lc.tensor(x) @ tw + lc.tensor(bias)).numpy().astype(np.float64)
+    want = np.matmul(x.astype(np.float64), w.astype(np.float64)).astype(BF).astype(np.float64) + bias.astype(np.float64)
+    np.testing.assert_allclose(fused, want, rtol=2 ** -6, atol=2 ** -6)
