@@ -17,7 +17,8 @@ broadcasts one A element per row and issues explicit `llvm.fma` (ints: mul + add
 a last row tile of few rows runs a 4- or 8-row copy of it (edge_rows).  Results are added
 across KC blocks in the output itself, or, when the output type is narrower than the
 accumulator, in an accumulator-typed scratch W (the task's rows x NC) and rounded once on the
-last block.
+last block.  On hosts with AMX the bf16 form runs its micro-kernel on tiles (gemm_amx.py): same
+driver, 32 x 32 blocks, partial sums kept in W as whole tiles, a row-major A read in place.
 """
 from __future__ import annotations
 
@@ -206,8 +207,8 @@ def _emit_micro(m: ir.Module, spec: GemmSpec, rows: int = 0):
 def store_tile(b, spec: GemmSpec, R: int, get, tile, spill, args, o_rows=None, w_rows=None, at=None) -> None:
     """Store the micro-kernel's R x NR accumulators as _by_mode says: get(i, v) gives vector v
     of row i; a partial tile (mr x nr valid) goes element by element from the R x NR scratch
-    `tile` (spill(), when given, writes it first), element (i, j) at at(i, j) (default i * NR + j).  args: (o, ldo, w, ldw, mr, nr,
-    first, last) of the micro-kernel."""
+    `tile` (spill(), when given, writes it first), element (i, j) at at(i, j) (default
+    i * NR + j).  args: (o, ldo, w, ldw, mr, nr, first, last) of the micro-kernel."""
     o, ldo, w, ldw, mr, nr, first, last = args
     NV, VW, NR = spec.nv, spec.vw, spec.nr
     ab = type_bytes(acc_type(spec.dtype))

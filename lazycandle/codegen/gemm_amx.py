@@ -9,11 +9,14 @@ W's partial sums, the rounding to bf16 and the epilogue are gemm.py's; this modu
   * the tile configuration (all eight tiles 16 rows x 64 bytes, palette 1), loaded once per
     driver call (`configure`) and released at its end (`release`);
   * A's packer (`emit_pack_a`): per 32-k block, the panel's MR rows of 32 bf16 each, so an A
-    tile is 1 KB read at a 64-byte stride; B is packed by gemm_pairs.emit_pack (per k-pair
-    the NR columns' pair words: a B tile is 16 pair rows at a stride of NR words);
-  * the micro-kernel (`micro_tiles`): C tiles are zeroed, the k loop runs in the tiles and
-    they are stored once into an f32 scratch tile from which gemm.store_tile writes (or adds
-    into W, or rounds) the outputs as the vector form does.
+    tile is 1 KB read at a 64-byte stride; a row-major A whose K is whole 32-k steps is not
+    packed (but for a last partial row block): the tiles read its rows in place, at its row
+    stride.  B is packed by gemm_pairs.emit_pack (per k-pair the NR columns' pair words: a B
+    tile is 16 pair rows at a stride of NR words);
+  * the micro-kernel (`micro_tiles`): C tiles start at zero (first KC block) or from W's
+    partial sums, the k loop runs in the tiles, and they go back to W (whole tiles) or, after
+    the last KC block, to an f32 scratch from which gemm.store_tile rounds and writes the
+    outputs as the vector forms do (edges, epilogue).
 
 Products are exact in f32 and added in f32 (in an order of the hardware's; the result rounds
 to bf16 once, as the other forms do).  AMX treats bf16 denormal inputs as 0 and flushes
