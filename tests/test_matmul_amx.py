@@ -201,3 +201,25 @@ def test_bf16_auto_backend_small_m_and_decode_forms(mode, monkeypatch, m, form):
     fused = (lc.tensor(x) @ tw + lc.tensor(bias)).numpy().astype(np.float64)
     want = np.matmul(x.astype(np.float64), w.astype(np.float64)).astype(BF).astype(np.float64) + bias.astype(np.float64)
     np.testing.assert_allclose(fused, want, rtol=2 ** -6, atol=2 ** -6)
+
+
+def test_refused_permission_falls_back(monkeypatch):
+    # a kernel that refuses the tile state (or a host without it): the AVX-512 forms, said by info
+    monkeypatch.setattr(gemm_amx, "_perm", {"why": "arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) refused (errno 22)"})
+    real = jit.has_feature
+    monkeypatch.setattr(jit, "has_feature", lambda f: f in gemm_amx.FEATURES or real(f))
+    _use(monkeypatch, "auto")
+    assert not gemm.tiled_spec(D.bf16).amx and "refused" in gemm_amx.status()
+    rng = np.random.default_rng(3)
+    a, b = bf16(rng, (40, 70)), bf16(rng, (70, 50))
+    before = lc.get_matmul_backend()
+    lc.set_matmul_backend("tiled")
+    try:
+        assert_rounded_once((lc.tensor(a) @ lc.tensor(b)).numpy(), a, b)
+    finally:
+        lc.set_matmul_backend(before)
+    _use(monkeypatch, "on")
+    with pytest.raises(gemm_amx.AMXUnavailable, match="refused"):
+        gemm.tiled_spec(D.bf16)
+    monkeypatch.delenv("LAZYCANDLE_AMX")
+    lc.clear_caches()
