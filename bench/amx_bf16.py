@@ -6,7 +6,7 @@ form), torch; plus f32 rows (lazycandle, torch) to show the other forms unchange
 makes one).  Median and min of >= 9 timed calls after a warm-up, GFLOP/s of the median, the
 1-minute load average beside each row.
 
-    OMP_WAIT_POLICY=PASSIVE KMP_BLOCKTIME=0 python -m bench.amx_bf16 [--sizes 1024,2048] [--threads 1,2] [--reps 11]
+    OMP_WAIT_POLICY=PASSIVE KMP_BLOCKTIME=0 python -m bench.amx_bf16 [--sizes 1024,2048] [--threads 1,2] [--reps 11] [--cpu]
 """
 from __future__ import annotations
 
@@ -80,15 +80,15 @@ def contenders(n: int, dtname: str, threads: int) -> dict:
     return runs
 
 
-def measure(runs: dict, reps: int) -> dict:
+def measure(runs: dict, reps: int, clock=time.perf_counter) -> dict:
     for f in runs.values():
         f()                                           # warm-up
     times = {k: [] for k in runs}
     for _ in range(reps):
         for k, f in runs.items():                     # alternating
-            t = time.perf_counter()
+            t = clock()
             f()
-            times[k].append(time.perf_counter() - t)
+            times[k].append(clock() - t)
     return times
 
 
@@ -98,15 +98,20 @@ def main(argv=None) -> int:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--reps", type=int, default=11)
     p.add_argument("--f32", default="1024", help="f32 sizes to show as well ('' for none)")
+    p.add_argument("--cpu", action="store_true",
+                   help="1-thread rows on the calling thread's CPU time (both run there; steadier than wall "
+                        "time when other processes share the cores)")
     args = p.parse_args(argv)
     print(f"host: {lc.codegen.jit.host_info()['cpu']}, {os.cpu_count()} CPUs; amx: {gemm_amx.status()}")
+    print(f"1-thread rows on {'thread CPU' if args.cpu else 'wall'} time, 2-thread rows on wall time")
     print("| case | thr | impl | median ms | min ms | GFLOP/s (median) | × torch | load |")
     print("|---|---|---|---|---|---|---|---|")
     rows = [("bf16", int(n)) for n in args.sizes.split(",")] + [("f32", int(n)) for n in args.f32.split(",") if n]
     for dtname, n in rows:
         for threads in (int(t) for t in args.threads.split(",")):
             lc.set_num_threads(threads)
-            times = measure(contenders(n, dtname, threads), max(args.reps, 9))
+            clock = time.thread_time if args.cpu and threads == 1 else time.perf_counter
+            times = measure(contenders(n, dtname, threads), max(args.reps, 9), clock)
             load = os.getloadavg()[0]
             ref = statistics.median(times["torch"])
             for k, ts in times.items():
