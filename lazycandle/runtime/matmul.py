@@ -205,14 +205,23 @@ def _blocking(spec: gemm.GemmSpec, acc_bytes: int, k: int) -> tuple:
 def _amx_blocking(spec: gemm.GemmSpec, k: int) -> tuple:
     """(MC, KC, NC) of the AMX form: KC as the other forms (all of K up to ~2048 here: each C block
     is then stored once; KC 256, whose B panel stays in L1, measured no faster at 1024^2 and
-    slower at 2048^2), MC and NC from the bf16 bytes actually packed (a third of L2, half of L3
-    up to 4 MB): at 2048^2, 1 thread, 20.0-20.7 ms against 21.6-22.1 with the f32-sized blocks."""
+    slower at 2048^2), MC and NC from the bf16 bytes packed (a third of L2, half of L3 up to 4
+    MB: at 2048^2, 1 thread, 20.0-20.7 ms against 21.6-22.1 with f32-sized blocks).  A plan
+    whose A the tiles read in place narrows NC (_amx_in_place_nc)."""
     kc_max = max(1024, CACHES[2] // 4 // ((spec.mr + spec.nr) * 4) // 8 * 8)
     blocks = max(1, -(-k // kc_max))
     kc = _round_up(max(1, -(-k // blocks)), spec.unroll)
     mc = max(spec.mr, (CACHES[2] // 3 // (kc * 2)) // spec.mr * spec.mr)
     nc = max(spec.nr, min(4 << 20, CACHES[3] // 2) // (kc * 2) // spec.nr * spec.nr)
     return mc, kc, nc
+
+
+def _amx_in_place_nc(spec: gemm.GemmSpec, kc: int) -> int:
+    """NC of the AMX form when the tiles read A in place (row-major, K in whole tile steps): a
+    KC x NC block of B in a quarter of L2, so that B's panels come from L2 (A's rows read again
+    per NC block cost no packing).  1 thread: 1024^2 NC 256 2.51-2.54 ms against 2.72-2.96 with
+    NC 2048 (B from L3), 2048^2 NC 128 24.9 against 25.7."""
+    return max(spec.nr, min(CACHES[2] // 4, CACHES[3] // 2) // (kc * 2) // spec.nr * spec.nr)
 
 
 def _one_pass_nc(spec: gemm.GemmSpec, acc_bytes: int, kc: int, cols: int) -> int:
@@ -297,6 +306,8 @@ class TiledPlan:
         spec, self.fn, ab, needs_w = _tile_kernel(g.dtype)
         mc, kc, nc = _blocking(spec, ab, g.k)
         kc = _round_up(kc, spec.unroll)     # a KC block's panels are kbp <= KC deep (AMX: 32-k steps)
+        if spec.amx and g.csa == 1 and g.k % spec.unroll == 0:
+            nc = min(nc, _amx_in_place_nc(spec, kc))
         nb = g.nbatch
         nr, mr, unroll = spec.nr, spec.mr, spec.unroll
         mchunk, nchunk = _chunks(nb, g.m, g.n, mr, nr, g.flops, threads)
