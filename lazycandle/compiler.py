@@ -271,8 +271,8 @@ def _big(cap) -> bool:
 def _wake_pool() -> None:
     """An eager realize about to run a parallel section: parked pool workers wake now, so
     their wake-up (tens of us on a VM) overlaps the Python work before the section.  Only
-    above one thread, and not under LAZYCANDLE_EXEC=python, whose kernels run on the Python
-    pool's threads."""
+    above one thread, and not under LAZYCANDLE_EXEC=python (the reference path: one section
+    per kernel, no wake-ahead)."""
     if config._num_threads <= 1 or config.exec_flags()[0] == "python":
         return
     if not _pool_rt:
@@ -357,8 +357,8 @@ def _realize_lone_matmul(n) -> bool:
     mm, buffers = _matmul_rt
     la, lb = sa.layout, sb.layout
     plan = mm.plan_for(la, lb, n.dtype, config._matmul_backend, config._num_threads)
-    if plan.backend != "blas" and 2 * prod(n.shape) * la.shape[-1] >= mm.PARALLEL_MIN_FLOPS:
-        _wake_pool()            # (BLAS GEMMs run on the Python pool's threads: no native section)
+    if 2 * prod(n.shape) * la.shape[-1] >= mm.PARALLEL_MIN_FLOPS:
+        _wake_pool()            # (BLAS GEMM pieces are native pool tasks too)
     out = buffers.result(prod(n.shape), n.dtype)
     mm.run_plan(plan, ba.buffer, la.offset, bb.buffer, lb.offset, out)
     n.set_buffer(out)

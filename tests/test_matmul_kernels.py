@@ -210,10 +210,10 @@ def test_no_copy_for_contiguous_or_transposed(monkeypatch):
 
 
 def test_blas_folds_broadcast_rhs_into_one_call(monkeypatch):
-    from lazycandle.runtime import blas
     calls = []
-    real = blas.gemm
-    monkeypatch.setattr(blas, "gemm", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
+    real = matmul_blas.BlasPlan.run
+    monkeypatch.setattr(matmul_blas.BlasPlan, "run",
+                        lambda self, *a: (calls.extend(j[2] for j in self.jobs), real(self, *a)))
     monkeypatch.setattr(MM, "_plans", {})
     rng = np.random.default_rng(8)
     mm_case(rng, D.f32, "blas", (5, 9, 13), (5, 13, 6), None, (0, 6, 1))
@@ -516,10 +516,10 @@ def test_auto_calibration_goes_by_the_median_not_one_lucky_call():
 def test_blas_at_one_thread_is_one_gemm_call(monkeypatch):
     """At 1 thread a large GEMM is one sgemm call (a cut would pack an operand once per piece);
     with more threads it is cut over the pool, and the bits do not change."""
-    from lazycandle.runtime import blas
     calls = []
-    real = blas.gemm
-    monkeypatch.setattr(blas, "gemm", lambda *a, **k: (calls.append(a[3:5]), real(*a, **k)))
+    real = matmul_blas.BlasPlan.run
+    monkeypatch.setattr(matmul_blas.BlasPlan, "run",
+                        lambda self, *a: (calls.extend(j[2:4] for j in self.jobs), real(self, *a)))
     rng = np.random.default_rng(21)
     a = operand(rng, D.f32, (300, 257), exact=False)
     b = operand(rng, D.f32, (257, 190), exact=False)

@@ -1,6 +1,7 @@
 """ctypes binding to the BLAS library (scipy_openblas32: symbols carry a `scipy_` prefix).
 
-Row-major CBLAS sgemm/dgemm (and the strided-batch variants when the library has them), the
+Row-major CBLAS sgemm/dgemm (and the strided-batch variants when the library has them), their
+addresses for the native BLAS tasks (codegen/task_ir.py), the
 library's thread count kept equal to lazycandle's (`config.on_threads_change`), and the core
 type the library picked, for `lazycandle info` and the benchmarks.  Calls go through ctypes
 CFUNCTYPE-style foreign functions, which release the GIL.
@@ -82,6 +83,12 @@ def _load() -> dict:
 
 def available() -> bool:
     return _load().get("lib") is not None
+
+
+def address(name: str) -> int:
+    """Address of the library's CBLAS function `name` ("sgemm", "sgemv", "dgemm", "dgemv"):
+    what codegen/task_ir.py's BLAS tasks call from the native pool."""
+    return ctypes.cast(_load()[name], ctypes.c_void_p).value
 
 
 def info() -> dict:

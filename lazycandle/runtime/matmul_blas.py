@@ -1,11 +1,11 @@
 """The BLAS path of batched matmul: sgemm/dgemm calls with transpose flags and leading
 dimensions, folding broadcast batches where that is correct.  Operands BLAS cannot address and
 16/8-bit floats go through a generated dense copy (codegen.gemm_copy) first.  Every GEMM runs
-single-threaded inside BLAS, its pieces spread over the Python pool (runtime/pool.py), so BLAS
-threads never run beside lazycandle's.  runtime/matmul.py picks this plan or the tiled one."""
+single-threaded inside BLAS, its pieces run as native pool tasks (codegen/task_ir.py calls the
+library from native code), so BLAS threads never run beside lazycandle's.  runtime/matmul.py picks this plan or the tiled one."""
 from __future__ import annotations
 
-import itertools
+import ctypes
 import os
 from dataclasses import replace
 from math import gcd, prod
@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..codegen import gemm_copy
+from ..codegen import gemm_copy, task_ir
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import batch_offsets, contiguous_strides
-from . import blas, pool
+from . import blas, native_pool
 from .native_program import address
 
 if TYPE_CHECKING:
     from .matmul import Geometry
 
-PARALLEL_MIN_FLOPS = 12e6      # below this a pool round trip (Python ~20-40 us, native ~15 us) costs more than it saves
+PARALLEL_MIN_FLOPS = 12e6      # below this a pool section (~15 us) costs more than it saves
 
 def _machine_cpus() -> int:
     try:
@@ -33,27 +33,14 @@ def _machine_cpus() -> int:
 
 
 BLAS_PARTS = _machine_cpus()   # BLAS pieces per problem: the machine's size, not the thread setting
-def _run_tasks(fn, ntask: int, cost: float, threads: int) -> None:
-    """fn(lo, hi) over [0, ntask) on the pool.  With more tasks than threads the threads take
-    blocks of tasks from a shared counter rather than one fixed share each, so a thread slowed
-    down by something else on the machine does not hold the others up."""
+def _run_tasks(fn, fn_addr: int, bufs: int, sizes: int, ntask: int, cost: float, threads: int) -> None:
+    """Native task function `fn` (codegen/task_ir.py) over tasks [0, ntask): one call on this
+    thread for small work, else a native pool section whose threads take chunks of tasks (a
+    thread slowed down by something else on the machine leaves its chunks to the others)."""
     if threads <= 1 or ntask * cost < PARALLEL_MIN_FLOPS or ntask <= 1:
-        fn(0, ntask)
+        fn(bufs, sizes, None, 0, ntask)
         return
-    if ntask <= threads:
-        pool.parallel_for(fn, 0, ntask, cost_per_item=cost, min_cost=0, threads=threads)
-        return
-    block = max(1, ntask // (threads * 4))
-    counter = itertools.count()
-
-    def worker(_lo, _hi):
-        while True:
-            lo = next(counter) * block          # itertools.count is atomic under the GIL
-            if lo >= ntask:
-                return
-            fn(lo, min(ntask, lo + block))
-
-    pool.parallel_for(worker, 0, threads, cost_per_item=PARALLEL_MIN_FLOPS, min_cost=0, threads=threads)
+    native_pool.parallel(fn_addr, bufs, sizes, 0, 0, ntask, 1, threads)
 
 
 def _aligned(nelem: int, np_dtype, keep: list) -> int:
@@ -105,9 +92,14 @@ class CopyPlan:
             return
         params = self.params.copy()
         params[0], params[1] = src, dst
-        fn, pptr = self.fn, address(params)
-        pool.parallel_for(lambda lo, hi: fn(pptr, lo, hi), 0, self.rows, cost_per_item=self.cols,
-                          threads=self.threads)
+        pptr = address(params)
+        t = native_pool.split_threads(self.rows, self.cols, nthreads=self.threads)
+        if t == 1:
+            self.fn(pptr, 0, self.rows)
+            return
+        _, call3 = native_pool.tasks()["lc_task_call3"]
+        bufs = (ctypes.c_void_p * 2)(native_pool.fn_address(self.fn), pptr)
+        native_pool.parallel(call3, ctypes.addressof(bufs), 0, 0, 0, self.rows, 1, t)
 
 
 def _dense_copy(g: Geometry, which: str, threads: int):
@@ -178,6 +170,21 @@ def _split_job(job, mchunk: int, nchunk: int) -> list:
             for i in range(0, m, mchunk) for j in range(0, n, nchunk)]
 
 
+def _task_words(job, ea: int, eb: int, eo: int) -> list:
+    """One GEMM piece as codegen/task_ir.py's task words (operands: 0 = A, 1 = B, byte
+    offsets).  One output row or column is a GEMV: OpenBLAS's gemm on m == 1 runs its
+    packing for one row.  (y[n] = op(B)^T x with x A's row; y[m] = op(A) x with x B's column.)"""
+    ta, tb, m, n, k, ja, lda, jb, ldb, jc, ldc = job
+    tr = {False: blas.NO_TRANS, True: blas.TRANS}
+    if m == 1:
+        rows, cols = (n, k) if tb else (k, n)
+        return [task_ir.GEMV, tr[not tb], 0, rows, cols, 0, 1, jb * eb, ldb, 0, ja * ea, lda if ta else 1, jc * eo, 1]
+    if n == 1:
+        rows, cols = (k, m) if ta else (m, k)
+        return [task_ir.GEMV, tr[ta], 0, rows, cols, 0, 0, ja * ea, lda, 1, jb * eb, 1 if tb else ldb, jc * eo, ldc]
+    return [task_ir.GEMM, tr[ta], tr[tb], m, n, k, 0, ja * ea, lda, 1, jb * eb, ldb, jc * eo, ldc]
+
+
 class BlasPlan:
     """sgemm/dgemm calls for one geometry.  Operands BLAS cannot address (gaps, stride-0 rows,
     16/8-bit floats) are first copied dense by a generated kernel, and a 16/8-bit result is
@@ -220,39 +227,32 @@ class BlasPlan:
             jobs = [part for job in jobs for part in _split_job(job, mchunk, nchunk)]
             self.job_flops *= mchunk * nchunk / (m * n)
         self.jobs = jobs
+        ea = self.esz if self.copy_a else self.in_esz
+        eb = self.esz if self.copy_b else self.in_esz
+        eo = self.esz if self.copy_out else self.in_esz
+        self.table = np.array([_task_words(job, ea, eb, eo) for job in jobs], np.int64).reshape(-1)
 
     def run(self, a: int, b: int, o: int) -> None:
         g = self.g
         if not self.jobs:
             return
         keep: list = []
-        ea = eb = eo = self.in_esz
         if self.copy_a:
             a_dense = _aligned(self.a_elems, self.np_acc, keep)
             self.copy_a.run(a, a_dense)
-            a, ea = a_dense, self.esz
+            a = a_dense
         if self.copy_b:
             b_dense = _aligned(self.b_elems, self.np_acc, keep)
             self.copy_b.run(b, b_dense)
-            b, eb = b_dense, self.esz
+            b = b_dense
         out = o
         if self.copy_out:
-            o, eo = _aligned(g.nbatch * g.m * g.n, self.np_acc, keep), self.esz
-        kind, jobs = self.kind, self.jobs
-
-        def run(lo, hi):
-            for ta, tb, m, n, k, ja, lda, jb, ldb, jc, ldc in jobs[lo:hi]:
-                if m == 1:      # y[n] = op(B)^T x: x is A's row, B is k x n (or n x k, transposed)
-                    blas.gemv(kind, not tb, *((n, k) if tb else (k, n)), b + jb * eb, ldb, a + ja * ea,
-                              lda if ta else 1, o + jc * eo, 1)
-                elif n == 1:    # y[m] = op(A) x: x is B's column
-                    blas.gemv(kind, ta, *((k, m) if ta else (m, k)), a + ja * ea, lda, b + jb * eb,
-                              1 if tb else ldb, o + jc * eo, ldc)
-                else:
-                    blas.gemm(kind, ta, tb, m, n, k, a + ja * ea, lda, b + jb * eb, ldb, o + jc * eo, ldc)
-
+            o = _aligned(g.nbatch * g.m * g.n, self.np_acc, keep)
+        fn, fn_addr = native_pool.tasks()[f"lc_task_blas_{self.kind}"]
+        bufs = (ctypes.c_void_p * 3)(a, b, o)
         with blas.single_threaded():
-            _run_tasks(run, len(jobs), self.job_flops, self.threads)
+            _run_tasks(fn, fn_addr, ctypes.addressof(bufs), address(self.table), len(self.jobs),
+                       self.job_flops, self.threads)
         if self.copy_out:
             self.copy_out.run(o, out)
 

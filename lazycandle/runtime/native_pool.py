@@ -2,11 +2,13 @@
 park on a condition variable (the IR is codegen/pool_ir.py, linked once per process on first
 use; the spin budget is calibrated here to SPIN_US).  Whole-program modules
 (codegen/program.py) call its `lc_pool_run(jobs, njobs, nthreads)` directly; Python calls it
-only through `parallel` (one kernel), `ensure` (grow the pool), `hush` (spinning workers park)
-and `wake` (parked workers spin, ahead of a section).
+only through `launch` / `parallel` (one kernel), `ensure` (grow the pool), `hush` (spinning
+workers park) and `wake` (parked workers spin, ahead of a section).  It is the only pool: work
+that is not a plain kernel (BLAS task lists, argsort's per-chunk workspace, the gemm_copy
+kernels) runs through the glue functions of codegen/task_ir.py (`tasks`).
 
 Thread rule (SPEC): the caller passes lc.get_num_threads() to every section; the pool only
-grows (as runtime/pool.py), a smaller setting leaves workers parked.  In a forked child the
+grows, a smaller setting leaves workers parked.  In a forked child the
 workers do not exist: the pool state is reset after fork and workers are started again by
 the next `ensure`."""
 from __future__ import annotations
@@ -17,8 +19,8 @@ import threading
 import time
 
 from .. import config
-from .buffers import address as data_address
 
+MIN_COST = 65536.0   # below this total cost (rough element-operations) a call stays on the calling thread
 SPIN_US = 30.0       # how long an idle worker, or a caller waiting for workers, polls before parking
 
 _lock = threading.Lock()
@@ -126,16 +128,67 @@ def threads() -> int:
 
 
 def parallel(fn: int, bufs: int, sizes: int, scalars: int, lo: int, hi: int, align: int = 1,
-             nthreads: int | None = None) -> None:
+             nthreads: int | None = None, parts: int = 1 << 40) -> None:
     """Run the kernel at address `fn` (codegen/loops.py KERNEL_FN) over [lo, hi), split on
-    multiples of `align` over the workers, and return when every chunk is done."""
-    import numpy as np
-    from ..codegen.pool_ir import JOB_WORDS
+    multiples of `align` into at most `parts` chunks over the workers, and return when every
+    chunk is done."""
     n = threads() if nthreads is None else nthreads
     ensure(n)
-    job = np.array([fn, bufs or 0, sizes or 0, scalars or 0, lo, hi, align, 1 << 40], np.int64)
-    assert len(job) == JOB_WORDS
-    _state["run"](data_address(job), 1, n)
+    job = (ctypes.c_int64 * 8)(fn, bufs or 0, sizes or 0, scalars or 0, lo, hi, align, parts)
+    _state["run"](ctypes.addressof(job), 1, n)
+
+
+def split_threads(n: int, cost_per_item: float = 1.0, min_cost: float = MIN_COST,
+                  nthreads: int | None = None) -> int:
+    """Threads for n items of `cost_per_item` rough element-operations each: 1 (the calling
+    thread, no wake-up) below `min_cost` of work, for fewer than 2 items or at one thread;
+    else the setting (or `nthreads`).  A section costs ~10-20 us, far more than small work."""
+    t = nthreads or config._num_threads
+    if t <= 1 or n < 2 or n * cost_per_item < min_cost:
+        return 1
+    return t
+
+
+def launch(fn, fn_addr: int, bufs, sizes, scalars, lo: int, hi: int, cost_per_item: float = 1.0,
+           align: int = 1, min_cost: float = MIN_COST, nthreads: int | None = None) -> None:
+    """Kernel `fn` (a ctypes KERNEL_FN at `fn_addr`) over [lo, hi): called directly when
+    `split_threads` says the calling thread, else split over the pool."""
+    if hi <= lo:
+        return
+    t = split_threads(hi - lo, cost_per_item, min_cost, nthreads)
+    if t == 1:
+        fn(bufs, sizes, scalars, lo, hi)
+    else:
+        parallel(fn_addr, bufs, sizes, scalars, lo, hi, align, t)
+
+
+def fn_address(fn) -> int:
+    """The address of a ctypes function (what a job word holds)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+_tasks: dict = {}
+
+
+def tasks() -> dict:
+    """The glue of codegen/task_ir.py, linked once per process: name -> (ctypes KERNEL_FN,
+    address); the BLAS task functions only when runtime/blas.py found a library."""
+    if not _tasks:
+        with _lock:
+            if not _tasks:
+                from ..codegen import jit, task_ir
+                from ..codegen.loops import KERNEL_FN
+                from . import blas
+                imports = {}
+                if blas.available():
+                    imports = {f"lc_cblas_{name}": blas.address(name)
+                               for name in ("sgemm", "sgemv", "dgemm", "dgemv")}
+                names = task_ir.EXPORTS + (task_ir.EXPORTS_BLAS if imports else ())
+                cm = jit.link_ir(task_ir.build(bool(imports)), list(names), imports=imports)
+                got = {n: (KERNEL_FN(cm.address(n)), cm.address(n)) for n in names}
+                got["module"] = cm
+                _tasks.update(got)
+    return _tasks
 
 
 def run_jobs(jobs: int, njobs: int, nthreads: int) -> None:
