@@ -84,35 +84,6 @@ def test_multiprocessing_fork_pool_runs_parallel_kernels():
     assert "ok" in _probe(FORK, "mp")
 
 
-def test_pool_chunk_error_reaches_the_caller_after_all_chunks_finish():
-    from lazycandle.runtime import pool
-    done = []
-
-    def fn(a, b):
-        if a > 0:
-            raise KeyError(a)
-        done.append((a, b))
-
-    try:
-        pool.parallel_for(fn, 0, 4, min_cost=0, threads=4)
-    except KeyError:
-        pass
-    else:
-        raise AssertionError("a chunk's error was swallowed")
-    assert done == [(0, 1)]
-
-
-def test_parallel_for_inside_a_chunk_runs_inline():
-    from lazycandle.runtime import pool
-    seen = []
-
-    def outer(a, b):
-        pool.parallel_for(lambda c, d: seen.append((c, d)), a * 10, a * 10 + 4, min_cost=0, threads=4)
-
-    pool.parallel_for(outer, 0, 3, min_cost=0, threads=3)
-    assert sorted(seen) == sorted([(0, 1), (1, 2), (2, 3), (3, 4), (10, 14), (20, 24)])
-
-
 HELD_LOCKS = """
 import os, sys, threading, time
 import numpy as np, lazycandle as lc
@@ -149,30 +120,3 @@ def test_fork_while_another_thread_holds_the_engine_locks():
     """Every module lock is renewed in a forked child, so a lock held by a thread that does not
     exist there cannot hang the child's first realize, matmul, set_num_threads or clear_caches."""
     assert "ok" in _probe(HELD_LOCKS, timeout=90)
-
-
-def test_parallel_for_runs_every_chunk_when_no_worker_is_free(monkeypatch):
-    from lazycandle.runtime import pool
-    monkeypatch.setattr(pool, "_pool", pool._Pool())
-    monkeypatch.setattr(pool, "MAX_WORKERS", 1)
-    seen = []
-    pool.parallel_for(lambda a, b: seen.append((a, b)), 0, 4, min_cost=0, threads=4)
-    assert sorted(seen) == [(0, 1), (1, 2), (2, 3), (3, 4)]
-    assert pool._pool.workers == 1 and len(pool._pool.idle) == 1        # the worker came back
-
-
-def test_parallel_for_from_many_threads_at_once_covers_each_range_once():
-    import threading
-    from lazycandle.runtime import pool
-    out = [[] for _ in range(6)]
-
-    def caller(k):
-        for _ in range(50):
-            pool.parallel_for(lambda a, b: out[k].append((a, b)), 0, 8, min_cost=0, threads=3)
-    ts = [threading.Thread(target=caller, args=(k,)) for k in range(6)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    for got in out:
-        assert len(got) == 150 and sorted(set(got)) == [(0, 2), (2, 5), (5, 8)]

@@ -237,7 +237,7 @@ def test_auto_runs_small_m_kernel_by_rule_then_where_it_measured_fastest(monkeyp
 def test_eager_small_m_matmul_on_two_threads_runs_on_the_native_pool_and_equals_one_thread(form, dt, monkeypatch):
     """An eager small-m matmul big enough to split (SkinnyPlan.run) runs its units on the native
     pool at 2 threads, each unit computed alone: the same bits as one thread, NumPy's values."""
-    from lazycandle.runtime import native_pool, pool
+    from lazycandle.runtime import native_pool
     lcdt, npdt, tol = DTYPES[dt]
     rng = np.random.default_rng(11)
     x = _arr(rng, (3, 768), npdt)
@@ -247,7 +247,6 @@ def test_eager_small_m_matmul_on_two_threads_runs_on_the_native_pool_and_equals_
     calls = []
     real = native_pool.parallel
     monkeypatch.setattr(native_pool, "parallel", lambda *a: calls.append(a[-1]) or real(*a))
-    monkeypatch.setattr(pool, "parallel_for", None)         # the Python pool is not used
     outs = {}
     for threads in (1, 2):
         with lc.num_threads(threads):

@@ -4,47 +4,40 @@ One dtype-free kernel serves every dtype and dim: writing rows [start, start + n
 of a contiguous tensor is prod(shape[:d]) blocks of n * prod(shape[d+1:]) elements."""
 from __future__ import annotations
 
-import ctypes
-
 import llvmlite.ir as ir
 
 from . import jit
-from .llvmutil import I64, VOID
+from .llvmutil import I8, I64
+from .loops import KERNEL_FN, counted_loop, kernel_function, new_module
 
-I8P = ir.IntType(8).as_pointer()
-SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                             ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+I8P = I8.as_pointer()
+
 _fn = []
 
 
 def _module_ir() -> str:
-    """copy_blocks(dst, src, dst_stride, src_stride, nbytes, lo, hi): blocks lo..hi-1."""
-    mod = ir.Module(name="block_copy")
-    fn = ir.Function(mod, ir.FunctionType(VOID, [I8P, I8P, I64, I64, I64, I64, I64]), name="copy_blocks")
-    dst, src, dst_stride, src_stride, nbytes, lo, hi = fn.args
+    """copy_blocks(bufs = [dst, src], sizes = [dst_stride, src_stride, nbytes], -, lo, hi):
+    blocks lo..hi-1 (the kernel ABI of codegen/loops.py, so the native pool splits it)."""
+    mod = new_module("block_copy")
+    fn, b = kernel_function(mod, "copy_blocks")
+    bufs, sizes, _, lo, hi = fn.args
+    dst, src = (b.load(b.gep(bufs, [I64(k)])) for k in range(2))
+    dst_stride, src_stride, nbytes = (b.load(b.gep(sizes, [I64(k)])) for k in range(3))
     memcpy = mod.declare_intrinsic("llvm.memcpy", [I8P, I8P, I64])
-    entry, body, done = fn.append_basic_block("entry"), fn.append_basic_block("body"), fn.append_basic_block("done")
-    b = ir.IRBuilder(entry)
-    b.cbranch(b.icmp_signed("<", lo, hi), body, done)
-    b.position_at_end(body)
-    i = b.phi(I64)
-    i.add_incoming(lo, entry)
-    d = b.gep(dst, [b.mul(i, dst_stride)], inbounds=True)
-    s = b.gep(src, [b.mul(i, src_stride)], inbounds=True)
-    b.call(memcpy, [d, s, nbytes, ir.Constant(ir.IntType(1), 0)])
-    nxt = b.add(i, ir.Constant(I64, 1))
-    i.add_incoming(nxt, body)
-    b.cbranch(b.icmp_signed("<", nxt, hi), body, done)
-    b.position_at_end(done)
+    with counted_loop(b, lo, hi) as i:
+        d = b.gep(dst, [b.mul(i, dst_stride)], inbounds=True)
+        s = b.gep(src, [b.mul(i, src_stride)], inbounds=True)
+        b.call(memcpy, [d, s, nbytes, ir.Constant(ir.IntType(1), 0)])
     b.ret_void()
     return str(mod)
 
 
 def copy_blocks_fn():
-    """The compiled kernel as a ctypes function (compiled once per process, cached on disk)."""
+    """(the compiled kernel as a ctypes KERNEL_FN, its address), compiled once per process and
+    cached on disk."""
     if not _fn:
         cm = jit.compile_ir(_module_ir(), export=["copy_blocks"], name="block_copy")
-        f = SIGNATURE(cm.address("copy_blocks"))
+        f = KERNEL_FN(cm.address("copy_blocks"))
         f._cm = cm                      # keep the code alive
-        _fn.append(f)
+        _fn.append((f, cm.address("copy_blocks")))
     return _fn[0]

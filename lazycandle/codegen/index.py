@@ -1,6 +1,6 @@
 """LLVM kernels of the index / data-movement ops (the common kernel ABI of codegen/loops.py,
 `void k(i8** bufs, i64* sizes, i64* scalars, i64 lo, i64 hi)`, over a range of independent
-units, split with pool.parallel_for).
+units, split over the native pool).
 
 * `IndexSpec` -- index_select, gather, scatter, scatter_add, index_add.  The iteration space is
   the shape S of the values moved (the output for the gather family, src for the scatter

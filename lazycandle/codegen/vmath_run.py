@@ -85,26 +85,18 @@ def get_kernel(name: str, dtype, params=(), lanes: int | None = None):
     return fn
 
 
-def run(name: str, arr: np.ndarray, *params, threads: int = 1, out: np.ndarray | None = None,
+def run(name: str, arr: np.ndarray, *params, out: np.ndarray | None = None,
         lanes: int | None = None) -> np.ndarray:
-    """name(arr, *params) elementwise on a float32/float64 array (any shape); `threads` > 1
-    splits the range with runtime.pool.parallel_for; `lanes` overrides the vector width."""
+    """name(arr, *params) elementwise on a float32/float64 array (any shape), on the calling
+    thread (a test and benchmark harness); `lanes` overrides the vector width."""
     a = np.ascontiguousarray(arr)
     if a.dtype not in _TYPES:
         raise TypeError(f"vmath_run: float32 or float64 array expected, got {a.dtype}")
     if out is None:
         out = np.empty_like(a)
     fn = get_kernel(name, a.dtype, params, lanes)
-    n, size = a.size, a.dtype.itemsize
+    n = a.size
     pa, po = a.ctypes.data, out.ctypes.data
     ptr = ctypes.POINTER(_CTYPES[a.dtype])
-
-    def chunk(lo, hi):
-        fn(ctypes.cast(pa + lo * size, ptr), ctypes.cast(po + lo * size, ptr), hi - lo)
-
-    if threads > 1:
-        from ..runtime.pool import parallel_for
-        parallel_for(chunk, 0, n, align=lanes or width(a.dtype), threads=threads, min_cost=0)
-    else:
-        chunk(0, n)
+    fn(ctypes.cast(pa, ptr), ctypes.cast(po, ptr), n)
     return out

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import config
 from ..layout import Layout
-from . import pool
+from . import native_pool
 from .buffers import address
 from .steps import STEPS, NodeStep, run_step
 
@@ -39,12 +39,13 @@ class Step:
         self.lanes = kernel.spec.lanes()
         self.align = self.lanes if vector_units else 1
         self.scalar_index = np.array(kernel.scalars, np.intp) if kernel.scalars else None
-        self._fn = None
+        self._fn = self._fn_addr = None
 
     @property
     def fn(self):
         if self._fn is None:
             self._fn = self.spec.compiled()
+            self._fn_addr = native_pool.fn_address(self._fn)
         return self._fn
 
     @property
@@ -60,9 +61,7 @@ class Step:
         scal_ptr = address(scal) if scal is not None else None
         fn = self.fn
         sizes = np.array(sizes, np.int64)
-        sizes_ptr = address(sizes)
-        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, scal_ptr, a, b), 0, extent,
-                          cost_per_item=cost, align=self.align)
+        native_pool.launch(fn, self._fn_addr, base, address(sizes), scal_ptr, 0, extent, cost, self.align)
 
 
 _native_exec = None      # runtime/native_exec, imported at the first native run (not at import lazycandle)
@@ -305,7 +304,7 @@ class Plan:
         return b.native
 
     def run_python(self, in_bufs, offsets, scalars, seconds=None, binding=None):
-        """The per-kernel path: one ctypes call per kernel over the Python pool.  `seconds`
+        """The per-kernel path: one ctypes call per kernel over the native pool.  `seconds`
         (a list, one entry per kernel) adds each kernel's wall time to it (the profiler)."""
         from .buffers import alloc
         b = binding or self.binding

@@ -1,8 +1,12 @@
 """Writing new rows into a donated buffer (slice_set_): the block-copy kernel
-(codegen/block_copy.py) run over the thread pool, split by blocks."""
+(codegen/block_copy.py) run over the native pool, split by blocks."""
 from __future__ import annotations
 
-from . import pool
+import ctypes
+
+import numpy as np
+
+from . import native_pool
 from .buffers import address
 
 
@@ -20,9 +24,7 @@ def write_rows(dst, src, shape, dim: int, start: int, n: int) -> None:
     nbytes = n * inner
     if nbytes == 0 or outer == 0:
         return
-    fn = copy_blocks_fn()
-    d0 = address(dst) + start * inner
-    s0 = address(src)
-    dst_stride, src_stride = shape[dim] * inner, nbytes
-    pool.parallel_for(lambda a, b: fn(d0, s0, dst_stride, src_stride, nbytes, a, b), 0, outer,
-                      cost_per_item=nbytes / 4)
+    fn, fn_addr = copy_blocks_fn()
+    ptrs = (ctypes.c_void_p * 2)(address(dst) + start * inner, address(src))
+    sizes = np.array([shape[dim] * inner, nbytes, nbytes], np.int64)
+    native_pool.launch(fn, fn_addr, ctypes.addressof(ptrs), address(sizes), None, 0, outer, nbytes / 4)

@@ -2,7 +2,7 @@
 (runtime/matmul_blas.py), the generated tiled GEMM (lazycandle.codegen.gemm) or the small-m
 kernel (runtime/matmul_skinny.py).  A parallel tiled GEMM is one job of the native pool
 (runtime/native_pool.py, codegen/gemm_pool.py), so its threads hand off without the GIL; BLAS
-pieces run on the Python pool.  The two never run at once: the cores are not oversubscribed.
+pieces are native pool tasks too (codegen/task_ir.py).  One pool: the cores are not oversubscribed.
 
     matmul(a, a_layout, b, b_layout, out, dtype, backend="auto") -> "blas" | "tiled" | "skinny"
 
@@ -26,7 +26,7 @@ from ..codegen import gemm, gemm_epilogue, gemm_pool, jit, pool_ir
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, batch_offsets, contiguous_strides, merge_dims
-from . import matmul_auto, matmul_skinny, native_pool, pool
+from . import matmul_auto, matmul_skinny, native_pool
 from .buffers import DATA_AT, read_word
 from .matmul_blas import PARALLEL_MIN_FLOPS, BlasPlan, blas_ok
 from .native_program import address
@@ -402,11 +402,6 @@ class TiledPlan:
         ws = _workspace(parts_bytes + self.shared_bytes)
         if self.shared_rows:
             params[_BSHARED_SLOT] = ws + parts_bytes
-        if getattr(pool._in_worker, "flag", False):     # on a Python pool worker: stay there
-            if self.shared_rows:
-                self.packer(pptr, 0, self.npack, ws)
-            self.fn(pptr, 0, self.ntask, ws)
-            return
         bufs, counters, job = self.job_bufs, self.counters, self.job_addr
         if not own:                                     # a concurrent caller: its own job words
             bufs, counters = type(bufs).from_buffer_copy(bufs), type(counters)()

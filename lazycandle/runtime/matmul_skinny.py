@@ -22,7 +22,7 @@ from ..dtype import DType
 from ..layout import Layout
 from ..codegen import gemm_epilogue, gemm_skinny as K, jit
 from ..codegen.gemm_ir import acc_type, storage_type
-from . import matmul_auto, native_pool, pool
+from . import matmul_auto, native_pool
 from .buffers import address
 
 RULE_M = 16         # up to this many rows: always the small-m kernel
@@ -178,8 +178,7 @@ class SkinnyPlan:
         pad = (0,) * (K.MAX_EPILOGUE_INPUTS - len(extras))
         addrs = (ctypes.c_void_p * (3 + K.MAX_EPILOGUE_INPUTS))(a, b, o, *extras, *pad)
         bufs, sz, fn = ctypes.addressof(addrs), address(self.sizes), self.fn
-        if self.threads > 1 and self.extent > 1 and self.extent * self.cost >= pool.MIN_COST \
-                and not getattr(pool._in_worker, "flag", False):
+        if self.threads > 1 and self.extent > 1 and self.extent * self.cost >= native_pool.MIN_COST:
             native_pool.parallel(self.fn_addr, bufs, sz, scalars, 0, self.extent, 1, self.threads)
             return
         fn(bufs, sz, scalars or None, 0, self.extent)

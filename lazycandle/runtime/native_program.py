@@ -21,7 +21,7 @@ from ..codegen.program import PARALLEL, SERIAL, segment_names
 from .steps import MatmulStep, NodeStep
 
 ARENA_KEEP_BYTES = 256 << 10      # a plan keeps its arena up to this size (512 cached plans: <= 128 MiB)
-MIN_PARALLEL_COST = 65536.0       # as runtime/pool.py: smaller kernels run on the calling thread
+MIN_PARALLEL_COST = native_pool.MIN_COST        # smaller kernels run on the calling thread
 ALIGN = 64
 SEGMENT_FN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 

@@ -11,7 +11,7 @@ from math import prod
 import numpy as np
 
 from ..codegen import qmatmul as QM
-from . import native_pool, pool
+from . import native_pool
 from .buffers import address
 from .steps import NodeStep, register
 
@@ -70,9 +70,5 @@ class QMatmulStep(NodeStep):
 
 
 def _launch(fn, fn_addr, bufs, sizes, units, unit_cost, align):
-    """Units over the native pool (the calling thread alone for small work, or inside a worker)."""
-    threads = native_pool.threads() if units * unit_cost >= pool.MIN_COST else 1
-    if threads > 1 and units > 1 and not getattr(pool._in_worker, "flag", False):
-        native_pool.parallel(fn_addr, bufs, sizes, 0, 0, units, align, threads)
-    else:
-        fn(bufs, sizes, None, 0, units)
+    """Units over the native pool (the calling thread alone for small work)."""
+    native_pool.launch(fn, fn_addr, bufs, sizes, None, 0, units, unit_cost, align)

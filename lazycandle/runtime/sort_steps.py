@@ -1,7 +1,8 @@
 """Steps of the model ops argsort, sort_take and cumsum (registered by op name; the executor
 builds one per plan).  Their kernels take sizes at run time, so the steps bind layouts: `run_node`
 makes (once per operand shapes and strides) the kernel spec and its sizes array, folds the
-run-time offset into the input pointer and runs rows / lines over the thread pool.  argsort gives every chunk of rows its own workspace (one row of composites).
+run-time offset into the input pointer and runs rows / lines over the native pool.  argsort gives
+every chunk of rows its own workspace (one row of composites): `_run_rows`.
 
 sort_last_dim is two nodes (ids, then the values read at the ids), but one kernel: when the plan
 has a sort_take of the same input reading this argsort's ids, the argsort kernel also writes the
@@ -15,10 +16,10 @@ from math import prod
 
 import numpy as np
 
-from ..codegen import scan as SC, sort as SO
+from ..codegen import pool_ir, scan as SC, sort as SO
 from ..dtype import DType
 from ..layout import contiguous_strides, merge_dims
-from . import pool
+from . import native_pool
 from .buffers import address, alloc
 from .steps import NodeStep, register
 
@@ -67,6 +68,39 @@ def _launch(spec, sizes, runs):
     return spec, fn, np.array(sizes, np.int64), spec.extent(sizes)
 
 
+def _rows(fn, ptrs, sizes, nrows: int, row_cost: float) -> None:
+    """Kernel fn (pointers `ptrs`) over rows [0, nrows) on the native pool."""
+    arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
+    native_pool.launch(fn, native_pool.fn_address(fn), ctypes.addressof(arr), address(sizes), None, 0, nrows,
+                       row_cost)
+
+
+WIDE_SPLIT_BYTES = 1 << 18      # workspaces up to this size: one per chunk of the pool's finer split
+
+
+def _run_rows(fn, ptrs, slot: int, ws_bytes: int, sizes, nrows: int, row_cost: float) -> None:
+    """Kernel fn over rows [0, nrows), each call (a chunk of rows) with its own 64-byte aligned
+    workspace of ws_bytes in pointer slot `slot`: codegen/task_ir.py's lc_task_scratch takes the
+    next of `parts` workspaces per chunk, and the section is cut into at most `parts` chunks."""
+    t = native_pool.split_threads(nrows, row_cost)
+    parts = t * (pool_ir.CHUNKS_PER_THREAD if ws_bytes <= WIDE_SPLIT_BYTES else 1) if t > 1 else 1
+    parts = min(parts, nrows)
+    stride = (ws_bytes + 63) // 64 * 64
+    ws = np.empty(parts * stride + 64, np.uint8)
+    ptrs = list(ptrs)
+    ptrs[slot] = 0
+    inner = (ctypes.c_void_p * len(ptrs))(*ptrs)
+    counter = np.zeros(1, np.int64)
+    wrap = (ctypes.c_void_p * 6)(native_pool.fn_address(fn), ctypes.addressof(inner), address(sizes), 0,
+                                 (address(ws) + 63) & ~63, address(counter))
+    wsizes = np.array([len(ptrs), slot, stride], np.int64)
+    scratch, scratch_addr = native_pool.tasks()["lc_task_scratch"]
+    if t == 1:
+        scratch(ctypes.addressof(wrap), address(wsizes), None, 0, nrows)
+    else:
+        native_pool.parallel(scratch_addr, ctypes.addressof(wrap), address(wsizes), 0, 0, nrows, 1, t, parts)
+
+
 @register("argsort")
 class ArgsortStep(NodeStep):
     binds_layouts = True
@@ -101,20 +135,12 @@ class ArgsortStep(NodeStep):
             return
         out_addr = address(bufs[self.out])
         in_addr = address(x) + lx.offset * x.itemsize
-        nbytes, sizes_ptr = spec.workspace_bytes, address(sizes)
         extra = []
         if self.values:
             vals = alloc(prod(lx.shape), self.operands[0][4])
             bufs[_values_key(self.out)] = vals
             extra = [address(vals)]
-
-        def rows(a, b):
-            ws = np.empty(nbytes + 64, np.uint8)
-            ptrs = [out_addr, in_addr, (address(ws) + 63) & ~63] + extra
-            addrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
-            fn(ctypes.addressof(addrs), sizes_ptr, None, a, b)
-
-        pool.parallel_for(rows, 0, nrows, cost_per_item=spec.row_cost)
+        _run_rows(fn, [out_addr, in_addr, 0] + extra, 2, spec.workspace_bytes, sizes, nrows, spec.row_cost)
 
 
 @register("sort_take")
@@ -150,10 +176,8 @@ class SortTakeStep(NodeStep):
         _, fn, sizes, nrows = self.kernels(lx)
         if fn is None:
             return
-        addrs = (ctypes.c_void_p * 3)(address(bufs[self.out]), address(x) + lx.offset * x.itemsize,
-                                      address(ids) + li.offset * ids.itemsize)
-        base, sizes_ptr = ctypes.addressof(addrs), address(sizes)
-        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, nrows, cost_per_item=float(lx.shape[-1]))
+        _rows(fn, [address(bufs[self.out]), address(x) + lx.offset * x.itemsize,
+                   address(ids) + li.offset * ids.itemsize], sizes, nrows, float(lx.shape[-1]))
 
 
 @register("cumsum")
@@ -188,6 +212,4 @@ class CumsumStep(NodeStep):
         _, _, fn, sizes, lines, n = self._prepare(lx)
         if fn is None:
             return
-        addrs = (ctypes.c_void_p * 2)(address(bufs[self.out]), address(x) + lx.offset * x.itemsize)
-        base, sizes_ptr = ctypes.addressof(addrs), address(sizes)
-        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, lines, cost_per_item=n)
+        _rows(fn, [address(bufs[self.out]), address(x) + lx.offset * x.itemsize], sizes, lines, n)

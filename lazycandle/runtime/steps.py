@@ -12,7 +12,7 @@ import ctypes
 
 from .. import config
 from ..layout import Layout
-from . import pool
+from . import native_pool
 from .buffers import address
 
 STEPS: dict = {}
@@ -91,12 +91,13 @@ class Launch:
     """One kernel call at one binding's sizes: the compiled function (None: nothing to run),
     its sizes array, units and cost per unit.  The kernel takes the standard arguments
     (pointers, sizes, no scalars, unit range), so the native program can call it too."""
-    __slots__ = ("spec", "fn", "sizes", "units", "unit_cost", "module")
+    __slots__ = ("spec", "fn", "fn_addr", "sizes", "units", "unit_cost", "module")
 
     def __init__(self, spec, sizes, units, unit_cost, fn):
         self.spec, self.units, self.unit_cost, self.fn = spec, units, unit_cost, fn
         self.sizes = np.array(sizes or (0,), np.int64)
         self.module = fn._module if fn is not None else None
+        self.fn_addr = native_pool.fn_address(fn) if fn is not None else 0
 
     @classmethod
     def of_spec(cls, spec, sizes, runs=True):
@@ -109,8 +110,8 @@ class Launch:
         if self.fn is None:
             return
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
-        base, sizes_ptr, fn = ctypes.addressof(arr), address(self.sizes), self.fn
-        pool.parallel_for(lambda a, b: fn(base, sizes_ptr, None, a, b), 0, self.units, cost_per_item=self.unit_cost)
+        native_pool.launch(self.fn, self.fn_addr, ctypes.addressof(arr), address(self.sizes), None, 0, self.units,
+                           self.unit_cost)
         del arr
 
 
