@@ -1,6 +1,6 @@
 """The parallel tiled GEMM runs as one job of the native worker pool (codegen/gemm_pool.py):
 results against a float64 NumPy oracle, one native section per call, concurrent callers of
-one plan, a call from a Python pool worker, and the fused epilogue at 2 threads."""
+one plan, and the fused epilogue at 2 threads."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +11,7 @@ from conftest import run_in_threads
 from lazycandle import config
 from lazycandle import dtype as D
 from lazycandle.layout import Layout
-from lazycandle.runtime import matmul as MM, native_pool, pool
+from lazycandle.runtime import matmul as MM, native_pool
 
 
 def _plan(m, k, n, threads, batch=()):
@@ -46,7 +46,6 @@ def test_parallel_tiled_gemm_is_one_native_section_and_matches_numpy(monkeypatch
     calls = []
     real = native_pool.run_jobs
     monkeypatch.setattr(native_pool, "run_jobs", lambda *a: (calls.append(a), real(*a)))
-    monkeypatch.setattr(pool, "parallel_for", lambda *a, **k: pytest.fail("tiled GEMM used the Python pool"))
     p = _plan(m, k, n, 2, batch)
     assert p.parallel
     a, b, out = _operands(np.random.default_rng(1), m, k, n, batch)
@@ -73,29 +72,6 @@ def test_concurrent_callers_of_one_parallel_plan(monkeypatch, two_threads):
 
     errors = run_in_threads(caller, len(work))
     assert not errors, errors[0]
-
-
-def test_parallel_tiled_gemm_from_a_python_pool_worker_runs_inline(monkeypatch, two_threads):
-    monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
-    monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
-    real, on_worker = native_pool.run_jobs, []
-    monkeypatch.setattr(native_pool, "run_jobs",
-                        lambda *a: (on_worker.append(getattr(pool._in_worker, "flag", False)), real(*a)))
-    p = _plan(70, 50, 90, 2)
-    rng = np.random.default_rng(3)
-    work = [_operands(rng, 70, 50, 90) for _ in range(2)]
-
-    ran_on_worker = []
-
-    def chunk(lo, hi):
-        ran_on_worker.append(getattr(pool._in_worker, "flag", False))
-        for a, b, out in work[lo:hi]:
-            p.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
-
-    pool.parallel_for(chunk, 0, 2, cost_per_item=1e12, min_cost=0, threads=2)
-    for a, b, out in work:
-        _close(out, a, b)
-    assert any(ran_on_worker) and not any(on_worker)
 
 
 @pytest.mark.parametrize("tiles", [8, 21])        # 21 row tiles: B packed once, shared by the threads
@@ -205,9 +181,9 @@ def test_a_shared_b_plan_cuts_its_rows_into_about_8_tasks_per_thread():
     assert p.shared_rows and p.ntask > 4 * 2
 
 
-def test_concurrent_callers_and_a_pool_worker_of_a_shared_b_plan(monkeypatch, two_threads):
+def test_concurrent_callers_of_a_shared_b_plan(monkeypatch, two_threads):
     """Concurrent callers get their own job words and counters, and each caller's thread its own
-    shared-B scratch; on a Python pool worker the plan packs and runs inline."""
+    shared-B scratch."""
     monkeypatch.setattr(MM, "PARALLEL_MIN_FLOPS", 0)
     monkeypatch.setattr(MM, "SHARED_B_MIN_FLOPS", 0)
     p = _plan(250, 64, 130, 2)
@@ -224,14 +200,6 @@ def test_concurrent_callers_and_a_pool_worker_of_a_shared_b_plan(monkeypatch, tw
 
     errors = run_in_threads(caller, len(work))
     assert not errors, errors[0]
-
-    def chunk(lo, hi):
-        for a, b, out in work[lo:hi]:
-            out.fill(np.nan)
-            p.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
-    pool.parallel_for(chunk, 0, 2, cost_per_item=1e12, min_cost=0, threads=2)
-    for a, b, out in work[:2]:
-        _close(out, a, b)
 
 
 def test_a_2048_square_b_is_packed_once_for_both_threads_in_row_tasks_of_one_mc_block():
