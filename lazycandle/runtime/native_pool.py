@@ -138,19 +138,20 @@ def parallel(fn: int, bufs: int, sizes: int, scalars: int, lo: int, hi: int, ali
     _state["run"](ctypes.addressof(job), 1, n)
 
 
-def split_threads(n: int, cost_per_item: float = 1.0, min_cost: float = MIN_COST,
+def split_threads(n: int, cost_per_item: float = 1.0, min_cost: float | None = None,
                   nthreads: int | None = None) -> int:
     """Threads for n items of `cost_per_item` rough element-operations each: 1 (the calling
-    thread, no wake-up) below `min_cost` of work, for fewer than 2 items or at one thread;
-    else the setting (or `nthreads`).  A section costs ~10-20 us, far more than small work."""
+    thread, no wake-up) below `min_cost` (default MIN_COST) of work, for fewer than 2 items or
+    at one thread; else the setting (or `nthreads`).  A section costs ~10-20 us, far more
+    than small work."""
     t = nthreads or config._num_threads
-    if t <= 1 or n < 2 or n * cost_per_item < min_cost:
+    if t <= 1 or n < 2 or n * cost_per_item < (MIN_COST if min_cost is None else min_cost):
         return 1
     return t
 
 
 def launch(fn, fn_addr: int, bufs, sizes, scalars, lo: int, hi: int, cost_per_item: float = 1.0,
-           align: int = 1, min_cost: float = MIN_COST, nthreads: int | None = None) -> None:
+           align: int = 1, min_cost: float | None = None, nthreads: int | None = None) -> None:
     """Kernel `fn` (a ctypes KERNEL_FN at `fn_addr`) over [lo, hi): called directly when
     `split_threads` says the calling thread, else split over the pool."""
     if hi <= lo:
