@@ -1,10 +1,9 @@
 """ctypes binding to the BLAS library (scipy_openblas32: symbols carry a `scipy_` prefix).
 
-Row-major CBLAS sgemm/dgemm (and the strided-batch variants when the library has them), their
-addresses for the native BLAS tasks (codegen/task_ir.py), the
-library's thread count kept equal to lazycandle's (`config.on_threads_change`), and the core
-type the library picked, for `lazycandle info` and the benchmarks.  Calls go through ctypes
-CFUNCTYPE-style foreign functions, which release the GIL.
+The row-major CBLAS sgemm/sgemv/dgemm/dgemv of the library, by address for the native BLAS
+tasks (codegen/task_ir.py, which call them from the pool's threads), the library's thread count
+kept equal to lazycandle's (`config.on_threads_change`) outside `single_threaded` blocks, and
+the core type the library picked, for `lazycandle info` and the benchmarks.
 """
 from __future__ import annotations
 
@@ -58,11 +57,6 @@ def _load() -> dict:
                 fv.argtypes = [i, i, i, i, scalar, p, i, p, i, scalar, p, i]
                 fv.restype = None
                 st[f"{dt}gemv"] = fv
-                fb = _find(lib, f"scipy_cblas_{dt}gemm_batch_strided", f"cblas_{dt}gemm_batch_strided")
-                if fb is not None:
-                    fb.argtypes = [i, i, i, i, i, i, scalar, p, i, i, p, i, i, scalar, p, i, i, i]
-                    fb.restype = None
-                    st[f"{dt}gemm_batch_strided"] = fb
             st["set_threads"] = _find(lib, "scipy_openblas_set_num_threads", "openblas_set_num_threads")
             st["get_threads"] = _find(lib, "scipy_openblas_get_num_threads", "openblas_get_num_threads")
             core = _find(lib, "scipy_openblas_get_corename", "openblas_get_corename")
@@ -147,30 +141,3 @@ def single_threaded() -> _SingleThreaded:
     setting afterwards."""
     _load()
     return _SingleThreaded()
-
-
-def gemm(kind: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: int, lda: int,
-         b: int, ldb: int, c: int, ldc: int, beta: float = 0.0) -> None:
-    """Row-major C = op(A) @ op(B) (+ beta*C); kind "s" (f32) or "d" (f64); raw addresses."""
-    _load()[f"{kind}gemm"](ROW_MAJOR, TRANS if trans_a else NO_TRANS, TRANS if trans_b else NO_TRANS,
-                           m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
-
-
-def gemv(kind: str, trans: bool, rows: int, cols: int, a: int, lda: int, x: int, incx: int,
-         y: int, incy: int) -> None:
-    """Row-major y = op(A) @ x for a rows x cols A; kind "s" or "d"; raw addresses.  A GEMM
-    with one output row or column: OpenBLAS's gemm on m == 1 runs its packing for one row."""
-    _load()[f"{kind}gemv"](ROW_MAJOR, TRANS if trans else NO_TRANS, rows, cols, 1.0, a, lda, x, incx, 0.0, y, incy)
-
-
-def has_batch_strided(kind: str) -> bool:
-    return f"{kind}gemm_batch_strided" in _load()
-
-
-def gemm_batch_strided(kind: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
-                       a: int, lda: int, sa: int, b: int, ldb: int, sb: int, c: int, ldc: int, sc: int,
-                       count: int) -> None:
-    """`count` GEMMs whose operands are sa / sb / sc elements apart (0 = shared)."""
-    _load()[f"{kind}gemm_batch_strided"](ROW_MAJOR, TRANS if trans_a else NO_TRANS,
-                                         TRANS if trans_b else NO_TRANS, m, n, k, 1.0, a, lda, sa,
-                                         b, ldb, sb, 0.0, c, ldc, sc, count)
