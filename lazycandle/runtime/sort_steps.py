@@ -16,7 +16,7 @@ from math import prod
 
 import numpy as np
 
-from ..codegen import pool_ir, scan as SC, sort as SO
+from ..codegen import pool_ir, scan as SC, sort as SO, task_ir
 from ..dtype import DType
 from ..layout import contiguous_strides, merge_dims
 from . import native_pool
@@ -89,6 +89,7 @@ def _run_rows(fn, ptrs, slot: int, ws_bytes: int, sizes, nrows: int, row_cost: f
     ws = np.empty(parts * stride + 64, np.uint8)
     ptrs = list(ptrs)
     ptrs[slot] = 0
+    assert len(ptrs) <= task_ir.MAX_INNER_BUFS
     inner = (ctypes.c_void_p * len(ptrs))(*ptrs)
     counter = np.zeros(1, np.int64)
     wrap = (ctypes.c_void_p * 6)(native_pool.fn_address(fn), ctypes.addressof(inner), address(sizes), 0,
