@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import ctypes
 
-import numpy as np
-
 from . import native_pool
 from .buffers import address
 
@@ -25,6 +23,6 @@ def write_rows(dst, src, shape, dim: int, start: int, n: int) -> None:
     if nbytes == 0 or outer == 0:
         return
     fn, fn_addr = copy_blocks_fn()
-    ptrs = (ctypes.c_void_p * 2)(address(dst) + start * inner, address(src))
-    sizes = np.array([shape[dim] * inner, nbytes, nbytes], np.int64)
-    native_pool.launch(fn, fn_addr, ctypes.addressof(ptrs), address(sizes), None, 0, outer, nbytes / 4)
+    words = (ctypes.c_int64 * 5)(address(dst) + start * inner, address(src), shape[dim] * inner, nbytes, nbytes)
+    at = ctypes.addressof(words)            # pointers [dst, src], then sizes [strides, nbytes]
+    native_pool.launch(fn, fn_addr, at, at + 16, None, 0, outer, nbytes / 4)

@@ -154,13 +154,13 @@ def launch(fn, fn_addr: int, bufs, sizes, scalars, lo: int, hi: int, cost_per_it
            align: int = 1, min_cost: float | None = None, nthreads: int | None = None) -> None:
     """Kernel `fn` (a ctypes KERNEL_FN at `fn_addr`) over [lo, hi): called directly when
     `split_threads` says the calling thread, else split over the pool."""
-    if hi <= lo:
+    n = hi - lo
+    t = nthreads or config._num_threads
+    if t <= 1 or n < 2 or n * cost_per_item < (MIN_COST if min_cost is None else min_cost):  # split_threads, inline
+        if n > 0:
+            fn(bufs, sizes, scalars, lo, hi)
         return
-    t = split_threads(hi - lo, cost_per_item, min_cost, nthreads)
-    if t == 1:
-        fn(bufs, sizes, scalars, lo, hi)
-    else:
-        parallel(fn_addr, bufs, sizes, scalars, lo, hi, align, t)
+    parallel(fn_addr, bufs, sizes, scalars, lo, hi, align, t)
 
 
 def fn_address(fn) -> int:
