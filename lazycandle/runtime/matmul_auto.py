@@ -119,7 +119,7 @@ def choose(g, threads: int, make_plans) -> str:
     if hit is None:
         hit = recall("auto", key, ("blas", "tiled"))
         if hit is None:
-            # measured without a lock: a caller on a pool worker may need the other workers
+            # measured without a lock: its timed runs take the pool, whose other callers must not wait here
             # (two threads measuring one bucket at once both store a valid choice)
             hit = pick(measure(g, threads, make_plans))
             jit.remember_choice("matmul " + "auto", _ident(key), hit)
