@@ -3,8 +3,10 @@ pool): BLAS-backend GEMMs (one GEMM, a batch of small ones, a bf16 one through t
 copies) at 1 and 2 threads, sort / argsort / cumsum rows, the per-kernel path
 (LAZYCANDLE_EXEC=python) and slice_set_.  Two module versions cannot share a process, so each
 round runs one child per tree, alternating A, B, A, B...; a child times every case (median of
-`--reps` calls after a warm-up, cases rotating).  Printed: per case the median over rounds of
-each tree's medians, in microseconds, with the load average.
+`--reps` calls after a warm-up, cases rotating) in wall time and in the process's CPU time.
+Printed: per case the median over rounds of each tree's medians, in microseconds, with the
+load average.  On a loaded 2-CPU machine the CPU time is the steadier figure: wall time there
+mostly says how often the process had a core.
 
     python bench/pool_ab.py --a /tmp/pool-base --b /work/wt-pool [--rounds 9] [--reps 9]
 """
@@ -79,10 +81,14 @@ cases["slice_set_ (8,1,64) into (8,512,64)"] = sset
 for f in cases.values():
     f(); f()
 times = {k: [] for k in cases}
+cpu = {k: [] for k in cases}
 for _ in range(reps):
     for k, f in cases.items():
-        t0 = time.perf_counter(); f(); times[k].append(time.perf_counter() - t0)
-print(json.dumps({k: statistics.median(v) * 1e6 for k, v in times.items()}))
+        t0, c0 = time.perf_counter(), time.process_time()
+        f()
+        times[k].append(time.perf_counter() - t0)
+        cpu[k].append(time.process_time() - c0)
+print(json.dumps({k: (statistics.median(times[k]) * 1e6, statistics.median(cpu[k]) * 1e6) for k in cases}))
 """
 
 
@@ -95,8 +101,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     got = {"a": [], "b": []}
     loads = []
-    for _ in range(args.rounds):
-        for side in ("a", "b"):
+    for r in range(args.rounds):
+        for side in (("a", "b") if r % 2 == 0 else ("b", "a")):      # neither always runs first
             env = dict(os.environ, PYTHONPATH=getattr(args, side))
             out = subprocess.run([sys.executable, "-c", CHILD, str(args.reps)], env=env, capture_output=True,
                                  text=True, check=True, cwd="/tmp")
@@ -104,11 +110,12 @@ def main(argv=None):
             loads.append(os.getloadavg()[0])
     print(f"load {min(loads):.2f}-{max(loads):.2f}; A = {args.a}, B = {args.b}; "
           f"median over {args.rounds} rounds of per-child medians ({args.reps} calls)")
-    print(f"{'case':44s} {'A us':>10s} {'B us':>10s} {'B/A':>6s}")
+    print("wall: elapsed time; cpu: the process's CPU time over all its threads (the work done,"
+          " steadier than wall time when other processes share the cores)")
+    print(f"{'case':44s} {'A wall':>9s} {'B wall':>9s} {'B/A':>5s} {'A cpu':>9s} {'B cpu':>9s} {'B/A':>5s}")
     for k in got["a"][0]:
-        a = statistics.median(r[k] for r in got["a"])
-        b = statistics.median(r[k] for r in got["b"])
-        print(f"{k:44s} {a:10.1f} {b:10.1f} {b / a:6.2f}")
+        aw, ac, bw, bc = [statistics.median(r[k][i] for r in got[side]) for side in ("a", "b") for i in (0, 1)]
+        print(f"{k:44s} {aw:9.1f} {bw:9.1f} {bw / aw:5.2f} {ac:9.1f} {bc:9.1f} {bc / max(ac, 1e-9):5.2f}")
 
 
 if __name__ == "__main__":
