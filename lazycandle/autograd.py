@@ -12,7 +12,7 @@ import bisect
 import contextlib
 import weakref
 
-from . import autograd_rules  # noqa: F401  (attaches the rules to the op table)
+from .autograd_rules import accumulate  # (importing it attaches the rules to the op table)
 from .errors import ShapeMismatch, UnsupportedDTypeForOp
 from .ir import node as node_mod
 from .ir.ops import VIEW
@@ -202,7 +202,7 @@ def gradients(loss: Tensor, wrt=(), grad: Tensor | None = None, keep_all: bool =
             if gs is None or not needs[s.id]:
                 continue
             prev = adj.get(s.id)
-            adj[s.id] = gs if prev is None else prev + gs
+            adj[s.id] = gs if prev is None else accumulate(prev, gs)
     if not keep_all:
         adj = {k: v for k, v in adj.items() if k in targets}
     return GradStore(adj, nodes)

@@ -320,6 +320,56 @@ def _as_box(g, shape, strides, offset, numel):
     return g
 
 
+def _zero_source(n) -> bool:
+    """Whether cat source `n` is the zeros pad_with_zeros builds (a copy of a broadcast 0)."""
+    if n.op.name == "copy" and not n.realized:
+        n = n.srcs[0]
+    return n.op.category == "view" and n.base.op.name == "const" and n.base.arg == 0
+
+
+def _padded_pieces(t):
+    """(cat node, [(start, node)]) of the non-zero pieces of an unrealized cat with int sizes
+    along its dim (a view's gradient padded with zeros), seen through a contiguous reshape of
+    it (what `_view` returns), else None."""
+    n = t._node
+    if n.op.category == "view" and n.layout.is_contiguous() and decide_eq(n.layout.offset, 0) is True:
+        n = n.base
+    if n.op.name != "cat" or n.realized:
+        return None
+    pieces, at = [], 0
+    for s in n.srcs:
+        size = s.shape[n.arg]
+        if size.__class__ is not int:
+            return None
+        if not _zero_source(s):
+            pieces.append((at, s))
+        at += size
+    return n, pieces
+
+
+def accumulate(prev, g):
+    """prev + g, where two zero-padded cats along one dim whose non-zero pieces do not overlap
+    (the gradients of q, k, v = h.chunk(3, -1)) become ONE cat of their pieces: the pieces are
+    written once, not padded with zeros into full-size buffers that an add then sums."""
+    a, b = _padded_pieces(prev), _padded_pieces(g)
+    if a is None or b is None or a[0].arg != b[0].arg or a[0].shape != b[0].shape \
+            or prev.shape != g.shape or prev.dtype is not g.dtype:
+        return prev + g
+    from .tensor import Tensor, zeros
+    from .tensor_index import cat
+    dim, shape, pieces = a[0].arg, a[0].shape, sorted(a[1] + b[1], key=lambda p: p[0])
+    parts, at = [], 0
+    for start, node in pieces + [(shape[dim], None)]:
+        if start < at:
+            return prev + g             # overlapping pieces: they add
+        if start > at:
+            parts.append(zeros(shape[:dim] + (start - at,) + shape[dim + 1:], g.dtype))
+        if node is not None:
+            parts.append(Tensor(node))
+            at = start + node.shape[dim]
+    return cat(parts, dim).reshape(g.shape)
+
+
 def _above_one(d) -> bool:
     """Whether a view dim counts as longer than 1 (a size of named dims does: bound to 1, what
     is done for it is a no-op)."""
