@@ -82,3 +82,32 @@ def test_transposed_head_views_of_qkv_gradient_is_one_cat():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     kinds = _kernel_ops(prog)
     assert kinds.count("index") <= 1, kinds          # one cat (no padded cats summed by an add)
+
+
+def test_bias_gradient_reads_the_buffered_product_instead_of_recomputing_gelu():
+    """y = gelu(x @ w1.T + b1) @ w2.T: d b1 = column sums of dy @ w2 * gelu'(f), a value the
+    next GEMM reads from memory anyway; the sum reads that one buffer instead of re-deriving
+    gelu' from the product f and dy @ w2 (three full-size reads)."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    w1 = (rng.standard_normal((12, 8)) / 3).astype(np.float32)
+    b1 = rng.standard_normal(12).astype(np.float32)
+    w2 = (rng.standard_normal((5, 12)) / 3).astype(np.float32)
+    dy = rng.standard_normal((16, 5)).astype(np.float32)
+    ps = [lc.placeholder(n, a.shape) for n, a in (("w1", w1), ("b1", b1), ("w2", w2))]
+    xt, dyt = lc.tensor(x), lc.tensor(dy)
+
+    def loss(w1_, b1_, w2_):
+        return (lc.nn.linear(lc.nn.linear(xt, w1_, b1_).gelu(), w2_) * dyt).sum_all()
+    _, grads = lc.value_and_grad(loss, (0, 1, 2))(*ps)
+    prog = lc.compile(list(grads))
+    gw1, gb1, gw2 = prog.run(w1=w1, b1=b1, w2=w2)
+    f = x.astype(np.float64) @ w1.T + b1
+    c = np.sqrt(2 / np.pi)
+    th = np.tanh(c * (f + 0.044715 * f ** 3))
+    df = (dy @ w2) * (0.5 * (1 + th) + 0.5 * f * (1 - th ** 2) * c * (1 + 3 * 0.044715 * f ** 2))
+    np.testing.assert_allclose(gb1, df.sum(0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gw1, df.T @ x, rtol=1e-4, atol=1e-5)
+    sums = [k for k in prog._fixed.plan.kernels if k.kind == "reduce" and k.spec is not None]
+    big = [k for k in sums if len(k.inputs) > 1]
+    assert sums and not big, [(k.kind, k.inputs) for k in sums]

@@ -126,6 +126,18 @@ def _full_reads(sub, nodes, operands) -> int:
     return len(reads)
 
 
+def _buffered_anyway(r, p, nodes, consumers) -> bool:
+    """Whether node p, summed by reduction r over other dims than the last alone (a column sum:
+    its kernel writes no full-size outputs), is written to a buffer whatever r does: it is read
+    by a kernel taking its operands from memory (a matmul, an index op).  r then reads it once;
+    recomputing it would read its inputs instead, at least as many bytes (the bias gradient of
+    gelu(x @ w + b) @ w2 re-derived gelu' from the product: 3x the reads)."""
+    from .ops import ELEMENTWISE, REDUCE
+    if tuple(nodes[r].shape[:-1]) == tuple(nodes[p].shape[:-1]):
+        return False                # a row reduction: a row kernel can write p as it goes
+    return any(nodes[c].op.category not in (ELEMENTWISE, REDUCE) for c in consumers[p])
+
+
 def recompute_into_reductions(cap: Capture) -> Capture:
     """A reduction whose elementwise producers are also used elsewhere would force them into a
     buffer (written once, read twice).  When they are cheap, give the reduction its own copy of
@@ -144,7 +156,7 @@ def recompute_into_reductions(cap: Capture) -> Capture:
             continue
         o = operands[r][0]
         if o.kind != "node" or nodes[o.index].op.category != ELEMENTWISE or nodes[o.index].shape != o.shape \
-                or not _is_identity_read(o, o.shape):
+                or not _is_identity_read(o, o.shape) or _buffered_anyway(r, o.index, nodes, consumers):
             continue
         sub, stack, cost = set(), [o.index], 0
         while stack and cost <= RECOMPUTE_BUDGET:     # stop early: only a cheap cone is cloned
