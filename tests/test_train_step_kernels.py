@@ -111,3 +111,21 @@ def test_bias_gradient_reads_the_buffered_product_instead_of_recomputing_gelu():
     sums = [k for k in prog._fixed.plan.kernels if k.kind == "reduce" and k.spec is not None]
     big = [k for k in sums if len(k.inputs) > 1]
     assert sums and not big, [(k.kind, k.inputs) for k in sums]
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 8), (3, 1, 4, 8), (0, 3, 8)])
+def test_linear_bias_on_merged_rows_is_the_gemm_epilogue(shape):
+    """nn.linear over (..., in) merges the leading dims into one 2-D GEMM and adds the bias
+    before reshaping back, so the add is that GEMM's epilogue, not a pass of its own."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((6, 8)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    xp = lc.placeholder("x", x.shape)
+    prog = lc.compile([lc.nn.linear(xp, lc.tensor(w), lc.tensor(b))])
+    np.testing.assert_allclose(prog.run(x=x)[0], x @ w.T + b, rtol=1e-5, atol=1e-5)
+    if x.size:
+        assert _kernel_ops(prog) == ["matmul"]
+    b2 = rng.standard_normal(shape[-2:-1] + (6,)).astype(np.float32)   # a bias that is not a row
+    got = lc.nn.linear(lc.tensor(x), lc.tensor(w), lc.tensor(b2)).numpy()
+    np.testing.assert_allclose(got, x @ w.T + b2, rtol=1e-5, atol=1e-5)
