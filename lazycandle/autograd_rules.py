@@ -219,7 +219,18 @@ def _index_select(n, g, xs, out):
 
 @_rule("gather")
 def _gather(n, g, xs, out):
-    return (_zeros(xs[0]).scatter_add(xs[1], g, n.arg), None)
+    """scatter_add of g into zeros; with one id per row along the dim (cross-entropy's pick of
+    the target's log-probability) that is g where the position equals the id, an elementwise
+    select that fuses into its consumer instead of a full-size zero fill and scatter."""
+    x, ids, dim = xs[0], xs[1], n.arg
+    one_per_row = is_one(ids.shape[dim]) and all(
+        decide_eq(a, b) is True for d, (a, b) in enumerate(zip(ids.shape, x.shape)) if d != dim)
+    if not one_per_row or x.shape[dim].__class__ is not int:
+        return (_zeros(x).scatter_add(ids, g, dim), None)
+    from .tensor import arange
+    pos = arange(x.shape[dim]).reshape(tuple(x.shape[dim] if d == dim else 1 for d in range(x.rank)))
+    hit = pos.broadcast_as(x.shape).eq(ids.to_dtype("i64").broadcast_as(x.shape))
+    return (hit.where_cond(g.broadcast_as(x.shape), 0.0), None)
 
 
 @_rule("scatter_add")

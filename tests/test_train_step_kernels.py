@@ -129,3 +129,42 @@ def test_linear_bias_on_merged_rows_is_the_gemm_epilogue(shape):
     b2 = rng.standard_normal(shape[-2:-1] + (6,)).astype(np.float32)   # a bias that is not a row
     got = lc.nn.linear(lc.tensor(x), lc.tensor(w), lc.tensor(b2)).numpy()
     np.testing.assert_allclose(got, x @ w.T + b2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,dim,ids_shape", [
+    ((6, 10), 1, (6, 1)),               # cross-entropy's pick
+    ((2, 3, 7), 2, (2, 3, 1)),
+    ((5, 4), 0, (1, 4)),                # along a leading dim
+    ((6, 10), 1, (6, 3)),               # several ids per row (repeats add): scatter_add
+    ((0, 10), 1, (0, 1)),
+])
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_gather_gradient_matches_numpy(shape, dim, ids_shape, dtype):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(shape)
+    ids = rng.integers(0, shape[dim], ids_shape)
+    w = rng.standard_normal(ids_shape)
+    wt = lc.tensor(w, dtype)
+    _, (g,) = lc.value_and_grad(lambda a: (a.gather(lc.tensor(ids), dim) * wt).sum_all(), (0,))(lc.tensor(x, dtype))
+    want = np.zeros(shape)
+    for pos in np.ndindex(*ids_shape):
+        at = list(pos)
+        at[dim] = ids[pos]
+        want[tuple(at)] += w[pos]
+    np.testing.assert_allclose(g.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_cross_entropy_gradient_needs_no_scatter():
+    """The gradient of cross_entropy over (..., C) logits compiles to no index kernel other than
+    the forward's gather (no zero fill, no scatter_add) and matches torch's formula."""
+    rng = np.random.default_rng(9)
+    logits = rng.standard_normal((3, 4, 11)).astype(np.float32)
+    y = rng.integers(0, 11, (3, 4))
+    lp = lc.placeholder("logits", logits.shape)
+    _, (g,) = lc.value_and_grad(lambda a: lc.nn.cross_entropy(a, lc.tensor(y)), (0,))(lp)
+    prog = lc.compile([g])
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = p - np.eye(11)[y]
+    np.testing.assert_allclose(prog.run(logits=logits)[0], want / 12, rtol=1e-5, atol=1e-6)
+    assert _kernel_ops(prog).count("index") <= 1, _kernel_ops(prog)
