@@ -224,9 +224,15 @@ def cross_entropy(logits, targets, ignore_index=-100, label_smoothing=0.0, reduc
         raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing!r}")
     targets = _class_targets(op, logits, targets)
     c = logits.rank - 1
-    logp = log_softmax(logits, c)
     keep = targets.ne(int(ignore_index))
-    picked = logp.gather(keep.where_cond(targets, 0).unsqueeze(c), c).squeeze(c)
+    ids = keep.where_cond(targets, 0).unsqueeze(c)
+    if _empty_along(logits, c, op):
+        picked, logp = logits.gather(ids, c).squeeze(c), logits
+    else:       # log_softmax's ops, the target's picked from the logits: the (..., C) log-probs are not written
+        m = logits.max_keepdim(c)
+        lse = logits.broadcast_sub(m).exp().sum_keepdim(c).log()
+        picked = logits.gather(ids, c).sub(m).sub(lse).squeeze(c)
+        logp = logits.broadcast_sub(m).broadcast_sub(lse)
     loss = -picked if not eps else -picked * (1.0 - eps) - logp.mean(c) * eps
     loss = keep.where_cond(loss, 0.0)
     if reduction == "none":
