@@ -12,7 +12,9 @@ is_causal on both sides (each library's fused kernel).  First `--check` steps of
 implementation from the same start: the largest loss difference against torch eager (must be
 <= 1e-5) and the first step's time (lazycandle: compile + run; torch.compile: its compile).
 Then the median of `--runs` steps after 2 warm-up steps, implementations alternating in one loop
-(bench/timing.py), the ratios, kernels per step against ops per step, and the load.
+(bench/timing.py), the ratios, kernels per step against ops per step, and the load.  torch runs
+with OMP_WAIT_POLICY=PASSIVE unless the environment sets it (spinning OpenMP waits made its steps
+5-10x slower on a shared host).
 """
 from __future__ import annotations
 
@@ -242,6 +244,9 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true")
     a = ap.parse_args(argv)
     lc.set_num_threads(a.threads)
+    # torch's OpenMP threads spin while waiting by default: on a shared host (other processes on
+    # the cores) that made its steps 5-10x slower and erratic; passive waiting is the fair setting
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     torch = None
     if not a.no_torch:
         try:
