@@ -168,3 +168,31 @@ def test_cross_entropy_gradient_needs_no_scatter():
     want = p - np.eye(11)[y]
     np.testing.assert_allclose(prog.run(logits=logits)[0], want / 12, rtol=1e-5, atol=1e-6)
     assert _kernel_ops(prog).count("index") <= 1, _kernel_ops(prog)
+
+
+def test_relu_layer_is_its_gemm_epilogue_in_a_training_step():
+    """An MLP step's forward linear + relu is one matmul kernel (the backward's mask `out > 0`
+    is fused into the backward GEMM's epilogue, not written by the forward), gradients as NumPy."""
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((32, 12)).astype(np.float32)
+    w1, b1 = (rng.standard_normal((16, 12)) / 3).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    w2 = (rng.standard_normal((5, 16)) / 3).astype(np.float32)
+    dy = rng.standard_normal((32, 5)).astype(np.float32)
+    ps = [lc.placeholder(n, a.shape) for n, a in (("w1", w1), ("b1", b1), ("w2", w2))]
+    xt, dyt = lc.tensor(x), lc.tensor(dy)
+
+    def loss(w1_, b1_, w2_):
+        return (lc.nn.linear(lc.nn.linear(xt, w1_, b1_).relu(), w2_) * dyt).sum_all()
+    val, grads = lc.value_and_grad(loss, (0, 1, 2))(*ps)
+    prog = lc.compile([val, *grads])
+    _, gw1, gb1, gw2 = prog.run(w1=w1, b1=b1, w2=w2)
+    f = x.astype(np.float64) @ w1.T + b1
+    h = np.maximum(f, 0)
+    df = (dy @ w2) * (f > 0)
+    np.testing.assert_allclose(gw2, dy.T @ h, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gw1, df.T @ x, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gb1, df.sum(0), rtol=1e-4, atol=1e-5)
+    fwd = prog._fixed.plan.kernels[0]
+    assert fwd.kind == "matmul" and fwd.epilogue is not None and "relu" in fwd.epilogue.ops
+    assert not any(k.kind == "elementwise" and "relu" in [i[0] for i in k.spec.instrs]
+                   for k in prog._fixed.plan.kernels)

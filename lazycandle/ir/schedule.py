@@ -157,6 +157,10 @@ def _group(cap, consumers, targets, prune):
         if n.op.category == REDUCE:
             _absorb_producers(gr, nodes, j, ops[0], notes)
         elif n.op.category == ELEMENTWISE:
+            if _defers_to_consumers(nodes, j, ops, consumers):
+                notes.append(f"n{j} ({n.op.name}) left to its consumers' kernel: it reads one value a matmul "
+                             f"reads from memory anyway")
+                continue
             _fuse_elementwise(gr, nodes, j, ops, notes)
     _pair_attention_lse(gr, nodes, operands, notes)
     fuse_epilogues(gr, nodes, operands, consumers, targets, notes)
@@ -197,6 +201,20 @@ def _absorb_producers(gr, nodes, j, o, notes):
         notes.append(f"n{j} ({nodes[j].op.name}) reads n{o.index} from a buffer: its producers fill a kernel")
     else:
         gr.merge([j, g], 1)
+
+
+def _defers_to_consumers(nodes, j, ops, consumers) -> bool:
+    """Whether elementwise node j is a cheap op of one value that a matmul reads from memory
+    anyway (relu's output, read by the next layer, and by its backward mask `out > 0`), with
+    only elementwise consumers.  Kept out of that value's kernel it fuses into its consumers'
+    (they read the value, not a mask written for them), and the value's kernel keeps the one
+    output that lets it be the producing matmul's epilogue."""
+    reads = {o.index for o in ops if o.kind == "node"}
+    if len(reads) != 1 or nodes[j].op.cost > 1 or not consumers[j]:
+        return False
+    p = next(iter(reads))
+    return all(nodes[c].op.category == ELEMENTWISE for c in consumers[j]) and \
+        any(nodes[c].op.category == MATMUL for c in consumers[p])
 
 
 def _fuse_elementwise(gr, nodes, j, ops, notes):
