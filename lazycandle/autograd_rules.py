@@ -228,8 +228,9 @@ def _gather(n, g, xs, out):
     if not one_per_row or x.shape[dim].__class__ is not int:
         return (_zeros(x).scatter_add(ids, g, dim), None)
     from .tensor import arange
-    pos = arange(x.shape[dim]).reshape(tuple(x.shape[dim] if d == dim else 1 for d in range(x.rank)))
-    hit = pos.broadcast_as(x.shape).eq(ids.to_dtype("i64").broadcast_as(x.shape))
+    it = "i32" if x.shape[dim] < 2 ** 31 else "i64"     # (i32: as many lanes as f32; the ids are in range)
+    pos = arange(x.shape[dim], dtype=it).reshape(tuple(x.shape[dim] if d == dim else 1 for d in range(x.rank)))
+    hit = pos.broadcast_as(x.shape).eq(ids.to_dtype(it).broadcast_as(x.shape))
     return (hit.where_cond(g.broadcast_as(x.shape), 0.0), None)
 
 
