@@ -3,7 +3,7 @@ whole step compiled into ONE program (value_and_grad + AdamW.update under lc.com
 torch eager and torch.compile (inductor: the loss compiled with its backward, the AdamW step
 compiled too), same init and data:
 
-    python bench/train_transformer.py [--cases block,gpt2,mlp] [--runs 11] [--threads 2] [--check 20]
+    python bench/train_transformer.py [--cases block,gpt2,mlp] [--runs 11] [--threads 2] [--check 20] [--cpu]
 
 Cases: `block` a GPT-2 block (8, 128, 256), 4 heads, causal, mse loss against a fixed target;
 `gpt2` a 4-layer GPT-2 (d 256, 4 heads, seq 128, batch 8, vocab 4096, tied head, cross-entropy);
@@ -12,7 +12,8 @@ is_causal on both sides (each library's fused kernel).  First `--check` steps of
 implementation from the same start: the largest loss difference against torch eager (must be
 <= 1e-5) and the first step's time (lazycandle: compile + run; torch.compile: its compile).
 Then the median of `--runs` steps after 2 warm-up steps, implementations alternating in one loop
-(bench/timing.py), the ratios, kernels per step against ops per step, and the load.  torch runs
+(bench/timing.py), the ratios, kernels per step against ops per step, and the load; --cpu: one
+thread everywhere and the CPU time of the calling thread, which a loaded machine disturbs less.  torch runs
 with OMP_WAIT_POLICY=PASSIVE unless the environment sets it (spinning OpenMP waits made its steps
 5-10x slower on a shared host).
 """
@@ -30,7 +31,8 @@ if __package__ in (None, ""):
 import numpy as np
 
 import lazycandle as lc
-from bench.timing import time_alternating
+from bench.sdpa_backward import cpu_alternating
+from bench.timing import Stats, time_alternating
 from bench.train_step import count_ops
 
 LR, BETAS, EPS, WD, LN_EPS = 1e-3, (0.9, 0.999), 1e-8, 0.01, 1e-5
@@ -224,9 +226,14 @@ def run_case(name, a, torch):
         diff = np.abs(np.array(losses[k]) - ref).max()
         print(f"  {k:14s} first step {first[k] * 1e3:9.1f} ms; loss {losses[k][0]:.6f} -> {losses[k][-1]:.6f} "
               f"after {a.check} steps, max |diff| vs torch eager {diff:.1e}")
-    stats = time_alternating(impls, repeats=a.runs, warmup=2)
+    if a.cpu:
+        stats = {k: Stats(times=v) for k, v in cpu_alternating(impls, a.runs).items()}
+    else:
+        stats = time_alternating(impls, repeats=a.runs, warmup=2)
+    what = "CPU time of the calling thread" if a.cpu else "wall time"
     for k, s in stats.items():
-        print(f"  {k:14s} median {s.median * 1e3:8.2f} ms  (min {s.min * 1e3:7.2f}, max {s.max * 1e3:7.2f}, n={s.n})")
+        print(f"  {k:14s} median {s.median * 1e3:8.2f} ms  (min {s.min * 1e3:7.2f}, max {s.max * 1e3:7.2f}, "
+              f"n={s.n}; {what})")
     lc_s = stats["lazycandle"].median
     for k in stats:
         if k != "lazycandle":
@@ -242,7 +249,11 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--check", type=int, default=20)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--cpu", action="store_true", help="one thread, CPU time of the calling thread (what a "
+                    "loaded machine disturbs least) instead of wall time")
     a = ap.parse_args(argv)
+    if a.cpu:
+        a.threads = 1
     lc.set_num_threads(a.threads)
     # torch's OpenMP threads spin while waiting by default: on a shared host (other processes on
     # the cores) that made its steps 5-10x slower and erratic; passive waiting is the fair setting

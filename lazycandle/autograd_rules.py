@@ -370,6 +370,9 @@ def accumulate(prev, g):
     from .tensor import Tensor, zeros
     from .tensor_index import cat
     dim, shape, pieces = a[0].arg, a[0].shape, sorted(a[1] + b[1], key=lambda p: p[0])
+    base = _tiled_base(pieces, dim, shape, g.dtype)
+    if base is not None:
+        return Tensor(base).reshape(g.shape)
     parts, at = [], 0
     for start, node in pieces + [(shape[dim], None)]:
         if start < at:
@@ -380,6 +383,25 @@ def accumulate(prev, g):
             parts.append(Tensor(node))
             at = start + node.shape[dim]
     return cat(parts, dim).reshape(g.shape)
+
+
+def _tiled_base(pieces, dim, shape, dtype):
+    """The node whose whole buffer the pieces are, side by side along `dim` at the contiguous
+    strides of `shape` (dq, dk, dv as views of the attention backward's (B, L, 3, H, E) output),
+    else None: their cat is then that buffer, no copy."""
+    from .layout import contiguous_strides
+    base = pieces[0][1].base
+    if base.op.category == "view" or base.dtype is not dtype or base.shape.__class__ is not tuple \
+            or not all(d.__class__ is int for d in base.shape + tuple(shape)) or prod(base.shape) != prod(shape):
+        return None
+    want, at = contiguous_strides(tuple(shape)), 0
+    for start, node in pieces:
+        lay = node.layout
+        if node.base is not base or node.op.category != "view" or start != at or lay.offset != start * want[dim] \
+                or any(n != 1 and st != w for n, st, w in zip(lay.shape, lay.strides, want)):
+            return None
+        at += node.shape[dim]
+    return base if at == shape[dim] else None
 
 
 def _above_one(d) -> bool:
@@ -424,9 +446,10 @@ def _flash_attention(n, g, xs, out):
     q, k, the mask and the rows' log-sum-exp, with the forward's output O.  The log-sum-exp is a
     node of its own (flash_attention_lse), so the forward's output stays as it is for callers
     that never take a gradient; when forward and backward realize together the scheduler has
-    the forward's kernel write it (ir/schedule.py), else it is a pass of its own.  One packed
-    [dq | dk | dv] buffer; an additive mask's gradient, dS itself, is the graph of the same
+    the forward's kernel write it (ir/schedule.py), else it is a pass of its own.  One flat
+    buffer, dq, dk, dv views of it (attention_grad.output_strides); an additive mask's gradient, dS itself, is the graph of the same
     formulas."""
+    from .codegen import attention_grad as AG
     from .ir.node import Node
     causal, kind, scale = n.arg
     q, k, v = xs[:3]
@@ -440,10 +463,14 @@ def _flash_attention(n, g, xs, out):
     sizes = (B * H * L * E, B * H * S * E, B * H * S * EV)
     flat = T(Node("flash_attention_grad", tuple(x._node for x in srcs), n.arg, (sum(sizes),), q.dtype,
                   label=f"flash_attention backward{' causal' if causal else ''}{f' mask {kind}' if kind else ''}"))
-    grads, at = [], 0
-    for size, shape in zip(sizes, ((B, H, L, E), (B, H, S, E), (B, H, S, EV))):
-        grads.append(flat.narrow(0, at, size).reshape(shape))
-        at += size
+    if AG.interleaved(L, S, E, EV):          # (B, L, 3, H, E)
+        both = flat.reshape((B, L, 3, H, E))
+        grads = [both.narrow(2, i, 1).squeeze(2).transpose(1, 2) for i in range(3)]
+    else:
+        grads, at = [], 0
+        for size, shape in zip(sizes, ((B, H, L, E), (B, H, S, E), (B, H, S, EV))):
+            grads.append(flat.narrow(0, at, size).reshape(shape))
+            at += size
     if kind is None:
         return tuple(grads)
     if kind != "add":

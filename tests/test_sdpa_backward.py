@@ -100,6 +100,9 @@ CASES = {   # name: (q shape, k shape, v shape, mask kind, causal)
     "u8-1x3": ((1, 2, 1, 16), (1, 2, 3, 16), (1, 2, 3, 8), "u8", False),
     "i64-17x3": ((2, 1, 17, 16), (2, 1, 3, 16), (2, 1, 3, 8), "i64", False),
     "add-17x33": ((2, 2, 17, 16), (2, 2, 33, 16), (2, 2, 33, 8), "add", False),
+    # L == S and E == Ev: the (B, L, 3, H, E) output layout (attention_grad.interleaved)
+    "self-causal-33": ((2, 3, 33, 16), (2, 3, 33, 16), (2, 3, 33, 16), None, True),
+    "self-add-17": ((1, 2, 17, 8), (1, 2, 17, 8), (1, 2, 17, 8), "add", False),
 }
 
 

@@ -196,3 +196,30 @@ def test_relu_layer_is_its_gemm_epilogue_in_a_training_step():
     assert fwd.kind == "matmul" and fwd.epilogue is not None and "relu" in fwd.epilogue.ops
     assert not any(k.kind == "elementwise" and "relu" in [i[0] for i in k.spec.instrs]
                    for k in prog._fixed.plan.kernels)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_self_attention_projection_gradient_is_the_backward_buffer(causal):
+    """q, k, v split from one projection h (b, t, 3 d) into heads: the fused attention backward
+    writes dq, dk, dv as (b, t, 3, heads, e), which IS h's gradient (no cat, no copy); values
+    against the graph attention's gradient in f64."""
+    from lazycandle.nn_attention import _graph_sdpa
+    b, t, d, heads = 2, 9, 16, 2
+    rng = np.random.default_rng(11)
+    h = rng.standard_normal((b, t, 3 * d))
+    w = rng.standard_normal((b, t, d))
+    wt = lc.tensor(w)
+
+    def loss(a, attn):
+        q, k, v = (z.reshape((b, t, heads, d // heads)).transpose(1, 2) for z in a.chunk(3, -1))
+        y = attn(q, k, v).transpose(1, 2).reshape((b, t, d))
+        return (y * wt).sum_all()
+    fused = lambda q, k, v: lc.nn.scaled_dot_product_attention(q, k, v, is_causal=causal)   # noqa: E731
+    graph = lambda q, k, v: _graph_sdpa(q, k, v, None, causal, 1 / np.sqrt(d // heads))    # noqa: E731
+    hp = lc.placeholder("h", h.shape, lc.f64)
+    _, (g,) = lc.value_and_grad(lambda a: loss(a, fused), (0,))(hp)
+    prog = lc.compile([g])
+    _, (want,) = lc.value_and_grad(lambda a: loss(a, graph), (0,))(lc.tensor(h))
+    np.testing.assert_allclose(prog.run(h=h)[0], want.numpy(), rtol=1e-10, atol=1e-12)
+    kinds = _kernel_ops(prog)
+    assert kinds.count("index") == 2, kinds         # forward + its log-sum-exp, backward: no cat

@@ -12,8 +12,10 @@ i (BQ rows; causal: from row j0 on, earlier rows see none of these keys):
   dV_j += P^T dO_i             dK_j += dS^T Q_i       dQ_i += dS KS (in the output)
 each product a register tile of MR rows x NV vectors (over keys, E or Ev) of broadcast-A FMAs;
 causal, a tile stops at the diagonal (its keys, rows or sum bounded; the rest is masked to 0).
-Finally dK_j (times scale) and dV_j are stored.  Output: one flat buffer [dq | dk | dv], each
-(B, H, ., .) contiguous; the gradients are views of it.
+Finally dK_j (times scale) and dV_j are stored.  Output: one flat buffer, (B, L, 3, H, E) for
+self-attention shapes (dq, dk, dv of a position side by side: the gradient of the projection
+q, k, v were split from, with no copy), else [dq | dk | dv], each (B, H, ., .) contiguous (see
+`output_strides`); the gradients are views of it.
 
 Compile-time: dtype, E, Ev, causal, the mask kind and the blocking.  Run time (`sizes`, SIZES
 order): H, L, S, the operands' strides (q, dO and O: last dim contiguous; k, v and the mask:
@@ -32,7 +34,8 @@ from .llvmutil import I32, I64, call_intrinsic, const, ltype, splat
 from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_module, unit_range
 
 SIZES = ("H", "L", "S", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h", "k_s", "k_e", "v_b", "v_h", "v_s", "v_e",
-         "o_b", "o_h", "o_l", "O_b", "O_h", "O_l", "m_b", "m_h", "m_l", "m_s", "dk_off", "dv_off")
+         "o_b", "o_h", "o_l", "O_b", "O_h", "O_l", "m_b", "m_h", "m_l", "m_s", "dk_off", "dv_off",
+         "dq_b", "dq_h", "dq_l", "dk_b", "dk_h", "dk_s", "dv_b", "dv_h", "dv_s")
 MR, NV = 4, 2           # register tile: rows x vectors (MR a power of two)
 STACK_ELEMS = 24576     # budget of a key block's stack copies and accumulators, BK (3 E + 2 Ev)
 BQ, BK_MAX = 32, 32     # (8, 4, 128, 64) causal f32, 1 thread: BK 32 took 3.4-3.8 ms, 64 3.8-4.6
@@ -50,6 +53,26 @@ class GradSpec:
     wv: int             # lanes of the vectors over Ev (divides ev)
     bq: int             # query rows per block
     bk: int             # keys per block (a multiple of width)
+
+
+def interleaved(L, S, E, EV) -> bool:
+    """Whether the output is (B, L, 3, H, E) -- dq, dk, dv of one position side by side, the
+    layout of the gradient of the (B, L, 3 H E) projection that self-attention's q, k, v are
+    split from, which then needs no copy -- rather than [dq | dk | dv], each (B, H, ., .)."""
+    return L == S and E == EV
+
+
+def output_strides(B, H, L, S, E, EV) -> dict:
+    """Offsets and (b, h, row) strides of dq, dk, dv in the flat output (sizes named as SIZES)."""
+    if interleaved(L, S, E, EV):
+        row = 3 * H * E
+        out = {"dk_off": H * E, "dv_off": 2 * H * E}
+        for p in ("dq", "dk", "dv"):
+            out[f"{p}_b"], out[f"{p}_h"], out[f"{p}_l" if p == "dq" else f"{p}_s"] = L * row, E, row
+        return out
+    return {"dk_off": B * H * L * E, "dv_off": B * H * (L * E + S * E),
+            "dq_b": H * L * E, "dq_h": L * E, "dq_l": E, "dk_b": H * S * E, "dk_h": S * E, "dk_s": E,
+            "dv_b": H * S * EV, "dv_h": S * EV, "dv_s": EV}
 
 
 def grad_spec(dt: D.DType, e: int, ev: int, causal: bool, mask: str | None) -> GradSpec:
@@ -148,10 +171,12 @@ def build_attention_grad(spec: GradSpec, name: str = "attention_grad") -> str:
             return b.add(b.mul(bb, sz[f"{p}_b"]), b.mul(hh, sz[f"{p}_h"]))
         ctx = {"q": base("q"), "k": base("k"), "v": base("v"), "o": base("o"), "O": base("O"),
                "m": base("m") if mask is not None else None, "row": b.mul(u, L),
-               "dq": b.mul(b.mul(u, L), I64(E)), "dk": b.add(sz["dk_off"], b.mul(b.mul(u, S), I64(E))),
-               "dv": b.add(sz["dv_off"], b.mul(b.mul(u, S), I64(EV)))}
-        with counted_loop(b, I64(0), b.mul(L, I64(E)), 1, "z") as z:
-            b.store(const(ct, 0.0), _at(b, out, b.add(ctx["dq"], z)), align=al)
+               "dq": base("dq"), "dk": b.add(sz["dk_off"], base("dk")), "dv": b.add(sz["dv_off"], base("dv")),
+               "dk_s": sz["dk_s"], "dv_s": sz["dv_s"]}
+        with counted_loop(b, I64(0), L, 1, "zr") as r:
+            row = b.add(ctx["dq"], b.mul(r, sz["dq_l"]))
+            with counted_loop(b, I64(0), I64(E), 1, "z") as z:
+                b.store(const(ct, 0.0), _at(b, out, b.add(row, z)), align=al)
         nblk = b.udiv(b.add(S, I64(BK - 1)), I64(BK))
         with counted_loop(b, I64(0), nblk, 1, "blk") as jb:
             j0 = b.mul(jb, I64(BK))
@@ -192,10 +217,10 @@ def _store_keys(b, spec, ct, out, ctx, j0, nk, st, scale, al):
         j = b.add(j0, c)
         with counted_loop(b, I64(0), I64(E), 1, "se") as e:
             x = b.fmul(b.load(_at(b, st["DK"], b.add(b.mul(c, I64(E)), e)), align=al), scale)
-            b.store(x, _at(b, out, b.add(ctx["dk"], b.add(b.mul(j, I64(E)), e))), align=al)
+            b.store(x, _at(b, out, b.add(ctx["dk"], b.add(b.mul(j, ctx["dk_s"]), e))), align=al)
         with counted_loop(b, I64(0), I64(EV), 1, "sv") as e:
             x = b.load(_at(b, st["DV"], b.add(b.mul(c, I64(EV)), e)), align=al)
-            b.store(x, _at(b, out, b.add(ctx["dv"], b.add(b.mul(j, I64(EV)), e))), align=al)
+            b.store(x, _at(b, out, b.add(ctx["dv"], b.add(b.mul(j, ctx["dv_s"]), e))), align=al)
 
 
 def _pair(b, spec, ct, gemms, ptrs, sz, ctx, i0, nr, j0, nk, st, al):
@@ -224,7 +249,7 @@ def _pair(b, spec, ct, gemms, ptrs, sz, ctx, i0, nr, j0, nk, st, al):
                    lambda r: _at(b, q, q_row(r)), lambda c: _at(b, st["DK"], b.mul(c, I64(E))), True, trim=trims[1])
     gemms[spec.we](nr, nk, E, lambda r: b.mul(r, I64(BK)), lambda h, c: b.load(_at(b, DS, b.add(h, c)), align=al),
                    lambda c: _at(b, st["KS"], b.mul(c, I64(E))),
-                   lambda r: _at(b, out, b.add(ctx["dq"], b.mul(b.add(i0, r), I64(E)))), True, trim=trims[2])
+                   lambda r: _at(b, out, b.add(ctx["dq"], b.mul(b.add(i0, r), sz["dq_l"]))), True, trim=trims[2])
 
 
 def _causal_trims(b, spec, i0, j0, nk):

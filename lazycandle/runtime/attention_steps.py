@@ -80,7 +80,7 @@ class FlashAttentionStep(SizedStep):
 @register("flash_attention_grad")
 class FlashAttentionGradStep(SizedStep):
     """Operands q, k, v, dO, lse, O (, mask), each (b, h, ., .) (lse: (b, h, L) contiguous; O the
-    forward's output); the output is [dq | dk | dv] flat."""
+    forward's output); the output is flat, dq, dk and dv at codegen/attention_grad.output_strides."""
 
     def setup(self, cap):
         n_ops = 7 if self.arg[1] is not None else 6
@@ -100,7 +100,7 @@ class FlashAttentionGradStep(SizedStep):
         if ll.shape != (B, H, L) or not contiguous:
             raise ValueError(f"flash_attention_grad: lse must be ({B}, {H}, {L}) contiguous, got {ll.shape} "
                              f"strides {ll.strides}")
-        vals = {"H": H, "L": L, "S": S, "dk_off": B * H * L * E, "dv_off": B * H * (L + S) * E}
+        vals = {"H": H, "L": L, "S": S, **AG.output_strides(B, H, L, S, E, EV)}
         for p, st in (("q", lq.strides), ("k", lk.strides), ("v", lv.strides)):
             vals[f"{p}_b"], vals[f"{p}_h"] = st[0], st[1]
         vals["q_l"], vals["q_e"], vals["k_s"], vals["k_e"] = lq.strides[2], lq.strides[3], lk.strides[2], lk.strides[3]
