@@ -273,11 +273,9 @@ def linear(x, w, b=None):
     batch (the (batch, out, in) partial products written and reduced)."""
     if x.rank > 2 and w.rank == 2:
         lead = x.shape[:-1]
-        y = x.reshape((prod(lead), x.shape[-1])).matmul(w.t())
-        y = y if b is None or b.rank > 1 else y.broadcast_add(b)    # (2-D: the GEMM's epilogue)
-        y = y.reshape(lead + (w.shape[0],))
-        return y if b is None or b.rank <= 1 else y.broadcast_add(b)
-    y = x.broadcast_matmul(w.t())
+        y = x.reshape((prod(lead), x.shape[-1])).matmul(w.t()).reshape(lead + (w.shape[0],))
+    else:
+        y = x.broadcast_matmul(w.t())
     return y if b is None else y.broadcast_add(b)
 
 

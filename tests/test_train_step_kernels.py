@@ -223,3 +223,23 @@ def test_self_attention_projection_gradient_is_the_backward_buffer(causal):
     np.testing.assert_allclose(prog.run(h=h)[0], want.numpy(), rtol=1e-10, atol=1e-12)
     kinds = _kernel_ops(prog)
     assert kinds.count("index") == 2, kinds         # forward + its log-sum-exp, backward: no cat
+
+
+@pytest.mark.parametrize("residual_layout", ["contiguous", "permuted"])
+def test_gemm_epilogue_reads_the_product_through_a_reshape(residual_layout):
+    """x @ w over merged rows, read back as (b, t, n) by bias + residual: the add is the GEMM's
+    epilogue with the residual restrided over the (b t, n) product; a residual whose strides
+    cannot be merged that way (a permuted view) keeps its own kernel.  Values as NumPy."""
+    b, t, k, n = 3, 5, 8, 6
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((b, t, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    r = rng.standard_normal((b, t, n) if residual_layout == "contiguous" else (t, b, n)).astype(np.float32)
+    xp, rp = lc.placeholder("x", x.shape), lc.placeholder("r", r.shape)
+    res = rp if residual_layout == "contiguous" else rp.transpose(0, 1)
+    prog = lc.compile([lc.nn.linear(xp, lc.tensor(w), lc.tensor(bias)) + res])
+    rn = r if residual_layout == "contiguous" else r.transpose(1, 0, 2)
+    np.testing.assert_allclose(prog.run(x=x, r=r)[0], x @ w.T + bias + rn, rtol=1e-5, atol=1e-5)
+    kinds = _kernel_ops(prog)
+    assert kinds == (["matmul"] if residual_layout == "contiguous" else ["matmul", "elementwise"]), kinds

@@ -4,7 +4,9 @@ tile (codegen/gemm_epilogue.py) and `(x @ w + b).gelu()` is one kernel, one pass
 
 A matmul M fuses with the elementwise group G that reads it when
   * M is no target and every read of M is G's, element for element (same shape, contiguous,
-    all by the same strides: size-1 dims may have any),
+    all by the same strides: size-1 dims may have any), or all by one contiguous reshape of M
+    (nn.linear's merged rows read back as (b, t, n)): G's other operands are then restrided
+    over M's shape (when strides can say it),
   * G writes one buffer (its last value), of M's dtype: the GEMM accumulates its partial sums
     in that buffer, so M's own value never needs one,
   * G reads at most MAX_INPUTS other operands (row vectors, broadcasts, a same-shape residual,
@@ -15,8 +17,10 @@ elementwise kernel, run in place over the output after the GEMM.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from math import prod
 
+from ..layout import Layout
 from .kernels import EwSpec
 from .ops import ELEMENTWISE, MATMUL
 
@@ -47,6 +51,24 @@ def _reads_identity(o, shape) -> bool:
     return o.shape == shape and _identity_read(o, shape)
 
 
+def _reads_in_order(o, shape) -> bool:
+    """A read of the whole product in its own element order: the product itself, or a
+    contiguous reshape of it (nn.linear's (b*t, n) product read as (b, t, n) by a residual add)."""
+    if o.shape == shape:
+        return _reads_identity(o, shape)
+    return all(d.__class__ is int for d in o.shape + tuple(shape)) and prod(o.shape) == prod(shape) \
+        and _reads_identity(o, o.shape)
+
+
+def _over_product(o, shape):
+    """Operand o (read over the consumers' shape) as an Operand over the product's shape: the
+    same elements in the same order, restrided (None when strides cannot say it)."""
+    if o.shape == shape:
+        return o
+    lay = Layout(o.shape, o.strides, o.offset).reshape(shape)
+    return None if lay is None else replace(o, shape=tuple(lay.shape), strides=tuple(lay.strides), offset=lay.offset)
+
+
 def fuse_epilogues(gr, nodes, operands, consumers, targets, notes) -> None:
     """Merge each matmul's group with its consumers' elementwise group where allowed."""
     for j, n in enumerate(nodes):
@@ -59,9 +81,10 @@ def fuse_epilogues(gr, nodes, operands, consumers, targets, notes) -> None:
             why = "it is read by more than one kernel"
         elif any(nodes[y].op.category != ELEMENTWISE for y in gr.members[g]):
             why = "its consumer is not elementwise"
-        elif not all(_reads_identity(o, n.shape) for c in consumers[j] for o in operands[c]
+        elif not all(_reads_in_order(o, n.shape) for c in consumers[j] for o in operands[c]
                      if o.kind == "node" and o.index == j) \
-                or len({o.strides for c in consumers[j] for o in operands[c] if o.kind == "node" and o.index == j}) > 1:
+                or len({(o.shape, o.strides) for c in consumers[j] for o in operands[c]
+                        if o.kind == "node" and o.index == j}) > 1:
             why = "a consumer reads it through a view"      # (or by two strides of one walk: size-1 dims)
         else:
             members = set(gr.members[g])
@@ -74,6 +97,9 @@ def fuse_epilogues(gr, nodes, operands, consumers, targets, notes) -> None:
                 why = f"the consumers read more than {MAX_INPUTS} other operands"
             elif len(members) > MAX_EPILOGUE_OPS:
                 why = f"the consumers have more than {MAX_EPILOGUE_OPS} ops"
+            elif any(_over_product(o, n.shape) is None for y in members for o in operands[y]
+                     if o.kind == "in" or (o.kind == "node" and o.index != j and o.index not in members)):
+                why = "an operand of the consumers has no strides over the product's shape"
         if why:
             notes.append(f"n{j} (matmul) keeps its own kernel: {why}")
             continue
@@ -97,7 +123,7 @@ def epilogue_kernel(cap, j, group, mat, fused_kernel, kernel_cls):
                 seen.add(key)
                 order.append(o)
     mm_input = next(k for k, o in enumerate(order) if o.kind == "node" and o.index == j)
-    extras = tuple(o for k, o in enumerate(order) if k != mm_input)
+    extras = tuple(_over_product(o, cap.nodes[j].shape) for k, o in enumerate(order) if k != mm_input)
     reads = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)
              for o in cap.operands[j] if o.kind != "const"]
     kernel = kernel_cls("matmul", [j] + rest, list(ew.outputs),

@@ -25,7 +25,7 @@ from ..errors import SchedulerError
 from ..layout import contiguous_strides
 from . import rows
 from .graph import Capture
-from .epilogue import epilogue_kernel, fuse_epilogues
+from .epilogue import _reads_in_order, epilogue_kernel, fuse_epilogues
 from .kernels import EwSpec, RedSpec, ew_classes, ew_loop, runtime_sizes, tile_dim
 from .ops import ELEMENTWISE, MATMUL, REDUCE
 
@@ -264,8 +264,7 @@ def _order_groups(cap: Capture, groups, group_of, row_groups=()):
             if h == g:
                 cat = nodes[j].op.category
                 fusable = cat == ELEMENTWISE or (cat == REDUCE and j == groups[g][-1])
-                epilogue = nodes[o.index].op.category == MATMUL and \
-                    _identity_read(o, nodes[o.index].shape) and o.shape == nodes[o.index].shape
+                epilogue = nodes[o.index].op.category == MATMUL and _reads_in_order(o, nodes[o.index].shape)
                 if not (fusable and (_register_read(nodes, o) or epilogue)):
                     raise SchedulerError(f"scheduler put n{j} ({nodes[j].op.name}) in one kernel with n{o.index} "
                                          f"({nodes[o.index].op.name}), which it reads through a buffer; kernel: "
