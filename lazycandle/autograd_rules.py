@@ -447,7 +447,8 @@ def _flash_attention(n, g, xs, out):
     node of its own (flash_attention_lse), so the forward's output stays as it is for callers
     that never take a gradient; when forward and backward realize together the scheduler has
     the forward's kernel write it (ir/schedule.py), else it is a pass of its own.  One flat
-    buffer, dq, dk, dv views of it (attention_grad.output_strides); an additive mask's gradient, dS itself, is the graph of the same
+    buffer, dq, dk, dv views of it (attention_grad.output_strides; the layout rides in the node's
+    arg, decided here once); an additive mask's gradient, dS itself, is the graph of the same
     formulas."""
     from .codegen import attention_grad as AG
     from .ir.node import Node
@@ -461,9 +462,10 @@ def _flash_attention(n, g, xs, out):
     do, qc, oc = _last_contiguous(g.materializable()), _last_contiguous(q), _last_contiguous(out)
     srcs = (qc, k, v, do, lse, oc) + tuple(xs[3:])
     sizes = (B * H * L * E, B * H * S * E, B * H * S * EV)
-    flat = T(Node("flash_attention_grad", tuple(x._node for x in srcs), n.arg, (sum(sizes),), q.dtype,
+    inter = AG.interleaved(L, S, E, EV)
+    flat = T(Node("flash_attention_grad", tuple(x._node for x in srcs), n.arg + (inter,), (sum(sizes),), q.dtype,
                   label=f"flash_attention backward{' causal' if causal else ''}{f' mask {kind}' if kind else ''}"))
-    if AG.interleaved(L, S, E, EV):          # (B, L, 3, H, E)
+    if inter:                                # (B, L, 3, H, E)
         both = flat.reshape((B, L, 3, H, E))
         grads = [both.narrow(2, i, 1).squeeze(2).transpose(1, 2) for i in range(3)]
     else:

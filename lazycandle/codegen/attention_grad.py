@@ -58,13 +58,15 @@ class GradSpec:
 def interleaved(L, S, E, EV) -> bool:
     """Whether the output is (B, L, 3, H, E) -- dq, dk, dv of one position side by side, the
     layout of the gradient of the (B, L, 3 H E) projection that self-attention's q, k, v are
-    split from, which then needs no copy -- rather than [dq | dk | dv], each (B, H, ., .)."""
-    return L == S and E == EV
+    split from, which then needs no copy -- rather than [dq | dk | dv], each (B, H, ., .).
+    Decided when the gradient is built (sizes of named dims: only one Size object equal to
+    itself) and kept in the node's arg, so every binding uses that layout."""
+    return E.__class__ is int and EV.__class__ is int and E == EV and (L is S or (L.__class__ is int and L == S))
 
 
-def output_strides(B, H, L, S, E, EV) -> dict:
+def output_strides(B, H, L, S, E, EV, inter) -> dict:
     """Offsets and (b, h, row) strides of dq, dk, dv in the flat output (sizes named as SIZES)."""
-    if interleaved(L, S, E, EV):
+    if inter:
         row = 3 * H * E
         out = {"dk_off": H * E, "dv_off": 2 * H * E}
         for p in ("dq", "dk", "dv"):

@@ -12,8 +12,9 @@ steps), registered into the one op table.
   flash_attention_lse   srcs and arg as flash_attention -> (b, h, L): each query row's
            log-sum-exp of its scaled, masked scores (+inf for a row with every key masked);
            the scheduler puts it in its forward's kernel when both are in one capture.
-  flash_attention_grad  srcs (q, k, v, dO, lse, O) or (..., mask)   arg as flash_attention
-           -> [dq | dk | dv] flat: the backward, scores recomputed per block (FlashAttention-2).
+  flash_attention_grad  srcs (q, k, v, dO, lse, O) or (..., mask)   arg as flash_attention + (interleaved output,)
+           -> dq, dk, dv in one flat buffer (attention_grad.output_strides): the backward, scores
+           recomputed per block (FlashAttention-2).
            Kernel in codegen/attention_grad.py, step in runtime/attention_steps.py.
   qmatmul  srcs (x, w)   arg (kind, N, K, path, isa, mt, nt, one): (mt, nt) the tile, `one` the tile
            when x's rows (a named size) bind to 1

@@ -66,7 +66,7 @@ class FlashAttentionStep(SizedStep):
                        A.get_kernel)
 
     def describe(self, launch) -> str:
-        causal, mask_kind, _ = self.arg
+        causal, mask_kind = self.arg[:2]
         s, lq, lk = launch.spec, self.operands[0][3], self.operands[1][3]
         (B, H, L, E), S, EV = lq.shape, lk.shape[2], self.operands[2][3].shape[3]
         tiles = (f"score vectors of {s.width} keys, dot products over E in {s.we} lanes" if s.mode == "keys" else
@@ -88,7 +88,7 @@ class FlashAttentionGradStep(SizedStep):
         super().setup(cap)
 
     def make(self, layouts):
-        causal, mask_kind, scale = self.arg
+        causal, mask_kind, scale, _ = self.arg
         lq, lk, lv, lo, ll, lO = layouts[:6]
         dt = self.operands[0][4]
         B, H, L, E = lq.shape
@@ -100,7 +100,7 @@ class FlashAttentionGradStep(SizedStep):
         if ll.shape != (B, H, L) or not contiguous:
             raise ValueError(f"flash_attention_grad: lse must be ({B}, {H}, {L}) contiguous, got {ll.shape} "
                              f"strides {ll.strides}")
-        vals = {"H": H, "L": L, "S": S, **AG.output_strides(B, H, L, S, E, EV)}
+        vals = {"H": H, "L": L, "S": S, **AG.output_strides(B, H, L, S, E, EV, self.arg[3])}
         for p, st in (("q", lq.strides), ("k", lk.strides), ("v", lv.strides)):
             vals[f"{p}_b"], vals[f"{p}_h"] = st[0], st[1]
         vals["q_l"], vals["q_e"], vals["k_s"], vals["k_e"] = lq.strides[2], lq.strides[3], lk.strides[2], lk.strides[3]
@@ -114,7 +114,7 @@ class FlashAttentionGradStep(SizedStep):
                        B * H * (L * E + S * (E + EV)) > 0, AG.get_kernel)
 
     def describe(self, launch) -> str:
-        causal, mask_kind, _ = self.arg
+        causal, mask_kind = self.arg[:2]
         s, lq, lk = launch.spec, self.operands[0][3], self.operands[1][3]
         (B, H, L, E), S, EV = lq.shape, lk.shape[2], self.operands[2][3].shape[3]
         return (f"flash attention backward {s.dtype} (b, h)=({B}, {H}) L={L} S={S} E={E} Ev={EV}"
