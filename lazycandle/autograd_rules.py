@@ -454,6 +454,7 @@ def _flash_attention(n, g, xs, out):
     from .ir.node import Node
     causal, kind, scale = n.arg
     q, k, v = xs[:3]
+    g, out = g.transpose(1, 2), out.transpose(1, 2)      # (the node is (B, L, H, Ev))
     B, H, L, E = q.shape
     S, EV = k.shape[2], v.shape[3]
     T = type(q)

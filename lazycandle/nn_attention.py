@@ -212,7 +212,7 @@ def _flash_attention(q, k, v, mask, is_causal, scale):
             return None
         kind = "add" if mask.dtype.is_float else mask.dtype.name
         srcs.append(_as_4d(mask, b4, (L, S)).materializable())
-    out = type(q)(Node("flash_attention", tuple(t._node for t in srcs), (is_causal, kind, scale), b4 + (L, EV),
-                       q.dtype, label=f"flash_attention{' causal' if is_causal else ''}"
-                                      f"{f' mask {kind}' if kind else ''} scale={scale:.6g}"))
-    return out.reshape(batch + (L, EV))
+    out = type(q)(Node("flash_attention", tuple(t._node for t in srcs), (is_causal, kind, scale),
+                       (b4[0], L, b4[1], EV), q.dtype, label=f"flash_attention{' causal' if is_causal else ''}"
+                                                            f"{f' mask {kind}' if kind else ''} scale={scale:.6g}"))
+    return out.transpose(1, 2).reshape(batch + (L, EV))     # written (B, L, H, Ev): merging heads is a view

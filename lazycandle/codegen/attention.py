@@ -28,7 +28,9 @@ else as its one output, skipping P @ V (`out` False).
 Compile-time: dtype, E, Ev, the mask kind, the mode, lse and the blocking (from the host's vector width).
 Run time (the `sizes` array, SIZES order): H, L, S, the number of query blocks and every
 operand's strides (the last dim of v is contiguous; q, k and the mask are read through any
-strides, stride 0 for broadcast batch dims), then the scale as f64 bits (`read_scale`).  So a new
+strides, stride 0 for broadcast batch dims), the output's (b, h, row) strides (its rows are
+contiguous: nn_attention writes (B, L, H, Ev), so merging the heads back is a view), then the
+scale as f64 bits (`read_scale`).  So a new
 sequence length, e.g. each decode step's longer KV cache, compiles nothing.
 """
 from __future__ import annotations
@@ -43,7 +45,7 @@ from .llvmutil import F64, I32, I64, call_intrinsic, const, intrinsic, ltype, sp
 from .loops import KERNEL_FN, arg_pointer, counted_loop, kernel_function, new_module, unit_range
 
 SIZES = ("H", "L", "S", "nqb", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h", "k_s", "k_e", "v_b", "v_h", "v_s",
-         "m_b", "m_h", "m_l", "m_s")
+         "m_b", "m_h", "m_l", "m_s", "o_b", "o_h", "o_l")
 MAX_HEAD_DIM = 256
 FLOAT_DTYPES = ("f32", "f64")
 RB_MAX, EVV = 4, 4      # P @ V tile: rows x vectors over Ev
@@ -188,19 +190,21 @@ def build_attention(spec: AttentionSpec, name: str = "attention") -> str:
         if spec.lse:
             _store_lse(b, ct, lse_out, b.add(b.mul(bh, L), r0), nr, M, LS, al)
         if spec.out:
-            _store_rows(b, ct, out, b.mul(b.add(b.mul(bh, L), r0), I64(EV)), nr, EV, WV, VV, ACC, LS, al)
+            o_base = b.add(b.add(b.mul(bb, sz["o_b"]), b.mul(hh, sz["o_h"])), b.mul(r0, sz["o_l"]))
+            _store_rows(b, ct, out, o_base, sz["o_l"], nr, EV, WV, VV, ACC, LS, al)
     b.ret_void()
     return str(m)
 
 
-def _store_rows(b, ct, out, o_base, nr, EV, WV, VV, ACC, LS, al):
-    """out rows = ACC / l; a row with every key masked (l = 0) is 0, as torch gives."""
+def _store_rows(b, ct, out, o_base, o_l, nr, EV, WV, VV, ACC, LS, al):
+    """out rows (o_l apart) = ACC / l; a row with every key masked (l = 0) is 0, as torch gives."""
     with counted_loop(b, I64(0), nr, 1, "o") as r:
         ls = b.load(_at(b, LS, r), align=al)
         den = splat(b, b.select(b.fcmp_ordered("==", ls, const(ct, 0.0)), const(ct, 1.0), ls), WV)
+        row = b.add(o_base, b.mul(r, o_l))
         with counted_loop(b, I64(0), I64(EV), WV, "oe") as e:
             off = b.add(b.mul(r, I64(EV)), e)
-            _vstore(b, b.fdiv(_vload(b, ACC, off, VV, al), den), out, b.add(o_base, off), al)
+            _vstore(b, b.fdiv(_vload(b, ACC, off, VV, al), den), out, b.add(row, e), al)
 
 
 def _store_lse(b, ct, out, base, nr, M, LS, al):

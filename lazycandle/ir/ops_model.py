@@ -6,6 +6,7 @@ steps), registered into the one op table.
            position (the adjoint of im2col; conv_transpose's second half).  Kernel in
            codegen/conv_transpose.py, step in runtime/conv_steps.py.
   flash_attention  srcs (q, k, v) or (q, k, v, mask), each (b, h, ., .)   arg (causal, mask kind, scale)
+           -> (b, L, h, Ev) (nn_attention returns it transposed to (b, h, L, Ev): merging heads is a view):
            softmax(q k^T scale + mask) v by an online softmax, one unit per (b, h, query block),
            never writing the scores.  mask kind: None | "add" | the integer mask's dtype name.
            Kernel in codegen/attention.py, step in runtime/attention_steps.py.

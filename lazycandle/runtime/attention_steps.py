@@ -61,6 +61,7 @@ class FlashAttentionStep(SizedStep):
         vals["q_l"], vals["q_e"], vals["k_s"], vals["k_e"], vals["v_s"] = (lq.strides[2], lq.strides[3],
                                                                             lk.strides[2], lk.strides[3], lv.strides[2])
         vals["m_b"], vals["m_h"], vals["m_l"], vals["m_s"] = tuple(layouts[3].strides) if mask_kind else (0, 0, 0, 0)
+        vals["o_b"], vals["o_h"], vals["o_l"] = L * H * EV, EV, H * EV       # the output is (B, L, H, Ev)
         runs = prod(lq.shape[:3]) * (EV if self.with_out else 1) > 0
         return _launch(spec, vals, A.SIZES, scale, B * H * nqb, float(spec.bq * max(S, 1) * (E + EV) * 2), runs,
                        A.get_kernel)
