@@ -286,6 +286,9 @@ def _view(n, g, xs, out):
     lay = n.layout
     if decide_eq(g.elem_count, 0) is True or decide_eq(base.elem_count, 0) is True:
         return (_zeros(base),)
+    narrowed = _as_narrow(g, lay, base.shape)
+    if narrowed is not None:
+        return (narrowed,)
     shape, strides, offset = list(lay.shape), list(lay.strides), lay.offset
     bdims = tuple(i for i, (d, s) in enumerate(zip(shape, strides)) if decide_eq(s, 0) is True and _above_one(d))
     if bdims:                                     # broadcast dims: sum back
@@ -309,6 +312,28 @@ def _view(n, g, xs, out):
     if boxed is not None:
         return (boxed.reshape(base.shape),)
     return (_scatter_flat(g, shape, strides, offset, base),)
+
+
+def _as_narrow(g, lay, base_shape):
+    """The gradient of a view that narrows its base along one dim (narrow, chunk, a slice with
+    step 1): `g` padded with zeros along that dim; None for any other view.  Decided on the
+    layout as it is, so it holds for named sizes the general box (which splits the offset in
+    the base's mixed radix) cannot take apart (a chunk of a (b, n, 3 e) tensor)."""
+    from .layout import contiguous_strides
+    if len(lay.shape) != len(base_shape) or not base_shape:
+        return None
+    want = contiguous_strides(tuple(base_shape))
+    if any(decide_eq(st, w) is not True for d, st, w in zip(lay.shape, lay.strides, want) if not is_one(d)):
+        return None
+    dims = [k for k, (d, b) in enumerate(zip(lay.shape, base_shape)) if decide_eq(d, b) is not True]
+    if len(dims) > 1:
+        return None
+    k = dims[0] if dims else len(base_shape) - 1
+    start = lay.offset // want[k]
+    if decide_eq(start * want[k], lay.offset) is not True or decide_ge0(start) is False \
+            or decide_ge0(base_shape[k] - start - lay.shape[k]) is False:
+        return None             # (undecided bounds hold: the view was checked inside its base)
+    return g.pad_with_zeros(k, start, base_shape[k] - start - lay.shape[k])
 
 
 def _as_box(g, shape, strides, offset, numel):

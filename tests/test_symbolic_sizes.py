@@ -304,3 +304,30 @@ def test_pooling_over_named_spatial_dims():
         np.testing.assert_allclose(got[1], win.mean((-1, -2)), rtol=1e-5, atol=1e-6)
     with pytest.raises(lc.ShapeMismatch, match="max_pool2d"):
         prog(x=_rand(1, 2, 1, 4))
+
+
+def test_chunk_gradients_under_named_dims_match_numpy():
+    """The gradient of a chunk -- qkv = h.chunk(3, -1) over a named (b, t), and a chunk of the
+    named dim itself -- is its piece padded with zeros: it raised SymbolicSizeError (the
+    general view rule could not split the offset in the base's radix over named sizes)."""
+    x = lc.placeholder("x", ("b", "t", 6))
+
+    def qkv(h):
+        q, k, v = h.chunk(3, -1)
+        return (q * k + v.sqr()).sum()
+    prog = lc.compile([lc.grad(qkv)(x)])
+    rng = np.random.default_rng(0)
+    for b, t in ((2, 5), (1, 1), (3, 7)):
+        xv = rng.standard_normal((b, t, 6)).astype(np.float32)
+        q, k, v = xv[..., :2], xv[..., 2:4], xv[..., 4:]
+        np.testing.assert_allclose(prog.run(x=xv)[0], np.concatenate([k, q, 2 * v], -1), rtol=1e-6)
+    y = lc.placeholder("y", (2, "n"))
+
+    def halves(h):
+        a, c = h.chunk(2, 1)
+        return (a * c * 3.0).sum()
+    prog = lc.compile([lc.grad(halves)(y)])
+    for n in (2, 4, 10):
+        yv = rng.standard_normal((2, n)).astype(np.float32)
+        a, c = yv[:, :n // 2], yv[:, n // 2:]
+        np.testing.assert_allclose(prog.run(y=yv)[0], np.concatenate([3 * c, 3 * a], 1), rtol=1e-6)
