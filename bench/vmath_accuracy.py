@@ -189,11 +189,26 @@ def ulp_errors(got, ref):
     return err
 
 
+def run_threads(name, x, params=(), threads=2):
+    """vmath_run.run over `threads` slices of x at once (Python threads: the kernel call releases
+    the GIL) -- this harness's own parallelism for long sweeps; the engine's is native_pool."""
+    x = np.ascontiguousarray(x)
+    if threads <= 1 or x.size < 1 << 16:
+        return vmath_run.run(name, x, *params)
+    from concurrent.futures import ThreadPoolExecutor
+    flat, out = x.reshape(-1), np.empty(x.size, x.dtype)
+    cuts = np.linspace(0, x.size, threads + 1).astype(int)
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(lambda k: vmath_run.run(name, flat[cuts[k]:cuts[k + 1]], *params, out=out[cuts[k]:cuts[k + 1]]),
+                    range(threads)))
+    return out.reshape(x.shape)
+
+
 def measure(name, key, n, params=(), threads=2, use_mp=True, x=None):
     """(max ulp, argmax input, points) for name on dtype key."""
     if x is None:
         x = inputs(name, key, n)
-    got = vmath_run.run(name, x, *params, threads=threads)
+    got = run_threads(name, x, params, threads)
     err = ulp_errors(got, reference(name, x, params, use_mp))
     if not np.isfinite(err).any():
         return 0.0, None, x.size
@@ -217,7 +232,7 @@ def exhaustive_f32(name, chunk=1 << 24, threads=2):
         while s <= int(stop):
             e = min(s + chunk, int(stop) + 1)
             x = np.arange(s, e, dtype=np.uint64).astype(np.uint32).view(np.float32)
-            got = vmath_run.run(name, x, threads=threads)
+            got = run_threads(name, x, (), threads)
             err = ulp_errors(got, reference(name, x))
             i = int(np.argmax(err))
             if err[i] > worst:
