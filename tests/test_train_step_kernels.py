@@ -84,23 +84,30 @@ def test_transposed_head_views_of_qkv_gradient_is_one_cat():
     assert kinds.count("index") <= 1, kinds          # one cat (no padded cats summed by an add)
 
 
-def test_bias_gradient_reads_the_buffered_product_instead_of_recomputing_gelu():
-    """y = gelu(x @ w1.T + b1) @ w2.T: d b1 = column sums of dy @ w2 * gelu'(f), a value the
-    next GEMM reads from memory anyway; the sum reads that one buffer instead of re-deriving
-    gelu' from the product f and dy @ w2 (three full-size reads)."""
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((16, 8)).astype(np.float32)
-    w1 = (rng.standard_normal((12, 8)) / 3).astype(np.float32)
-    b1 = rng.standard_normal(12).astype(np.float32)
-    w2 = (rng.standard_normal((5, 12)) / 3).astype(np.float32)
-    dy = rng.standard_normal((16, 5)).astype(np.float32)
+def _two_layer_step(seed, rows, d_in, d_hid, act):
+    """((x, w1, b1, w2, dy), loss, [d w1, d b1, d w2]) of the loss
+    sum(linear(act(linear(x, w1, b1)), w2) * dy), the weights placeholders."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, d_in)).astype(np.float32)
+    w1 = (rng.standard_normal((d_hid, d_in)) / 3).astype(np.float32)
+    b1 = rng.standard_normal(d_hid).astype(np.float32)
+    w2 = (rng.standard_normal((5, d_hid)) / 3).astype(np.float32)
+    dy = rng.standard_normal((rows, 5)).astype(np.float32)
     ps = [lc.placeholder(n, a.shape) for n, a in (("w1", w1), ("b1", b1), ("w2", w2))]
     xt, dyt = lc.tensor(x), lc.tensor(dy)
 
     def loss(w1_, b1_, w2_):
-        return (lc.nn.linear(lc.nn.linear(xt, w1_, b1_).gelu(), w2_) * dyt).sum_all()
-    _, grads = lc.value_and_grad(loss, (0, 1, 2))(*ps)
-    prog = lc.compile(list(grads))
+        return (lc.nn.linear(getattr(lc.nn.linear(xt, w1_, b1_), act)(), w2_) * dyt).sum_all()
+    val, grads = lc.value_and_grad(loss, (0, 1, 2))(*ps)
+    return (x, w1, b1, w2, dy), val, list(grads)
+
+
+def test_bias_gradient_reads_the_buffered_product_instead_of_recomputing_gelu():
+    """y = gelu(x @ w1.T + b1) @ w2.T: d b1 = column sums of dy @ w2 * gelu'(f), a value the
+    next GEMM reads from memory anyway; the sum reads that one buffer instead of re-deriving
+    gelu' from the product f and dy @ w2 (three full-size reads)."""
+    (x, w1, b1, w2, dy), _, grads = _two_layer_step(6, 16, 8, 12, "gelu")
+    prog = lc.compile(grads)
     gw1, gb1, gw2 = prog.run(w1=w1, b1=b1, w2=w2)
     f = x.astype(np.float64) @ w1.T + b1
     c = np.sqrt(2 / np.pi)
@@ -173,17 +180,7 @@ def test_cross_entropy_gradient_needs_no_scatter():
 def test_relu_layer_is_its_gemm_epilogue_in_a_training_step():
     """An MLP step's forward linear + relu is one matmul kernel (the backward's mask `out > 0`
     is fused into the backward GEMM's epilogue, not written by the forward), gradients as NumPy."""
-    rng = np.random.default_rng(10)
-    x = rng.standard_normal((32, 12)).astype(np.float32)
-    w1, b1 = (rng.standard_normal((16, 12)) / 3).astype(np.float32), rng.standard_normal(16).astype(np.float32)
-    w2 = (rng.standard_normal((5, 16)) / 3).astype(np.float32)
-    dy = rng.standard_normal((32, 5)).astype(np.float32)
-    ps = [lc.placeholder(n, a.shape) for n, a in (("w1", w1), ("b1", b1), ("w2", w2))]
-    xt, dyt = lc.tensor(x), lc.tensor(dy)
-
-    def loss(w1_, b1_, w2_):
-        return (lc.nn.linear(lc.nn.linear(xt, w1_, b1_).relu(), w2_) * dyt).sum_all()
-    val, grads = lc.value_and_grad(loss, (0, 1, 2))(*ps)
+    (x, w1, b1, w2, dy), val, grads = _two_layer_step(10, 32, 12, 16, "relu")
     prog = lc.compile([val, *grads])
     _, gw1, gb1, gw2 = prog.run(w1=w1, b1=b1, w2=w2)
     f = x.astype(np.float64) @ w1.T + b1
