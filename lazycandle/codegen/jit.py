@@ -7,7 +7,13 @@ code generator's source hash and the host (triple, CPU, features, LLVM and llvml
 another CPU or version never loads these objects.  An entry that fails its checks or does not
 link is deleted, recompiled and rewritten (one warning per process) -- never loaded as is.
 llvmlite.binding is loaded on the first compile, not at import.  A compile streak that passes
-a second says what it is compiling on stderr (codegen/progress.py)."""
+a second says what it is compiling on stderr (codegen/progress.py).
+
+Kernels compile on any thread, several at once: no lock is held while a kernel's IR is built,
+optimised and emitted (codegen/llvm_work.py runs LLVM without llvmlite's global lock), one
+thread per key does the work while others asking for it wait (`_once`), and only linking into
+the LLJIT and the caches' updates are serialised.  `prefetch` (codegen/compile_pool.py) starts
+the kernels of a new plan on the compile threads while the plan is still being built."""
 from __future__ import annotations
 
 import glob
@@ -20,7 +26,7 @@ import threading
 import llvmlite
 
 from .. import caches, config, diskcache
-from . import progress
+from . import llvm_work, progress
 
 _lock = threading.RLock()
 _state = {}
@@ -254,13 +260,10 @@ def compile_ir(ir_text: str, export: list, name: str = "kernel") -> CompiledModu
     ckey = _compile_key(ir_text)
     key = _disk_key(ckey)
     cm = _mem_cache.get(key)
-    if cm is not None:
-        return cm
-    with _lock:
-        cm = _mem_cache.get(key)
-        if cm is None:
-            cm = _mem_cache[key] = _load_or_compile(key, ckey, lambda: (ir_text, list(export)), name, name)
-        return cm
+    if cm is None:
+        cm = _once(key, lambda: _mem_cache.get(key) or _keep(_mem_cache, key, _load_or_compile(
+            key, ckey, lambda: (ir_text, list(export)), name, name)))
+    return cm
 
 
 def compile_spec(kind: str, spec, build):
@@ -270,22 +273,70 @@ def compile_spec(kind: str, spec, build):
     spend on its first realize.  `build() -> (ir_text, function name)` runs on a miss (or
     when a dump asks for the IR)."""
     spec_key = f"{kind}:{spec!r}"
-    got = _kernels.by_spec.get(spec_key)
-    if got is not None:
-        return got, got.name
+    cm = _kernels.by_spec.get(spec_key)
+    if cm is None:
+        cm = _once(spec_key, lambda: _kernels.by_spec.get(spec_key) or
+                   _keep(_kernels.by_spec, spec_key, _compile_spec(kind, spec, spec_key, build)))
+    return cm, cm.name
+
+
+def _compile_spec(kind: str, spec, spec_key: str, build) -> CompiledModule:
+    what = _describe(kind, spec)
+    if not config.cache_dir() or " at 0x" in spec_key:   # no disk, or no stable key
+        with progress.compiling(what):
+            text, name = build()
+            return compile_ir(text, [name], name=name)
+    ckey = _spec_compile_key(spec_key)
+    return _load_or_compile(_disk_key(ckey), ckey, lambda: _one_export(build()), None, what)
+
+
+class _Pending:
+    """A compile under way on some thread: its result or error once `done` is set."""
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self):
+        self.done, self.value, self.error = threading.Event(), None, None
+
+
+_inflight: dict = {}
+
+
+def _once(key, make):
+    """make() on the first thread to ask for `key`; a thread asking while it runs waits for its
+    result (or its error).  Holds no lock while make() runs, so other keys compile meanwhile."""
     with _lock:
-        cm = _kernels.by_spec.get(spec_key)
-        if cm is None:
-            what = _describe(kind, spec)
-            if not config.cache_dir() or " at 0x" in spec_key:   # no disk, or no stable key
-                with progress.compiling(what):
-                    text, name = build()
-                    cm = compile_ir(text, [name], name=name)
-            else:
-                ckey = _spec_compile_key(spec_key)
-                cm = _load_or_compile(_disk_key(ckey), ckey, lambda: _one_export(build()), None, what)
-            _kernels.by_spec[spec_key] = cm
-        return cm, cm.name
+        pending = _inflight.get(key)
+        mine = pending is None
+        if mine:
+            pending = _inflight[key] = _Pending()
+    if not mine:
+        pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+    try:
+        pending.value = make()
+    except BaseException as e:
+        pending.error = e
+        raise
+    finally:
+        with _lock:
+            del _inflight[key]
+        pending.done.set()
+    return pending.value
+
+
+def _keep(table: dict, key, cm):
+    with _lock:
+        return table.setdefault(key, cm)
+
+
+def _after_fork():
+    """A forked child has none of the threads whose compiles _inflight waits for."""
+    _inflight.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _one_export(built):
@@ -304,7 +355,7 @@ def _load_or_compile(key, ckey, build, name, what) -> CompiledModule:
     """The module under disk key `key` (its entry verified against `ckey`), else
     `build() -> (ir_text, exported names)` optimised, compiled, linked and written to disk.
     `name` defaults to the first exported name; `what` names the kernel for the progress
-    line.  Runs under _lock."""
+    line.  Runs on any thread, without _lock (only the link takes it)."""
     got = diskcache.read(key, ckey)
     export = got[1].get("export") if got is not None else None
     if not (isinstance(export, list) and export and all(isinstance(n, str) for n in export)):
@@ -316,24 +367,30 @@ def _load_or_compile(key, ckey, build, name, what) -> CompiledModule:
         except RuntimeError as e:
             diskcache.drop(key, f"it does not link ({e})")
         else:
-            stats["disk_hits"] += 1
-            stats["compiled"] += 1
+            _count("disk_hits", "compiled")
             return CompiledModule(name or export[0], lambda: build()[0], got[0], lib)
     with progress.compiling(what):
         ir_text, export = build()
-        obj = _host()["tm"].emit_object(_optimize(ir_text))
+        obj = llvm_work.object_code(_host(), ir_text)
     cm = CompiledModule(name or export[0], ir_text, obj, _link(obj, export, key))
     diskcache.write(key, dict(ckey, export=export), obj)
-    stats["compiled"] += 1
+    _count("compiled")
     return cm
+
+
+def _count(*names) -> None:
+    with _lock:
+        for n in names:
+            stats[n] += 1
 
 
 def _link(obj: bytes, export: list, key: str):
     builder = _host()["llvm"].JITLibraryBuilder().add_object_img(obj)
     for fn in export:
         builder.export_symbol(fn)
-    _counter[0] += 1
-    return builder.link(_host()["lljit"], f"lc_{_counter[0]}_{key[:12]}")
+    with _lock:
+        _counter[0] += 1
+        return builder.link(_host()["lljit"], f"lc_{_counter[0]}_{key[:12]}")
 
 
 def link_ir(ir_text: str, export: list, imports: dict | None = None, process: bool = False,
@@ -341,26 +398,43 @@ def link_ir(ir_text: str, export: list, imports: dict | None = None, process: bo
     """Compile glue IR (the worker pool, whole-program modules) whose external functions are
     bound at link time: `imports` maps a declared name to an address (a kernel already
     compiled), `process` resolves the rest from the running process (libc, pthread).  The
-    object code is cached in memory by IR text (never on disk, and not counted as a kernel
-    compile in `stats`); the link is fresh per call, since the addresses are.
-    `optimize=False` skips the IR optimiser (for glue that is already what it should be)."""
-    key = _disk_key(_compile_key(ir_text))
+    object code holds no address (they are bound at link), so it is cached by IR text in
+    memory and on disk (not counted as a kernel compile in `stats`); the link is fresh per
+    call, since the addresses are.  `optimize=False` skips the IR optimiser (for glue that is
+    already what it should be)."""
+    ckey = dict(_compile_key(ir_text), glue=True, optimize=bool(optimize))
+    key = _disk_key(ckey)
+    obj = _objects.get(key)
+    if obj is None:
+        obj = _once(key, lambda: _glue_object(key, ckey, ir_text, optimize))
+    builder = _host()["llvm"].JITLibraryBuilder().add_object_img(obj)
+    if process:
+        builder.add_current_process()
+    for name, addr in (imports or {}).items():
+        builder.import_symbol(name, addr)
+    for fn in export:
+        builder.export_symbol(fn)
     with _lock:
-        obj = _objects.get(key)
-        if obj is None:
-            obj = _host()["tm"].emit_object(_optimize(ir_text) if optimize else _parse(ir_text))
-            stats["glue_compiled"] += 1
-            _objects.put(key, obj)
-        builder = _host()["llvm"].JITLibraryBuilder().add_object_img(obj)
-        if process:
-            builder.add_current_process()
-        for name, addr in (imports or {}).items():
-            builder.import_symbol(name, addr)
-        for fn in export:
-            builder.export_symbol(fn)
         _counter[0] += 1
         lib = builder.link(_host()["lljit"], f"lc_{_counter[0]}_{key[:12]}")
-        return CompiledModule(export[0], ir_text, obj, lib)
+    return CompiledModule(export[0], ir_text, obj, lib)
+
+
+def _glue_object(key, ckey, ir_text: str, optimize: bool) -> bytes:
+    """The object of glue IR: from memory, the disk cache, or LLVM (then stored in both)."""
+    obj = _objects.get(key)
+    if obj is None:
+        got = diskcache.read(key, ckey) if config.cache_dir() else None
+        if got is not None:
+            obj = got[0]
+        else:
+            obj = llvm_work.object_code(_host(), ir_text, optimize)
+            _count("glue_compiled")
+            if config.cache_dir():
+                diskcache.write(key, ckey, obj)
+        with _lock:
+            _objects.put(key, obj)
+    return obj
 
 
 _objects = caches.register("glue objects", caches.LRU(256))
@@ -391,11 +465,15 @@ class KernelCache:
     def __call__(self, spec):
         fn = self._fns.get(spec)
         if fn is None:
+            cm, name = compile_spec(self.build.__module__, spec, lambda: self.build(spec))
             with self._lock:
                 fn = self._fns.get(spec)
                 if fn is None:
-                    cm, name = compile_spec(self.build.__module__, spec, lambda: self.build(spec))
                     fn = self.fntype(cm.address(name))
                     fn._module = cm
                     self._fns[spec] = fn
         return fn
+
+    def ready(self, spec) -> bool:
+        """Whether `spec`'s function is compiled (a dict lookup: prefetch's filter)."""
+        return spec in self._fns
