@@ -168,6 +168,17 @@ def cache_max() -> int:
         return 1 << 30
 
 
+def compile_threads() -> int:
+    """Background threads compiling a new plan's kernels ahead of their first use
+    (codegen/compile_pool.py), env LAZYCANDLE_COMPILE_THREADS (0: none, each kernel compiles on
+    first use); default the thread count when it is at least 2, else 0.  Read at each plan."""
+    env = os.environ.get("LAZYCANDLE_COMPILE_THREADS", "").strip()
+    try:
+        return max(0, int(env)) if env else (_num_threads if _num_threads >= 2 else 0)
+    except ValueError:
+        return _num_threads if _num_threads >= 2 else 0
+
+
 def plan_cache_size() -> int:
     """Compiled plans kept in memory (LRU), env LAZYCANDLE_PLAN_CACHE; default 512."""
     env = os.environ.get("LAZYCANDLE_PLAN_CACHE", "")

@@ -112,6 +112,18 @@ def describe(cap):
     return {"inputs": ins, "nodes": nodes, "targets": list(cap.targets), "slots": list(cap.slots)}
 
 
+def _runs(kernels):
+    """The specs of the fused kernels that run at the plan's own sizes (an empty one never does)."""
+    for k in kernels:
+        if k.spec is not None:
+            try:
+                if not k.spec.extent(tuple(k.sizes)):
+                    continue
+            except (TypeError, ValueError):     # sizes that are not plain ints: it may run
+                pass
+            yield k.spec
+
+
 class Plan:
     """A compiled graph: kernels in order, which node buffers they use, what to return.  Built
     by the compiler driver (lazycandle/compiler.py) from the captured and the optimised
@@ -120,7 +132,8 @@ class Plan:
     sizes, offsets and buffer sizes of one capture of its size class."""
 
     def __init__(self, src_cap, cap, kernels, materialized, notes, template=None):
-        from ..codegen import fused  # noqa: F401  (registers the fused kernels; their generators load on a miss)
+        from ..codegen import compile_pool, fused  # noqa: F401  (fused registers the fused kernels)
+        compile_pool.prefetch(_runs(kernels))      # their kernels compile while the steps are set up
         src_desc = describe(src_cap)
         self.kernels, self.materialized, self.notes, self.template = kernels, materialized, notes, template
         # descriptions for the dump tool; the plan is cached, so it must not pin Nodes/buffers

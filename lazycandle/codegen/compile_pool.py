@@ -1,0 +1,123 @@
+"""Compiling a plan's kernels ahead of their first use, on a few background threads.
+
+A kernel is compiled when a step first runs it; a new plan lists its fused kernels when it is
+built, and `prefetch` queues those not compiled yet, in plan order, to `config.compile_threads()`
+daemon threads (0: none, everything compiles on first use as before).  While they compile, the
+thread building the plan goes on with the rest (node steps, which compile their own kernels, and
+measure matmul backends); a step whose kernel is still queued compiles it itself, and one whose
+kernel is being compiled waits for it (codegen/jit._once), so the results and the code are the
+same as compiling on first use.  LLVM runs outside llvmlite's lock (codegen/llvm_work.py), so
+two kernels really compile at once.
+
+`quiet()` holds the threads back while a caller times kernels (matmul backend choices are
+measured once and remembered on disk: a compile beside them would skew the choice).  At exit
+the queue is dropped and the process waits for the kernels being compiled (LLVM must not run
+while the interpreter shuts down)."""
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import os
+import threading
+
+from .. import config
+
+_cond = threading.Condition()
+_st = {"queue": collections.deque(), "threads": [], "busy": 0, "quiet": 0, "closed": False}
+
+
+def _after_fork():
+    global _cond
+    _cond = threading.Condition()
+    _st.update(queue=collections.deque(), threads=[], busy=0, quiet=0, closed=False)
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def prefetch(specs) -> int:
+    """Queue the kernels of `specs` (kernel specs, ir.kernels.KernelSpec) whose functions are
+    not compiled yet; the number queued.  Cheap when they all are (a dict lookup each)."""
+    n = config.compile_threads()
+    if n <= 0:
+        return 0
+    todo = []
+    for spec in specs:
+        cache = type(spec).codegen.get(type(spec))
+        cache = getattr(cache, "compiled", None)
+        ready = getattr(cache, "ready", None)
+        if ready is not None and not ready(spec):
+            todo.append(cache)
+            todo.append(spec)
+    if not todo:
+        return 0
+    with _cond:
+        if _st["closed"]:
+            return 0
+        _st["queue"].extend(zip(todo[::2], todo[1::2]))
+        while len(_st["threads"]) < n:
+            t = threading.Thread(target=_work, name=f"lazycandle-compile-{len(_st['threads'])}", daemon=True)
+            _st["threads"].append(t)
+            if len(_st["threads"]) == 1:
+                atexit.register(_close)
+            t.start()
+        _cond.notify_all()
+    return len(todo) // 2
+
+
+def _work():
+    cond = _cond
+    while True:
+        with cond:
+            while not _st["closed"] and (_st["quiet"] or not _st["queue"]):
+                cond.wait()
+            if _st["closed"]:
+                return
+            cache, spec = _st["queue"].popleft()
+            _st["busy"] += 1
+        try:
+            cache(spec)              # compiles it, or finds it compiled (or being compiled)
+        except Exception:            # noqa: BLE001  the step that runs it compiles it again and raises
+            pass
+        finally:
+            with cond:
+                _st["busy"] -= 1
+                cond.notify_all()
+
+
+@contextlib.contextmanager
+def quiet():
+    """No background compile runs inside the body (it waits for those under way)."""
+    with _cond:
+        _st["quiet"] += 1
+        while _st["busy"]:
+            _cond.wait()
+    try:
+        yield
+    finally:
+        with _cond:
+            _st["quiet"] -= 1
+            _cond.notify_all()
+
+
+def pending() -> int:
+    """Kernels queued or compiling on the background threads."""
+    with _cond:
+        return len(_st["queue"]) + _st["busy"]
+
+
+def wait_idle() -> None:
+    """Return once the background threads have nothing queued or compiling (tests)."""
+    with _cond:
+        while _st["queue"] or _st["busy"]:
+            _cond.wait()
+
+
+def _close():
+    with _cond:
+        _st["closed"] = True
+        _st["queue"].clear()
+        _cond.notify_all()
+        while _st["busy"]:
+            _cond.wait()
