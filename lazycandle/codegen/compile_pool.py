@@ -25,6 +25,7 @@ from .. import config
 
 _cond = threading.Condition()
 _st = {"queue": collections.deque(), "threads": [], "busy": 0, "quiet": 0, "closed": False}
+stats = {"background": 0}         # kernels the threads took from the queue not compiled yet
 
 
 def _after_fork():
@@ -76,6 +77,8 @@ def _work():
                 return
             cache, spec = _st["queue"].popleft()
             _st["busy"] += 1
+            if not cache.ready(spec):
+                stats["background"] += 1
         try:
             cache(spec)              # compiles it, or finds it compiled (or being compiled)
         except Exception:            # noqa: BLE001  the step that runs it compiles it again and raises

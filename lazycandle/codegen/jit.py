@@ -427,6 +427,7 @@ def _glue_object(key, ckey, ir_text: str, optimize: bool) -> bytes:
         got = diskcache.read(key, ckey) if config.cache_dir() else None
         if got is not None:
             obj = got[0]
+            _count("glue_disk_hits")
         else:
             obj = llvm_work.object_code(_host(), ir_text, optimize)
             _count("glue_compiled")
@@ -441,7 +442,7 @@ _objects = caches.register("glue objects", caches.LRU(256))
 
 
 stats = diskcache.stats          # one counter dict: compiles here, disk traffic there
-stats.update(compiled=0, glue_compiled=0)
+stats.update(compiled=0, glue_compiled=0, glue_disk_hits=0)
 
 
 class KernelCache:
