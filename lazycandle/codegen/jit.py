@@ -371,9 +371,12 @@ def _load_or_compile(key, ckey, build, name, what) -> CompiledModule:
             return CompiledModule(name or export[0], lambda: build()[0], got[0], lib)
     with progress.compiling(what):
         ir_text, export = build()
-        obj = llvm_work.object_code(_host(), ir_text)
+        same = _mem_cache.get(_disk_key(_compile_key(ir_text))) if "spec_sha256" in ckey else None
+        obj = same._obj if same is not None else llvm_work.object_code(_host(), ir_text)
     cm = CompiledModule(name or export[0], ir_text, obj, _link(obj, export, key))
     diskcache.write(key, dict(ckey, export=export), obj)
+    if same is None and "spec_sha256" in ckey:
+        _keep(_mem_cache, _disk_key(_compile_key(ir_text)), cm)   # another spec may build this IR
     _count("compiled")
     return cm
 
