@@ -1,8 +1,8 @@
 """Compiling a plan's kernels ahead of their first use, on a few background threads.
 
 A kernel is compiled when a step first runs it; a new plan lists its fused kernels when it is
-built, and `prefetch` queues those not compiled yet, in plan order, to `config.compile_threads()`
-daemon threads (0: none, everything compiles on first use as before).  While they compile, the
+built, and `prefetch` queues those neither compiled nor in the disk cache, in plan order, to
+`config.compile_threads()` daemon threads (0: none, everything compiles on first use as before).  While they compile, the
 thread building the plan goes on with the rest (node steps, which compile their own kernels, and
 measure matmul backends); a step whose kernel is still queued compiles it itself, and one whose
 kernel is being compiled waits for it (codegen/jit._once), so the results and the code are the
@@ -12,7 +12,7 @@ two kernels really compile at once.
 `quiet()` holds the threads back while a caller times kernels (matmul backend choices are
 measured once and remembered on disk: a compile beside them would skew the choice).  At exit
 the queue is dropped and the process waits for the kernels being compiled (LLVM must not run
-while the interpreter shuts down)."""
+while the interpreter shuts down); a fork waits for them too (none may hold llvmlite's lock)."""
 from __future__ import annotations
 
 import atexit
@@ -28,18 +28,33 @@ _st = {"queue": collections.deque(), "threads": [], "busy": 0, "quiet": 0, "clos
 stats = {"background": 0}         # kernels the threads took from the queue not compiled yet
 
 
+def _before_fork():
+    """No compile thread is inside LLVM (holding llvmlite's lock) when the process forks."""
+    with _cond:
+        _st["quiet"] += 1
+        while _st["busy"]:
+            _cond.wait()
+
+
+def _after_fork_parent():
+    with _cond:
+        _st["quiet"] -= 1
+        _cond.notify_all()
+
+
 def _after_fork():
     global _cond
     _cond = threading.Condition()
     _st.update(queue=collections.deque(), threads=[], busy=0, quiet=0, closed=False)
 
 
-os.register_at_fork(after_in_child=_after_fork)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork)
 
 
 def prefetch(specs) -> int:
-    """Queue the kernels of `specs` (kernel specs, ir.kernels.KernelSpec) whose functions are
-    not compiled yet; the number queued.  Cheap when they all are (a dict lookup each)."""
+    """Queue the kernels of `specs` (kernel specs, ir.kernels.KernelSpec) that are neither
+    compiled nor in the disk cache; the number queued.  A warm process queues nothing: a
+    kernel from disk loads in ~1 ms, and a thread doing it would only contend for the GIL."""
     n = config.compile_threads()
     if n <= 0:
         return 0
@@ -48,7 +63,7 @@ def prefetch(specs) -> int:
         cache = type(spec).codegen.get(type(spec))
         cache = getattr(cache, "compiled", None)
         ready = getattr(cache, "ready", None)
-        if ready is not None and not ready(spec):
+        if ready is not None and not ready(spec) and not cache.on_disk(spec):
             todo.append(cache)
             todo.append(spec)
     if not todo:

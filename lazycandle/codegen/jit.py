@@ -481,3 +481,19 @@ class KernelCache:
     def ready(self, spec) -> bool:
         """Whether `spec`'s function is compiled (a dict lookup: prefetch's filter)."""
         return spec in self._fns
+
+    def on_disk(self, spec) -> bool:
+        """Whether `spec`'s object is in the disk cache (loading it takes ~1 ms: no need to
+        do it ahead on another thread)."""
+        return on_disk(self.build.__module__, spec)
+
+
+def on_disk(kind: str, spec) -> bool:
+    """Whether the disk cache holds an entry for kernel `spec` of `kind` (not verified)."""
+    if not config.cache_dir():
+        return False
+    spec_key = f"{kind}:{spec!r}"
+    if spec_key in _kernels.by_spec or " at 0x" in spec_key:
+        return spec_key in _kernels.by_spec
+    p = diskcache.path(_disk_key(_spec_compile_key(spec_key)))
+    return p is not None and os.path.exists(p)
