@@ -204,6 +204,13 @@ def main(argv=None):
             print("\n".join(gpt2_rows(g["cold"], g["warm"])))
         if "bert" in rows:
             print("\n".join(bert_rows(g["bert"])))
+    if len(configs) == 2:                        # paired by round: both ran under the same load
+        print(f"second minus first, median of the {a.runs} per-round differences:")
+        for kind, key in (("cold", "first_s"), ("cold", "first_compile_s"), ("cold", "beyond_s"),
+                          ("warm", "warm_s"), ("warm", "beyond_s"), ("bert", "first_s"), ("bert", "first_compile_s")):
+            if got[0][kind] and key in got[0][kind][0]:
+                diffs = [y[key] - x[key] for x, y in zip(got[0][kind], got[1][kind])]
+                print(f"  {kind} {key:16s} {statistics.median(diffs):+6.2f} s  [{min(diffs):+.2f} .. {max(diffs):+.2f}]")
     for d in warm_dirs:
         d.cleanup()
     pycache.cleanup()
