@@ -2,12 +2,12 @@
 
 A kernel is compiled when a step first runs it; a new plan lists its fused kernels when it is
 built, and `prefetch` queues those neither compiled nor in the disk cache, in plan order, to
-`config.compile_threads()` daemon threads (0: none, everything compiles on first use as before).  While they compile, the
-thread building the plan goes on with the rest (node steps, which compile their own kernels, and
-measure matmul backends); a step whose kernel is still queued compiles it itself, and one whose
-kernel is being compiled waits for it (codegen/jit._once), so the results and the code are the
-same as compiling on first use.  LLVM runs outside llvmlite's lock (codegen/llvm_work.py), so
-two kernels really compile at once.
+`config.compile_threads()` daemon threads (0: none, everything compiles on first use as
+before). While they compile, the thread building the plan goes on with the rest (node steps,
+which compile their own kernels, and measure matmul backends); a step whose kernel is still
+queued compiles it itself, and one whose kernel is being compiled waits for it
+(codegen/jit._once), so the results and the code are the same as compiling on first use. LLVM
+runs outside llvmlite's lock (codegen/llvm_work.py), so two kernels really compile at once.
 
 `quiet()` holds the threads back while a caller times kernels (matmul backend choices are
 measured once and remembered on disk: a compile beside them would skew the choice).  At exit
