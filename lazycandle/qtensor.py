@@ -166,16 +166,17 @@ def quantize(t, kind) -> QTensor:
 
 
 # ---- qmatmul ----------------------------------------------------------------------------------
-_PATHS = ("auto", "int8", "int8-generic", "f32")
+_PATHS = ("auto", "int8", "int8-avx2", "int8-generic", "f32")
 _path = [os.environ.get("LAZYCANDLE_QMATMUL", "auto")]
 if _path[0] not in _PATHS:
     _path[0] = "auto"
 
 
 def set_qmatmul_path(name: str) -> None:
-    """Force qmatmul's kernels: "int8" (int8 activations; pmaddubsw on AVX2 hosts), "int8-generic"
-    (the same without x86 intrinsics), "f32" (dequantize in registers, exact f32 products) or
-    "auto" (the measured choice: int8).  Also LAZYCANDLE_QMATMUL."""
+    """Force qmatmul's kernels: "int8" (int8 activations; vpdpbusd on VNNI hosts, pmaddubsw on
+    AVX2 ones), "int8-avx2" (pmaddubsw even where VNNI is), "int8-generic" (the same sums without
+    x86 intrinsics), "f32" (dequantize in registers, exact f32 products) or "auto" (the measured
+    choice: int8).  Also LAZYCANDLE_QMATMUL."""
     if name not in _PATHS:
         raise ValueError(f"set_qmatmul_path: unknown path {name!r} (known: {', '.join(_PATHS)})")
     _path[0] = name
@@ -193,8 +194,10 @@ def _choose(m: int):
         name = "int8"
     if name == "f32":
         return "f32", "none"
-    avx2 = jit.has_feature("avx2") and name == "int8"
-    return "int8", "avx2" if avx2 else "generic"
+    if name == "int8-generic" or not jit.has_feature("avx2"):
+        return "int8", "generic"
+    vnni = jit.has_feature("avxvnni") or (jit.has_feature("avx512vnni") and jit.has_feature("avx512vl"))
+    return "int8", "vnni" if vnni and name == "int8" else "avx2"
 
 
 _TILES = {}        # tests / benches may override (m == 1, block 256?) -> (mt, nt)

@@ -261,7 +261,7 @@ def test_bad_inputs():
 
 
 # ---- qmatmul --------------------------------------------------------------------------------
-PATHS = ["int8", "int8-generic", "f32"]
+PATHS = ["int8", "int8-avx2", "int8-generic", "f32"]
 
 
 @pytest.fixture
@@ -393,6 +393,10 @@ def test_take_rows():
 def test_path_choice_follows_cpu_features(path):
     from lazycandle.codegen import jit
     path("auto")
+    vnni = jit.has_feature("avxvnni") or (jit.has_feature("avx512vnni") and jit.has_feature("avx512vl"))
+    isa = "generic" if not jit.has_feature("avx2") else "vnni" if vnni else "avx2"
+    assert Q._choose(1) == ("int8", isa)
+    path("int8-avx2")
     assert Q._choose(1) == ("int8", "avx2" if jit.has_feature("avx2") else "generic")
     path("int8-generic")
     assert Q._choose(32) == ("int8", "generic")

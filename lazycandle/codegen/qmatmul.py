@@ -5,9 +5,12 @@ Two ways to the dot products, chosen per call (runtime side: qtensor.py):
   "int8"  (llama.cpp's and candle's way) a first kernel (`QActSpec`) quantizes each activation row
           per 32 values like q8_0 (d = amax / 127, q = round(x / d); xs = d * sum(q) for the
           formats with an additive term), then integer dot products of the weight codes with the
-          int8 activations: on AVX2 pmaddubsw (u8 x s8 -> pairs of i16; signed weights go
-          through psign) then pmaddwd (-> 8 x i32), else (`isa="generic"`) the same sums from
-          plain vector multiplies; one f32 FMA per 32 values with the product of the scales.
+          int8 activations: with AVX-VNNI or AVX512-VNNI (`isa="vnni"`) one vpdpbusd (u8 x s8,
+          four products summed into each i32 lane; signed weights go through psign), on AVX2
+          pmaddubsw (-> pairs of i16) then pmaddwd (-> 8 x i32), else (`isa="generic"`) the same
+          sums from plain vector multiplies -- the same integers on every path (a pair of
+          products is at most 2 * 128 * 127, so pmaddubsw never saturates); one f32 FMA per 32
+          values with the product of the scales.
   "f32"   dequantize in registers and FMA with the f32 activations (no activation rounding).
 Weight rows are the units split over the pool; a tile of `nt` weight rows x `mt` activation rows
 (python-unrolled, accumulators in registers) unpacks each block once per tile and keeps nt * mt
@@ -122,6 +125,16 @@ def _dot_avx2(b, w, y, signed):
     return b.call(maddwd, [b.call(maddubs, [w, y]), ir.Constant(V16S, [I16(1)] * 16)])
 
 
+def _dot_vnni(b, w, y, signed):
+    """_dot_avx2's lanes by one vpdpbusd (AVX-VNNI, or AVX512-VNNI with VL: one intrinsic)."""
+    m = b.module
+    if signed:
+        psign = intrinsic(m, "llvm.x86.avx2.psign.b", V32, [V32, V32])
+        w, y = call_abs(b, w), b.call(psign, [y, w])
+    dp = intrinsic(m, "llvm.x86.avx512.vpdpbusd.256", V8I, [V8I, V8I, V8I])
+    return b.call(dp, [ir.Constant(V8I, [0] * 8), b.bitcast(w, V8I), b.bitcast(y, V8I)])
+
+
 def call_abs(b, v):
     return b.call(intrinsic(b.module, "llvm.abs.v32i8", V32, [V32, ir.IntType(1)]), [v, ir.Constant(ir.IntType(1), 0)])
 
@@ -168,7 +181,7 @@ def build(spec: QMatSpec, name="qmatmul") -> str:
     ncx = b.udiv(K, I64(32))
     rowb = b.mul(nb, I64(f.nbytes))
     mt, nt, nacc = spec.mt, spec.nt, 1 if int8 else 4
-    dot = _dot_avx2 if spec.isa == "avx2" else _dot_generic
+    dot = {"vnni": _dot_vnni, "avx2": _dot_avx2}.get(spec.isa, _dot_generic)
     ntiles = b.udiv(b.add(M, I64(mt - 1)), I64(mt))
     with counted_loop(b, lo, hi, nt, "n") as n0:
         ns = [b.select(b.icmp_signed("<", v, hi), v, b.sub(hi, I64(1)))
