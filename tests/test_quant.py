@@ -406,3 +406,17 @@ def test_path_choice_follows_cpu_features(path):
     path("auto")
     text = lc.dump(lc.qmatmul(lc.tensor(np.ones((1, 64), f32)), q), stage="schedule")
     assert "qmatmul q4_0 (int8" in text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_int8_dot_paths_give_the_same_bits(kind, path):
+    """vpdpbusd (VNNI hosts), pmaddubsw + pmaddwd (AVX2) and plain vector code sum the same
+    integers (no pmaddubsw pair can saturate): the outputs are equal bit for bit."""
+    rng = np.random.default_rng(4)
+    q = lc.quantize(lc.tensor(_data((19, 2 * BLOCK[kind]), seed=8)), kind)
+    x = lc.tensor(rng.standard_normal((5, 2 * BLOCK[kind])).astype(f32) * 3)
+    got = {}
+    for p in ("int8", "int8-avx2", "int8-generic"):
+        path(p)
+        got[p] = lc.qmatmul(x, q).numpy()
+    assert all(np.array_equal(got["int8-generic"], g) for g in got.values())
