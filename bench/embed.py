@@ -65,7 +65,7 @@ def sentence_transformers_peer(folder, threads):
         f"sentence-transformers {importlib.import_module('sentence_transformers').__version__}, torch {torch.__version__}"
 
 
-def onnx_peer(folder, threads, tok):
+def onnx_peer(folder, threads, tok, spinning=False):
     """ONNX Runtime on the model exported from torch (transformers' BertModel), with the same
     tokenizer, mean pooling and normalisation around it."""
     try:
@@ -93,6 +93,10 @@ def onnx_peer(folder, threads, tok):
                                                                             "token_type_ids")})
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    if not spinning:    # its idle intra-op threads sleep instead of spinning on the cores the next
+        # timed call needs (FAIR_ENV does the same for torch's OpenMP and OpenBLAS); --ort-spinning
+        # keeps ORT's default, which is faster for ORT's own back-to-back calls
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
     def run(texts):
@@ -105,7 +109,8 @@ def onnx_peer(folder, threads, tok):
             v = (h * m).sum(1) / np.maximum(m.sum(1), 1e-9)
             out.append(v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12))
         return np.concatenate(out)
-    return run, f"onnxruntime {ort.__version__} (exported with torch.onnx, opset default)"
+    return run, (f"onnxruntime {ort.__version__} (exported with torch.onnx, opset default; intra-op threads "
+                 f"{'spin (its default)' if spinning else 'sleep when idle'})")
 
 
 def main(argv=None) -> int:
@@ -113,13 +118,14 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shapes", default="1x16,32x128,128x64")
+    ap.add_argument("--ort-spinning", action="store_true", help="ONNX Runtime's default spinning intra-op threads")
     args = ap.parse_args(argv)
     folder = minilm_folder()
     lc.set_num_threads(args.threads)
     model = from_pretrained(folder)
     fns_base = {"lazycandle": lambda texts: model.embed(texts)}
     notes = []
-    for peer in (sentence_transformers_peer(folder, args.threads), onnx_peer(folder, args.threads, model.tokenizer)):
+    for peer in (sentence_transformers_peer(folder, args.threads), onnx_peer(folder, args.threads, model.tokenizer, args.ort_spinning)):
         fn, note = peer
         notes.append(note)
         if fn is not None:
