@@ -21,7 +21,7 @@ from ..dtype import DType
 from ..layout import contiguous_strides, merge_dims
 from . import native_pool
 from .buffers import address, alloc
-from .steps import NodeStep, register
+from .steps import KeptByLayouts, NodeStep, register
 
 
 def _split_rows(shape, strides):
@@ -42,24 +42,6 @@ def _same_read(a, b) -> bool:
     if a.kind == "in":
         return a.index == b.index                  # one slot: one run-time address
     return (a.index, a.strides, a.offset) == (b.index, b.strides, b.offset)
-
-
-class _Kernels:
-    """A step's kernels by operand shapes and strides (its kernels take sizes at run time, so
-    the step binds layouts: one plan serves every size of its size class)."""
-    KEPT = 16
-
-    def __init__(self, make):
-        self.make, self.got = make, {}
-
-    def __call__(self, lay):
-        key = (lay.shape, lay.strides)
-        got = self.got.get(key)
-        if got is None:
-            if len(self.got) >= self.KEPT:
-                self.got.clear()
-            got = self.got[key] = self.make(lay)
-        return got
 
 
 def _launch(spec, sizes, runs):
@@ -119,8 +101,8 @@ class ArgsortStep(NodeStep):
                                          DType.from_name(id_name), self.values)
             return _launch(spec, sizes, prod(lay.shape) > 0)
 
-        self.kernels = _Kernels(make)
-        s, fn, _, _ = self.kernels(lay)
+        self.kernels = KeptByLayouts(lambda lays: make(lays[0]))
+        s, fn, _, _ = self.kernels((lay,))
         self.spec = s
         if fn is not None:
             self.module = fn._module
@@ -131,7 +113,7 @@ class ArgsortStep(NodeStep):
 
     def run_node(self, in_bufs, offsets, bufs, layouts=None):
         x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
-        spec, fn, sizes, nrows = self.kernels(lx)
+        spec, fn, sizes, nrows = self.kernels((lx,))
         if fn is None:
             return
         out_addr = address(bufs[self.out])
@@ -159,8 +141,8 @@ class SortTakeStep(NodeStep):
             spec, sizes = SO.take_kernel(dt.size_in_bytes, outer, ostr, lay.shape[-1], lay.strides[-1])
             return _launch(spec, sizes, prod(lay.shape) > 0)
 
-        self.kernels = _Kernels(make)
-        self.spec, fn, _, _ = self.kernels(lay)
+        self.kernels = KeptByLayouts(lambda lays: make(lays[0]))
+        self.spec, fn, _, _ = self.kernels((lay,))
         if fn is not None:
             self.module = fn._module
         self.detail = (f"sorted values: rows of {lay.shape[-1]} read at their argsort ids "
@@ -174,7 +156,7 @@ class SortTakeStep(NodeStep):
             return
         x, lx = self.operand(0, in_bufs, offsets, bufs, layouts)
         ids, li = self.operand(1, in_bufs, offsets, bufs, layouts)
-        _, fn, sizes, nrows = self.kernels(lx)
+        _, fn, sizes, nrows = self.kernels((lx,))
         if fn is None:
             return
         _rows(fn, [address(bufs[self.out]), address(x) + lx.offset * x.itemsize,

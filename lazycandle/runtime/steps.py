@@ -115,6 +115,24 @@ class Launch:
         del arr
 
 
+class KeptByLayouts:
+    """`make(layouts)` kept per the layouts' shapes and strides: what one binding's sizes need,
+    made once per size (at most KEPT; a full cache starts over)."""
+    KEPT = 16
+
+    def __init__(self, make):
+        self.make, self.got = make, {}
+
+    def __call__(self, layouts):
+        key = tuple((lay.shape, lay.strides) for lay in layouts)
+        got = self.got.get(key)
+        if got is None:
+            if len(self.got) >= self.KEPT:
+                self.got.clear()
+            got = self.got[key] = self.make(layouts)
+        return got
+
+
 class SizedStep(NodeStep):
     """A node step whose kernels take their sizes at run time: `prepare(layouts)` makes (and
     keeps, per operand shapes and strides) what one binding's sizes need, so one plan serves
@@ -124,12 +142,11 @@ class SizedStep(NodeStep):
     gives its Launch; the native program then calls that kernel in a segment, and `run_node`
     here is its per-kernel form.  Steps of several calls leave kernel_buffers None."""
     binds_layouts = True
-    PREPARED_KEPT = 16
     kernel_buffers = None
 
     def setup(self, cap):
         self.reads = Reads(self.operands)
-        self._prepared = {}
+        self.prepare = KeptByLayouts(self.make)     # prepare(layouts): make's result, per size
         first = self.prepare(self.layouts())
         launches = self.launches(first)
         self.spec = launches[0].spec if len(launches) == 1 else None     # at the plan's own sizes
@@ -139,15 +156,6 @@ class SizedStep(NodeStep):
 
     def layouts(self, layouts=None):
         return layouts if layouts is not None else [o[3] for o in self.operands]
-
-    def prepare(self, layouts):
-        key = tuple((lay.shape, lay.strides) for lay in layouts)
-        got = self._prepared.get(key)
-        if got is None:
-            if len(self._prepared) >= self.PREPARED_KEPT:
-                self._prepared.clear()
-            got = self._prepared[key] = self.make(layouts)
-        return got
 
     def launches(self, prepared):
         return [self.launch_of(prepared)]
