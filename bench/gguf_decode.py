@@ -97,7 +97,8 @@ def lc_decode(path, prompt, n):
 def llama_cpp_decode(path, prompt, n, threads):
     """(decode ms/token, the prompt's last logits)."""
     from llama_cpp import Llama
-    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=256, verbose=False)
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=256, verbose=False,
+                logits_all=True)        # (else llama-cpp-python 0.3 keeps no scores)
     llm.eval(prompt)
     first = np.array(llm.scores[llm.n_tokens - 1], np.float32)
     tok, times = int(np.argmax(first)), []

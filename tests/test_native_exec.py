@@ -15,7 +15,7 @@ from hypothesis import given, settings
 
 import lazycandle as lc
 from conftest import ROOT, run_in_threads, run_probe
-from lazycandle.runtime import native_program
+from lazycandle.runtime import arena
 
 from test_fuzz_mixed_graphs import FUZZ_SETTINGS, example_data, graphs, placeholder_program
 
@@ -230,7 +230,7 @@ def test_idle_native_workers_use_no_cpu():
 def test_arena_never_shares_bytes_between_live_buffers():
     prog, _ = _chain_program()
     plan = prog._fixed.plan
-    where, top = native_program.plan_arena(plan, plan.binding.numels)
+    where, top = arena.layout(plan, plan.binding.numels)
     spans = {}
     for i, k in enumerate(plan.kernels):
         for j in k.outputs:
@@ -244,6 +244,25 @@ def test_arena_never_shares_bytes_between_live_buffers():
         for b in items:
             if a is not b and not (a[3] < b[2] or b[3] < a[2]):
                 assert a[1] <= b[0] or b[1] <= a[0], (a, b)
+
+
+def test_the_per_kernel_path_lays_its_buffers_out_in_the_same_arena(monkeypatch):
+    """One memory planner: the reference path (LAZYCANDLE_EXEC=python) puts every
+    intermediate buffer at its arena.layout offset in one block per run."""
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "python")
+    from lazycandle.runtime import arena as arena_mod
+    prog, _ = _chain_program()
+    xv = np.random.default_rng(3).standard_normal((64, 300)).astype(np.float32)
+    plan = prog._fixed.plan
+    where, top = arena_mod.layout(plan, plan.binding.numels)
+    seen = []
+    orig = arena_mod.views
+    monkeypatch.setattr(arena_mod, "views", lambda *a: seen.append((a[0].size, a[1])) or orig(*a))
+    for _ in range(2):
+        got = prog.run(x=xv)
+        for g, want in zip(got, _chain_ref(xv)):
+            np.testing.assert_allclose(g, want, rtol=2e-5, atol=1e-6)
+    assert seen == [(top, where)] * 2
 
 
 def test_native_pool_parallel_splits_a_kernel_range_over_the_workers():

@@ -11,7 +11,7 @@ import pytest
 
 import lazycandle as lc
 from lazycandle.codegen import jit
-from lazycandle.runtime import native_program
+from lazycandle.runtime import arena
 from conftest import run_in_threads
 
 
@@ -117,11 +117,11 @@ def test_bindings_share_one_arena_layout_that_never_overlaps_live_buffers():
     for n in (5, 6):
         prog.run(**_feeds(n))
     plan = prog._last.plan.plan
-    slot_of, _ = native_program.arena_slots(plan)
-    spans = {j: (a, e) for j, a, e in native_program._lifetimes(plan)}
+    slot_of, _ = arena.slots(plan)
+    spans = {j: (a, e) for j, a, e in arena.lifetimes(plan)}
     for n in (2, 17, 1000):
         binding = prog._traced.bind({"n": n}).plan.binding
-        where, top = native_program.plan_arena(plan, binding.numels)
+        where, top = arena.layout(plan, binding.numels)
         items = [(where[j], where[j] + binding.numels[j] * plan.dtypes[j].numpy.itemsize, *spans[j]) for j in where]
         for a in items:
             assert a[1] <= top

@@ -11,8 +11,8 @@ import numpy as np
 
 from .. import config
 from ..layout import Layout
-from . import native_pool
-from .buffers import address
+from . import arena, native_pool
+from .buffers import address, alloc
 from .steps import STEPS, NodeStep, run_step
 
 
@@ -150,7 +150,7 @@ class Plan:
                 self.steps.append(_node_step(cap.nodes[k.nodes[0]].op.name, k.kind)(k, cap))
         # node steps that bake their sizes into a kernel spec need a plan per size
         self.binds_sizes = all(not isinstance(s, NodeStep) or s.binds_layouts for s in self.steps)
-        self._plan_memory()
+        self.arena_slots = None         # ({node: slot}, count): runtime/arena.slots, decided once
         # how bind_values reads the flat quantities: per kernel (spec, sizes count | operand
         # ranks, node-read count), then one element count per buffer node
         self._recipe = [(k.spec, len(k.sizes), sum(1 for b in k.inputs if b[0] == "node")) if k.spec is not None
@@ -253,25 +253,6 @@ class Plan:
             at += n_reads
         return Binding(steps, reads, dict(zip(self._buffer_nodes, q[at:])))
 
-    def _plan_memory(self):
-        """Liveness: allocate each buffer right before the kernel that writes it and release
-        intermediates after their last reader, so later kernels reuse the blocks (buffers.py)."""
-        first_write, last_read = {}, {}
-        for i, k in enumerate(self.kernels):
-            for j in k.outputs:
-                first_write.setdefault(j, i)
-            for bind in k.inputs:
-                if bind[0] == "node":
-                    last_read[bind[1]] = i
-        keep = set(self.targets)
-        self.alloc_at = [[] for _ in self.kernels]          # bucketed in one pass: linear in graph size
-        for j in sorted(self.materialized):
-            self.alloc_at[first_write.get(j, 0)].append(j)
-        self.free_after = [[] for _ in self.kernels]
-        for j, r in last_read.items():
-            if j not in keep:
-                self.free_after[r].append(j)
-
     def run(self, in_bufs, offsets, scalars, binding=None):
         """in_bufs: 1-D arrays per capture input; offsets: per operand slot; scalars: the
         capture's scalar slots [(value, DType)]; binding: the sizes to run at (default: the
@@ -319,17 +300,15 @@ class Plan:
     def run_python(self, in_bufs, offsets, scalars, seconds=None, binding=None):
         """The per-kernel path: one ctypes call per kernel over the native pool.  `seconds`
         (a list, one entry per kernel) adds each kernel's wall time to it (the profiler)."""
-        from .buffers import alloc
         b = binding or self.binding
-        bufs = {}
         packed = pack_scalars(scalars)
         dtypes, numels = self.dtypes, b.numels
-        for i, (step, k, sized, read_offsets) in enumerate(zip(self.steps, self.kernels, b.steps, b.read_offsets)):
-            if i > 0:
-                for j in self.free_after[i - 1]:
-                    bufs.pop(j, None)
-            for j in self.alloc_at[i]:
+        offsets_at, nbytes = arena.layout(self, numels)
+        bufs = arena.views(alloc(nbytes, np.uint8), offsets_at, numels, dtypes)
+        for j in self.targets:
+            if j not in bufs:
                 bufs[j] = alloc(numels[j], dtypes[j])
+        for i, (step, k, sized, read_offsets) in enumerate(zip(self.steps, self.kernels, b.steps, b.read_offsets)):
             t0 = perf_counter() if seconds is not None else 0.0
             if isinstance(step, NodeStep):
                 run_step(step, in_bufs, offsets, bufs, sized, packed)

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import config
 from . import launch, native_pool
+from .arena import views as arena_views
 from .buffers import DATA_AT, alloc, read_word, result
 from ..codegen.program import SERIAL, segment_names
 from .native_program import ALIGN, ARENA_KEEP_BYTES, _addressof, _fn_address, address, program_of
@@ -412,20 +413,13 @@ class NativePlan:
         if self._fixed_bufs is not None:
             bufs = dict(self._fixed_bufs)
         else:
-            bufs = self._arena_views(arena)
+            bufs = arena_views(arena, self.offsets, self.numels, self.plan.dtypes)
             if self.keep_arena:
                 self._fixed_bufs = dict(bufs)
         for j, o in zip(self.targets, outs):
             bufs[j] = o
         return bufs
 
-    def _arena_views(self, arena):
-        plan = self.plan
-        bufs = {}
-        for j, off in self.offsets.items():
-            n, dt = self.numels[j], plan.dtypes[j]
-            bufs[j] = arena[off:off + n * dt.numpy.itemsize].view(dt.numpy)
-        return bufs
 
     def _raise_status(self, seg, call_no):
         """A kernel of segment `seg` reported a bad id: raise the error its step raises."""

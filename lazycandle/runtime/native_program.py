@@ -18,11 +18,11 @@ from .. import config
 from . import native_pool
 from .buffers import address, alloc
 from ..codegen.program import PARALLEL, SERIAL, segment_names
+from .arena import ALIGN, slots as arena_slots
 from .steps import MatmulStep, NodeStep
 
 ARENA_KEEP_BYTES = 256 << 10      # a plan keeps its arena up to this size (512 cached plans: <= 128 MiB)
 MIN_PARALLEL_COST = native_pool.MIN_COST        # smaller kernels run on the calling thread
-ALIGN = 64
 SEGMENT_FN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
 def _fn_address(fn) -> int:
@@ -32,87 +32,9 @@ def _fn_address(fn) -> int:
 _addressof = ctypes.addressof
 
 
-def _lifetimes(plan):
-    """[(node, first kernel, last kernel)] of the plan's intermediate buffers, in order of first
-    write: live from the kernel that first writes it to its last reader, inclusive (a buffer no
-    kernel writes is live throughout)."""
-    n_k = len(plan.kernels)
-    first, last = {}, {}
-    for i, k in enumerate(plan.kernels):
-        for bind in k.inputs:
-            if bind[0] == "node":
-                last[bind[1]] = i
-        for j in k.outputs:
-            first.setdefault(j, i)
-    for i, step in enumerate(plan.steps):
-        if isinstance(step, NodeStep):
-            for kind, idx, *_ in step.operands:
-                if kind == "node":
-                    last[idx] = max(last.get(idx, i), i)
-    targets = set(plan.targets)
-    out = []
-    for j in sorted(plan.materialized - targets, key=lambda j: (first.get(j, 0), j)):
-        if j in first:
-            out.append((j, first[j], max(last.get(j, first[j]), first[j])))
-        else:
-            out.append((j, 0, n_k))
-    return out
-
-
 class NotNative(Exception):
     """A binding of the plan cannot run on the plan's native program (the plan runs it on the
     per-kernel path)."""
-
-
-def _nbytes(numel, dt) -> int:
-    return -(-max(numel * dt.numpy.itemsize, 1) // ALIGN) * ALIGN
-
-
-def arena_slots(plan):
-    """({node: slot}, slot count): intermediate buffers whose lifetimes do not overlap share a
-    slot.  Decided from lifetimes only, so it holds for every binding of the plan's size class;
-    a buffer takes the free slot whose size at the plan's own binding fits it best."""
-    numels = plan.binding.numels
-    slot_of, ends, sizes = {}, [], []          # per slot: last kernel of its latest buffer, own-binding bytes
-    for j, start, end in _lifetimes(plan):
-        want = _nbytes(numels[j], plan.dtypes[j])
-        free = [s for s, e in enumerate(ends) if e < start]
-        if free:
-            s = min(free, key=lambda s: (sizes[s] < want, abs(sizes[s] - want)))
-            ends[s], sizes[s] = end, max(sizes[s], want)
-        else:
-            s = len(ends)
-            ends.append(end)
-            sizes.append(want)
-        slot_of[j] = s
-    return slot_of, len(ends)
-
-
-def plan_arena(plan, numels):
-    """{node: byte offset} for the plan's intermediate buffers at buffer sizes `numels`, and the
-    arena's size: each slot (arena_slots) is as large as its largest buffer at these sizes, the
-    slots back to back."""
-    slot_of, n = arena_slots(plan)
-    return _slot_offsets([(j, s, plan.dtypes[j].numpy.itemsize) for j, s in slot_of.items()], n, numels)
-
-
-def _slot_offsets(slot_items, n_slots, numels):
-    at, top = _slot_starts(slot_items, n_slots, numels)
-    return {j: at[s] for j, s, _ in slot_items}, top
-
-
-def _slot_starts(slot_items, n_slots, numels):
-    """(byte offset per slot, arena bytes): each slot as large as its largest buffer."""
-    size = [ALIGN] * n_slots
-    for j, s, itemsize in slot_items:
-        nb = (numels[j] * itemsize + ALIGN - 1) & -ALIGN
-        if nb > size[s]:
-            size[s] = nb
-    at, top = [0] * n_slots, 0
-    for s, nb in enumerate(size):
-        at[s] = top
-        top += nb
-    return at, top
 
 
 def supports(plan) -> bool:
@@ -267,7 +189,7 @@ class NativeProgram:
         """What a NativePlan works out per binding, as two straight-line functions generated once
         per program (a decode loop binds a new length at every token):
           slots(numels) -> (byte offset per arena slot, arena bytes): each slot as large as its
-              largest buffer, 64-byte aligned (_slot_starts);
+              largest buffer, 64-byte aligned (arena.layout);
           fill(steps, reads, at, base) -> (words, out refs): the ptrs + sizes block -- every arena
               pointer at `base` (0: offsets, for an arena taken per run), every call's extent,
               SERIAL | PARALLEL and sizes -- and (position, target, byte offset) per output pointer.
