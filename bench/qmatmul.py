@@ -116,13 +116,12 @@ def bench_kernels(shapes):
         mt = 1 if m == 1 else 4
         for kind in KINDS:
             q = lc.quantize(w, kind)
-            nc = k // 32
-            xq, xd, xs = np.empty(m * k, np.int8), np.empty(m * nc, np.float32), np.empty(m * nc, np.float32)
+            blocks = np.empty(QM.act_bytes(m, k), np.uint8)
             out = np.empty(m * n, np.float32)
             act, fi = QM.act_kernel()[1], QM.kernel(kind, "int8", "avx2", mt, 1)[1]
             ff = QM.kernel(kind, "f32", "none", mt, 1)[1]
-            calls = {"int8": lambda: (qsteps.run(act, [xq, xd, xs, x], (k,), m, 1.0),
-                                      qsteps.run(fi, [out, q.buffer(), xq, xd, xs], (m, n, k), n, 1.0)),
+            calls = {"int8": lambda: (qsteps.run(act, [blocks, x], (k, m), m, 1.0),
+                                      qsteps.run(fi, [out, q.buffer(), blocks], (m, n, k), n, 1.0)),
                      "f32": lambda: qsteps.run(ff, [out, q.buffer(), x], (m, n, k), n, 1.0)}
             st = time_alternating(calls, repeats=15)
             print(f"  {kind}: " + "   ".join(f"{p} {v.min * 1e3:.3f} / {v.median * 1e3:.3f} ({q.nbytes / v.min / 1e9:.1f} GB/s)"

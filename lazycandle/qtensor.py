@@ -239,6 +239,9 @@ def qmatmul(x, qw: QTensor) -> Tensor:
     path, isa = _choose(m)
     mt, nt = _tile(m, qw.format)
     one = _tile(1, qw.format) if not isinstance(m, int) else (mt, nt)     # a named m bound to 1 at run
-    res = Tensor(Node("qmatmul", (xc._node, qw.node()), (qw.kind, N, K, path, isa, mt, nt, one), lead + (N,), D.f32,
+    src = xc._node
+    if path == "int8":
+        src = Node("qmatmul_act", (src,), (K,), lead + (K + K // 4,), D.u8, label="qmatmul int8 activations")
+    res = Tensor(Node("qmatmul", (src, qw.node()), (qw.kind, N, K, path, isa, mt, nt, one), lead + (N,), D.f32,
                       label=f"qmatmul {qw.kind} {path}"))
     return res if x.dtype is D.f32 else res.to_dtype(x.dtype)

@@ -339,6 +339,25 @@ def test_qmatmul_is_a_lazy_graph_node():
     assert lc.qmatmul(lc.zeros((0, 64)), q).shape == (0, 24)
 
 
+@pytest.mark.parametrize("p", PATHS)
+def test_qlinear_chain_runs_inside_the_native_program_at_every_row_count(p, path, monkeypatch):
+    """qmatmul (and its int8 activation blocks) are kernel calls of the native program: no
+    Python step, one program for every bound row count, results equal the per-kernel path's."""
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    path(p)
+    rng = np.random.default_rng(9)
+    q1 = lc.quantize(lc.tensor(_data((96, 64), seed=1)), "q4_0")
+    q2 = lc.quantize(lc.tensor(_data((64, 96), seed=2)), "q8_0")
+    x = lc.placeholder("x", ("n", 64))
+    prog = lc.compile([lc.qmatmul(lc.qmatmul(x, q1).silu(), q2) + x])
+    for n in (3, 1, 7, 0, 3):
+        xv = rng.standard_normal((n, 64)).astype(f32)
+        got = prog.run(x=xv)[0]
+        ref = lc.qmatmul(lc.qmatmul(lc.tensor(xv), q1).silu(), q2).numpy() + xv
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert "native program" in prog.dump("schedule") and "python step" not in prog.dump("schedule")
+
+
 @pytest.mark.parametrize("kind", ["q4_0", "q6_k"])
 def test_embedding_rows(kind):
     w = _data((10, 256), seed=8)

@@ -39,10 +39,11 @@ V32F = ir.VectorType(F32, 32)
 
 @dataclass(frozen=True)
 class QActSpec(KernelSpec):
-    """Quantize activation rows per 32 values to int8 (bufs = [xq, xd, xs, x]; sizes = [K])."""
+    """Quantize activation rows per 32 values to int8 (bufs = [blocks, x]; sizes = [K, M];
+    units = rows): `blocks` is one buffer of act_bytes(M, K) bytes, see act_parts."""
 
     def extent(self, sizes) -> int:
-        return int(sizes[0])
+        return int(sizes[1])
 
     def describe(self) -> str:
         return "int8 activation blocks for qmatmul"
@@ -50,9 +51,10 @@ class QActSpec(KernelSpec):
 
 @dataclass(frozen=True)
 class QMatSpec(KernelSpec):
-    """One qmatmul kernel: weight format, "int8" or "f32" path, int8 dot ISA ("avx2" or
-    "generic"), activation rows (mt) and weight rows (nt) per tile.  bufs: [out, w, xq, xd, xs] (int8) or [out, w, x] (f32);
-    sizes = [m, N, K]; units = weight rows n."""
+    """One qmatmul kernel: weight format, "int8" or "f32" path, int8 dot ISA ("vnni", "avx2"
+    or "generic"), activation rows (mt) and weight rows (nt) per tile.  bufs: [out, w, blocks]
+    (int8: the activation blocks QActSpec wrote) or [out, w, x] (f32); sizes = [m, N, K];
+    units = weight rows n."""
     fmt: str
     path: str
     isa: str
@@ -63,6 +65,22 @@ class QMatSpec(KernelSpec):
 
     def describe(self) -> str:
         return f"qmatmul {self.fmt} ({self.path}, {self.isa}, {self.mt} rows per tile)"
+
+
+def act_bytes(m, K):
+    """Bytes of the int8 activation blocks of m rows of K (K a multiple of 32): the codes
+    xq (m * K int8), then the blocks' scales xd and their d * sum(q) terms xs (m * K / 32 f32
+    each).  m may be a named lc.Size."""
+    return m * (K + 8 * (K // 32))
+
+
+def act_parts(b, base, M, K):
+    """(xq, xd, xs) pointers into the activation blocks at i8* `base` for M rows of K."""
+    xd_at = b.mul(M, K)
+    xs_at = b.add(xd_at, b.mul(M, b.udiv(K, I64(8))))
+    return (b.bitcast(base, V32.as_pointer(), name="xq"),
+            b.bitcast(b.gep(base, [xd_at], inbounds=True), F32.as_pointer(), name="xd"),
+            b.bitcast(b.gep(base, [xs_at], inbounds=True), F32.as_pointer(), name="xs"))
 
 
 def _shuffle(b, v, idx):
@@ -87,9 +105,10 @@ def build_act(spec: QActSpec, name="qact") -> str:
     fn, b = kernel_function(m, name)
     lo, hi = unit_range(fn)
     p = fn.args[0]
-    xq, xd = arg_pointer(b, p, 0, V32, "xq"), arg_pointer(b, p, 1, F32, "xd")
-    xs, x = arg_pointer(b, p, 2, F32, "xs"), arg_pointer(b, p, 3, V32F, "x")
     K = b.load(fn.args[1], align=8)
+    M = b.load(b.gep(fn.args[1], [I64(1)]), align=8)
+    xq, xd, xs = act_parts(b, arg_pointer(b, p, 0, I8, "blocks"), M, K)
+    x = arg_pointer(b, p, 1, V32F, "x")
     nc = b.udiv(K, I64(32))
     with counted_loop(b, lo, hi, 1, "row") as r:
         with counted_loop(b, I64(0), nc, 1, "c") as c:
@@ -171,12 +190,12 @@ def build(spec: QMatSpec, name="qmatmul") -> str:
     p = fn.args[0]
     out, w = arg_pointer(b, p, 0, F32, "out"), arg_pointer(b, p, 1, I8, "w")
     int8 = spec.path == "int8"
-    if int8:
-        xq, xd, xs = arg_pointer(b, p, 2, V32, "xq"), arg_pointer(b, p, 3, F32, "xd"), arg_pointer(b, p, 4, F32, "xs")
-    else:
-        x = arg_pointer(b, p, 2, V8F, "x")
     sz = fn.args[1]
     M, N, K = (b.load(b.gep(sz, [I64(k)]), align=8) for k in range(3))
+    if int8:
+        xq, xd, xs = act_parts(b, arg_pointer(b, p, 2, I8, "blocks"), M, K)
+    else:
+        x = arg_pointer(b, p, 2, V8F, "x")
     nb = b.udiv(K, I64(f.block))
     ncx = b.udiv(K, I64(32))
     rowb = b.mul(nb, I64(f.nbytes))

@@ -17,11 +17,14 @@ steps), registered into the one op table.
            -> dq, dk, dv in one flat buffer (attention_grad.output_strides): the backward, scores
            recomputed per block (FlashAttention-2).
            Kernel in codegen/attention_grad.py, step in runtime/attention_steps.py.
-  qmatmul  srcs (x, w)   arg (kind, N, K, path, isa, mt, nt, one): (mt, nt) the tile, `one` the tile
-           when x's rows (a named size) bind to 1
-           x (..., K) f32 contiguous times the transposed GGML-block weight (N, K) whose bytes
-           are the u8 buffer w -> (..., N) f32.  Kernels in codegen/qmatmul.py (path "int8":
-           int8 activation blocks first), step in runtime/qsteps.py.
+  qmatmul_act  srcs (x,)   arg (K,)
+           x (..., K) f32 contiguous -> (..., K + K / 4) u8: its rows quantized per 32 values to
+           int8 blocks for qmatmul's "int8" path (codegen/qmatmul.act_bytes gives the layout).
+  qmatmul  srcs (a, w)   arg (kind, N, K, path, isa, mt, nt, one): (mt, nt) the tile, `one` the tile
+           when the rows (a named size) bind to 1
+           a: x (..., K) f32 contiguous (path "f32") or its qmatmul_act blocks (path "int8"),
+           times the transposed GGML-block weight (N, K) whose bytes are the u8 buffer w
+           -> (..., N) f32.  Kernels in codegen/qmatmul.py, steps in runtime/qsteps.py.
 """
 from __future__ import annotations
 
@@ -31,4 +34,5 @@ _op("col2im", INDEX, arity=1, doc="sum of convolution columns (b, c, kh, kw, ih,
 _op("flash_attention", INDEX, arity=-1, cost=4, doc="fused scaled dot-product attention (online softmax)")
 _op("flash_attention_lse", INDEX, arity=-1, cost=4, doc="flash attention's per-row log-sum-exp")
 _op("flash_attention_grad", INDEX, arity=-1, cost=4, doc="fused flash-attention backward (dq, dk, dv packed)")
+_op("qmatmul_act", INDEX, arity=1, doc="activation rows quantized per 32 values to int8 blocks (qmatmul)")
 _op("qmatmul", INDEX, arity=2, cost=2, doc="x @ W.T with W in GGML blocks (quantized weights)")
