@@ -4,11 +4,12 @@ written as a llama.cpp-style GGUF with every linear weight, the token embedding 
 one block format (q4_0 by default), q/k rows permuted as llama.cpp's converter does, and a
 placeholder SentencePiece vocabulary (llama.cpp needs one to load; ids are fed directly).
 
-    python bench/gguf_decode.py [--kind q4_0] [--config 1b] [--prompt 16] [--tokens 16] [--threads 2]
+    python bench/gguf_decode.py [--kind q4_0] [--config 1b] [--prompt 16] [--tokens 16] [--threads 2] [--rounds 3]
                                 [--file /tmp/lc_bench_1b_q4_0.gguf]
 
 Decode = median ms of a one-token step after the prompt, batch 1, greedy ids fed back; lazycandle
-through models.causal_lm.run (compiled decode program), llama.cpp through Llama.eval([token]).
+through models.causal_lm.run (compiled decode program), llama.cpp through Llama.eval([token]);
+the two alternate, `--rounds` prompt + decode runs each (the first steps of round 1 not counted).
 The file is written once and reused when present.  Prints the load."""
 from __future__ import annotations
 
@@ -86,28 +87,38 @@ def write_file(path: str, cfg: dict, kind: str) -> None:
     lc.save_gguf(path, tensors, meta)
 
 
-def lc_decode(path, prompt, n):
-    """(decode ms/token, the prompt's last logits)."""
-    from lazycandle.models.causal_lm import run
-    model = lc.models.from_gguf(path)
-    gen = run(model, [prompt], n, eos_token_id=[], keep_logits=True)
-    return gen.decode_ms_per_token, gen.logits[0][0]
+class Ours:
+    """lazycandle's model from the file; `decode(n)` -> (per-step ms, the prompt's last logits)."""
+
+    def __init__(self, path):
+        self.model = lc.models.from_gguf(path)
+
+    def decode(self, prompt, n):
+        from lazycandle.models.causal_lm import run
+        gen = run(self.model, [prompt], n, eos_token_id=[], keep_logits=True)
+        return list(gen.decode_ms), gen.logits[0][0]
 
 
-def llama_cpp_decode(path, prompt, n, threads):
-    """(decode ms/token, the prompt's last logits)."""
-    from llama_cpp import Llama
-    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=256, verbose=False,
-                logits_all=True)        # (else llama-cpp-python 0.3 keeps no scores)
-    llm.eval(prompt)
-    first = np.array(llm.scores[llm.n_tokens - 1], np.float32)
-    tok, times = int(np.argmax(first)), []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        llm.eval([tok])
-        times.append((time.perf_counter() - t0) * 1e3)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    return statistics.median(times), first
+class Theirs:
+    """llama.cpp (llama-cpp-python) on the same file, greedy ids fed back one eval per token."""
+
+    def __init__(self, path, threads):
+        from llama_cpp import Llama
+        self.llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=256, verbose=False,
+                         logits_all=True)        # (else llama-cpp-python 0.3 keeps no scores)
+
+    def decode(self, prompt, n):
+        llm = self.llm
+        llm.reset()
+        llm.eval(prompt)
+        first = np.array(llm.scores[llm.n_tokens - 1], np.float32)
+        tok, times = int(np.argmax(first)), []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            llm.eval([tok])
+            times.append((time.perf_counter() - t0) * 1e3)
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return times, first
 
 
 def main(argv=None) -> int:
@@ -117,6 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--file", default=None)
     a = ap.parse_args(argv)
     lc.set_num_threads(a.threads)
@@ -128,18 +140,25 @@ def main(argv=None) -> int:
         print(f"wrote {path} ({os.path.getsize(path) / 2**30:.2f} GiB) in {time.perf_counter() - t0:.0f} s")
     prompt = [int(i) for i in np.random.default_rng(1).integers(259, cfg["vocab_size"], a.prompt)]
     print(f"threads {a.threads}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
-    ours, ours_logits = lc_decode(path, prompt, a.tokens)
-    print(f"lazycandle from_gguf {a.kind}: decode {ours:.1f} ms/token (load {os.getloadavg()[0]:.2f})", flush=True)
+    impls = {"lazycandle": Ours(path)}
     try:
-        import llama_cpp  # noqa: F401
+        impls["llama.cpp"] = Theirs(path, a.threads)
     except ImportError:
         print("llama-cpp-python is not importable: no llama.cpp figure")
-        return 0
-    theirs, their_logits = llama_cpp_decode(path, prompt, a.tokens, a.threads)
-    err = np.abs(ours_logits - their_logits).max() / np.abs(their_logits).max()
-    print(f"llama.cpp {a.kind}: decode {theirs:.1f} ms/token (load {os.getloadavg()[0]:.2f}); "
-          f"lazycandle / llama.cpp = {ours / theirs:.2f}; prompt logits: max |diff| / max |llama.cpp| = {err:.2e}, "
-          f"same argmax: {int(np.argmax(ours_logits)) == int(np.argmax(their_logits))}")
+    times, logits = {k: [] for k in impls}, {}
+    for r in range(a.rounds):                   # the implementations alternate, a prompt + decode each
+        for name, impl in impls.items():
+            got, logits[name] = impl.decode(prompt, a.tokens)
+            times[name] += got[2:] if r == 0 else got       # (the first round's first steps warm up)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k, v in med.items():
+        print(f"{k} {a.kind}: decode {v:.1f} ms/token (median of {len(times[k])} steps)")
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    if "llama.cpp" in med:
+        ours, theirs = logits["lazycandle"], logits["llama.cpp"]
+        err = np.abs(ours - theirs).max() / np.abs(theirs).max()
+        print(f"lazycandle / llama.cpp = {med['lazycandle'] / med['llama.cpp']:.2f}; prompt logits: "
+              f"max |diff| / max |llama.cpp| = {err:.2e}, same argmax: {int(np.argmax(ours)) == int(np.argmax(theirs))}")
     return 0
 
 
