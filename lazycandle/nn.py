@@ -43,7 +43,7 @@ def softmax(t, dim):
     _float("softmax", t)
     if _empty_along(t, dim, "softmax"):
         return t
-    e = t.broadcast_sub(t.max_keepdim(dim)).exp()
+    e = t.broadcast_sub(_shift(t, dim)).exp()
     return e.broadcast_div(e.sum_keepdim(dim))
 
 
@@ -57,7 +57,7 @@ def log_softmax(t, dim):
     _float("log_softmax", t)
     if _empty_along(t, dim, "log_softmax"):
         return t
-    x = t.broadcast_sub(t.max_keepdim(dim))
+    x = t.broadcast_sub(_shift(t, dim))
     return x.broadcast_sub(x.exp().sum_keepdim(dim).log())
 
 
@@ -229,7 +229,7 @@ def cross_entropy(logits, targets, ignore_index=-100, label_smoothing=0.0, reduc
     if _empty_along(logits, c, op):
         picked, logp = logits.gather(ids, c).squeeze(c), logits
     else:       # log_softmax's ops, the target's picked from the logits: the (..., C) log-probs are not written
-        m = logits.max_keepdim(c)
+        m = _shift(logits, c)
         lse = logits.broadcast_sub(m).exp().sum_keepdim(c).log()
         picked = logits.gather(ids, c).sub(m).sub(lse).squeeze(c)
         logp = logits.broadcast_sub(m).broadcast_sub(lse)
@@ -242,6 +242,16 @@ def cross_entropy(logits, targets, ignore_index=-100, label_smoothing=0.0, reduc
     if reduction == "mean":
         total = total / keep.to_dtype(acc).sum_all()
     return total.to_dtype(logits.dtype)
+
+
+def _shift(t, dim):
+    """t's max along dim, the shift that keeps exp finite, as a constant for backward: the
+    value does not depend on it, so its gradient is 0 in exact arithmetic (as torch's
+    log_softmax, which has none).  Differentiated, it cost a pass counting the ties of the
+    max and an extra exp per element, and rounding noise routed to the argmax."""
+    from .autograd import no_grad
+    with no_grad():
+        return t.max_keepdim(dim)
 
 
 def _class_targets(op, logits, targets):

@@ -263,3 +263,38 @@ def test_self_attention_projection_gradient_over_named_dims(dims):
         h, w = rng.standard_normal((b, t, 3 * d)), rng.standard_normal((b, t, d))
         _, (want,) = lc.value_and_grad(lambda a: loss(a, lc.tensor(w)), (0,))(lc.tensor(h))
         np.testing.assert_allclose(prog.run(h=h, w=w)[0], want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def _planned_ops(prog) -> list:
+    desc = prog._fixed.plan.opt_desc
+    return [desc["nodes"][j][0] for k in prog._fixed.plan.kernels for j in k.nodes]
+
+
+@pytest.mark.parametrize("fn", ["cross_entropy", "log_softmax", "softmax"])
+def test_softmax_family_gradient_has_no_max_path(fn):
+    """The max that keeps exp finite is a constant shift: the backward neither differentiates
+    it (no tie-count pass, no `eq` against the max) nor recomputes exp a third time; one row
+    kernel, exp twice (forward sum, backward probabilities), gradient as NumPy's."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 37)).astype(np.float32)
+    x[0, :3] = x[0].max() + 1.0                 # ties of the max: no gradient reaches them unevenly
+    y = rng.integers(0, 37, 6)
+    w = rng.standard_normal((6, 37)).astype(np.float32)
+    xp = lc.placeholder("x", x.shape)
+    losses = {"cross_entropy": lambda a: lc.nn.cross_entropy(a, lc.tensor(y)),
+              "log_softmax": lambda a: (lc.nn.log_softmax(a, -1) * lc.tensor(w)).sum_all(),
+              "softmax": lambda a: (lc.nn.softmax(a, -1) * lc.tensor(w)).sum_all()}
+    _, (g,) = lc.value_and_grad(losses[fn], (0,))(xp)
+    prog = lc.compile([g])
+    x64 = x.astype(np.float64)
+    p = np.exp(x64 - x64.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = {"cross_entropy": (p - np.eye(37)[y]) / 6,
+            "log_softmax": w - p * w.sum(-1, keepdims=True),
+            "softmax": p * (w - (p * w).sum(-1, keepdims=True))}[fn]
+    np.testing.assert_allclose(prog.run(x=x)[0], want, rtol=1e-5, atol=1e-6)
+    ops = _planned_ops(prog)
+    # (cross_entropy's one-hot of the target is an eq against the ids; softmax's backward
+    # pass needs its probabilities once more)
+    assert ops.count("max") == 1 and ops.count("eq") == (fn == "cross_entropy"), ops
+    assert ops.count("exp") == (3 if fn == "softmax" else 2), ops
