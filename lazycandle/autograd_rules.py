@@ -74,11 +74,14 @@ def _silu(n, g, xs, out):
 
 @_rule("gelu")
 def _gelu(n, g, xs, out):
-    """The tanh approximation: 0.5 x (1 + tanh(c (x + 0.044715 x^3)))."""
+    """The tanh approximation gelu(x) = x s, s = (1 + tanh(c (x + k x^3))) / 2, so
+    gelu'(x) = s + x s (1 - s) 2c (1 + 3k x^2) (1 - tanh^2 = 4 s (1 - s)).  s is read back from
+    the forward's output as out / x (exact as its rounding; 1/2 at x = 0): no tanh a second
+    time, the derivative is a few multiplies next to the forward gelu."""
     x = xs[0]
-    c = math.sqrt(2.0 / math.pi)
-    t = ((x + x * x.sqr() * 0.044715) * c).tanh()
-    d = (1.0 + t) * 0.5 + x * 0.5 * (1.0 - t.sqr()) * c * (1.0 + x.sqr() * (3 * 0.044715))
+    c2 = 2.0 * math.sqrt(2.0 / math.pi)
+    s = x.eq(0.0).where_cond(0.5, out / x)
+    d = s + x * s * (1.0 - s) * c2 * (1.0 + x.sqr() * (3 * 0.044715))
     return (g * d,)
 
 

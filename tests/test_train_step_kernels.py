@@ -298,3 +298,21 @@ def test_softmax_family_gradient_has_no_max_path(fn):
     # pass needs its probabilities once more)
     assert ops.count("max") == 1 and ops.count("eq") == (fn == "cross_entropy"), ops
     assert ops.count("exp") == (3 if fn == "softmax" else 2), ops
+
+
+@pytest.mark.parametrize("dtype,tol", [("f32", 5e-6), ("f64", 1e-13)])
+def test_gelu_derivative_reads_the_forward_output_instead_of_a_second_tanh(dtype, tol):
+    """gelu'(x) is built from the forward's s = gelu(x) / x: the step computes no tanh besides
+    the gelu itself; values as torch's formula (f64 NumPy) over the whole range, x = 0 and
+    both saturated tails included."""
+    x = np.concatenate([np.linspace(-40, 40, 4001), [0.0, -0.0, 1e-30, -1e-30, 1e-300, 3e3, -3e3]])
+    x = x.astype(np.float32 if dtype == "f32" else np.float64)
+    xp = lc.placeholder("x", x.shape, dtype)
+    _, (g,) = lc.value_and_grad(lambda a: a.gelu().sum_all(), (0,))(xp)
+    prog = lc.compile([g])
+    x64 = x.astype(np.float64)
+    c, k = np.sqrt(2 / np.pi), 0.044715
+    t = np.tanh(c * (x64 + k * x64 ** 3))
+    want = 0.5 * (1 + t) + 0.5 * x64 * (1 - t * t) * c * (1 + 3 * k * x64 * x64)
+    np.testing.assert_allclose(prog.run(x=x)[0], want, rtol=0, atol=tol)
+    assert "tanh" not in _planned_ops(prog), _planned_ops(prog)
