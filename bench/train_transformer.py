@@ -4,6 +4,7 @@ torch eager and torch.compile (inductor: the loss compiled with its backward, th
 compiled too), same init and data:
 
     python bench/train_transformer.py [--cases block,gpt2,mlp] [--runs 11] [--threads 2] [--check 20] [--cpu]
+                                      [--profile]
 
 Cases: `block` a GPT-2 block (8, 128, 256), 4 heads, causal, mse loss against a fixed target;
 `gpt2` a 4-layer GPT-2 (d 256, 4 heads, seq 128, batch 8, vocab 4096, tied head, cross-entropy);
@@ -13,7 +14,8 @@ implementation from the same start: the largest loss difference against torch ea
 <= 1e-5) and the first step's time (lazycandle: compile + run; torch.compile: its compile).
 Then the median of `--runs` steps after 2 warm-up steps, implementations alternating in one loop
 (bench/timing.py), the ratios, kernels per step against ops per step, and the load; --cpu: one
-thread everywhere and the CPU time of the calling thread, which a loaded machine disturbs less.  torch runs
+thread everywhere and the CPU time of the calling thread, which a loaded machine disturbs less; --profile:
+lazycandle's step time per kernel kind (matmul, attention, row, ...) from Program.profile.  torch runs
 with OMP_WAIT_POLICY=PASSIVE unless the environment sets it (spinning OpenMP waits made its steps
 5-10x slower on a shared host).
 """
@@ -203,6 +205,22 @@ class TorchTrainer:
         self.loss = float(loss.detach())
 
 
+def kind_shares(prog, feeds, runs=3) -> str:
+    """Where lazycandle's step goes, from Program.profile (kernels called one by one, after one
+    profiled warm-up run: the first allocates the per-kernel buffers): time per kernel kind."""
+    prog.profile(runs=1, **feeds)
+    per, count = {}, {}
+    for line in prog.profile(runs=runs, **feeds).splitlines():
+        f = line.split()
+        if len(f) > 3 and f[0].isdigit():
+            kind = "attention" if "flash_attention" in f[-1] else f[1]
+            per[kind] = per.get(kind, 0.0) + float(f[2]) * 1e-3
+            count[kind] = count.get(kind, 0) + 1
+    total = sum(per.values()) or 1e-12
+    return f"profile {total:.1f} ms: " + ", ".join(
+        f"{k} {v:.1f} ms ({v / total:.0%}, {count[k]} kernels)" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+
+
 def run_case(name, a, torch):
     loss_fn, params, data, label = case(name)
     impls = {"lazycandle": LcTrainer(loss_fn, params, data)}
@@ -226,6 +244,8 @@ def run_case(name, a, torch):
         diff = np.abs(np.array(losses[k]) - ref).max()
         print(f"  {k:14s} first step {first[k] * 1e3:9.1f} ms; loss {losses[k][0]:.6f} -> {losses[k][-1]:.6f} "
               f"after {a.check} steps, max |diff| vs torch eager {diff:.1e}")
+    if a.profile:
+        print("  " + kind_shares(lcp.prog, lcp.feeds))
     if a.cpu:
         stats = {k: Stats(times=v) for k, v in cpu_alternating(impls, a.runs).items()}
     else:
@@ -251,6 +271,8 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="one thread, CPU time of the calling thread (what a "
                     "loaded machine disturbs least) instead of wall time")
+    ap.add_argument("--profile", action="store_true", help="also lazycandle's step time per kernel kind "
+                    "(Program.profile)")
     a = ap.parse_args(argv)
     if a.cpu:
         a.threads = 1
