@@ -22,6 +22,7 @@ _TRAINABLE = weakref.WeakSet()              # nodes that gradients are taken wit
 _HANDLES = weakref.WeakValueDictionary()    # node id -> the user's Tensor handle (for iteration)
 _NO_GRAD_STARTS: list = []                  # no_grad() spans of node ids [start, end), in order
 _NO_GRAD_ENDS: list = []
+_CONSTANT_IDS: set = set()                  # ids of single nodes made constants (_constant)
 
 
 def _mark(t: Tensor, op: str) -> Tensor:
@@ -73,7 +74,20 @@ def no_grad():
         _NO_GRAD_ENDS.append(last)
 
 
+def _constant(t: Tensor) -> Tensor:
+    """Make the node of `t` (a fresh one the caller just built) a constant for backward, as if
+    built under no_grad() but without a span per call (a softmax's max shift is built once
+    per call of an eager loop: spans would pile up); the mark goes when the node dies."""
+    n = t._node
+    if n.id not in _CONSTANT_IDS:
+        _CONSTANT_IDS.add(n.id)
+        weakref.finalize(n, _CONSTANT_IDS.discard, n.id)
+    return t
+
+
 def _is_constant(n) -> bool:
+    if n.id in _CONSTANT_IDS:
+        return True
     i = bisect.bisect_right(_NO_GRAD_STARTS, n.id) - 1
     return i >= 0 and n.id < _NO_GRAD_ENDS[i]
 

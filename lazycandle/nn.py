@@ -249,9 +249,8 @@ def _shift(t, dim):
     value does not depend on it, so its gradient is 0 in exact arithmetic (as torch's
     log_softmax, which has none).  Differentiated, it cost a pass counting the ties of the
     max and an extra exp per element, and rounding noise routed to the argmax."""
-    from .autograd import no_grad
-    with no_grad():
-        return t.max_keepdim(dim)
+    from .autograd import _constant
+    return _constant(t.max_keepdim(dim))
 
 
 def _class_targets(op, logits, targets):

@@ -316,3 +316,22 @@ def test_gelu_derivative_reads_the_forward_output_instead_of_a_second_tanh(dtype
     want = 0.5 * (1 + t) + 0.5 * x64 * (1 - t * t) * c * (1 + 3 * k * x64 * x64)
     np.testing.assert_allclose(prog.run(x=x)[0], want, rtol=0, atol=tol)
     assert "tanh" not in _planned_ops(prog), _planned_ops(prog)
+
+
+def test_softmax_shift_constant_is_no_growing_state_in_an_eager_loop():
+    """The max shift is marked constant per node (no no_grad span per call): an eager loop of
+    cross-entropy steps leaves no marks behind, and its gradients match NumPy's."""
+    import gc
+    from lazycandle import autograd
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    y = np.array([0, 3, 6, 2, 2])
+    v = lc.Var(x)
+    spans, marks = len(autograd._NO_GRAD_STARTS), len(autograd._CONSTANT_IDS)
+    for _ in range(4):
+        g = lc.nn.cross_entropy(v, lc.tensor(y)).backward()[v].numpy()
+    p = np.exp(x - x.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(g, (p - np.eye(7)[y]) / 5, rtol=1e-5, atol=1e-7)
+    gc.collect()
+    assert len(autograd._NO_GRAD_STARTS) == spans and len(autograd._CONSTANT_IDS) == marks
