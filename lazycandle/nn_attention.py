@@ -133,8 +133,25 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     fused = _flash_attention(q, k, v, mask, bool(is_causal), scale)
     if fused is not None:
-        return fused
+        return fused[0]
     return _graph_sdpa(q, k, v, mask, is_causal, scale)
+
+
+@names_op("attention_with_lse")
+def attention_with_lse(q, k, v, mask=None, scale=None):
+    """(out, lse): scaled_dot_product_attention(q, k, v, mask, scale=scale) of 4-D q (b, h, L, E),
+    k (b, h, S, E), v (b, h, S, Ev), and the (b, h, L) log-sum-exp of each row's scaled, masked
+    scores (+inf for a row with every key masked), both written by one pass of the fused kernel
+    (the scheduler pairs them), so two attentions over parts of the keys merge exactly (a KV
+    cache and the new rows).  None when the shapes or dtypes call for the graph."""
+    from .tensor import Tensor, tensor
+    if mask is not None and not isinstance(mask, Tensor):
+        mask = tensor(mask)
+    _check_sdpa("attention_with_lse", q, k, v, mask, False)
+    if q.rank != 4 or k.rank != 4 or v.rank != 4:
+        raise ShapeMismatchBinaryOp(f"attention_with_lse: q, k, v must be 4-D, got {q.shape}, {k.shape}, {v.shape}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _flash_attention(q, k, v, mask, False, scale, lse=True)
 
 
 def _graph_sdpa(q, k, v, mask, is_causal, scale):
@@ -182,8 +199,9 @@ def _as_4d(t, batch, tail):
     return t.broadcast_as(batch + tuple(tail))
 
 
-def _flash_attention(q, k, v, mask, is_causal, scale):
-    """The fused kernel's node, or None when the shapes / dtypes call for the graph."""
+def _flash_attention(q, k, v, mask, is_causal, scale, lse=False):
+    """(the fused kernel's output, its rows' log-sum-exp (b, h, L) when `lse`, else None), or
+    None when the shapes / dtypes call for the graph."""
     from .codegen.attention import FLOAT_DTYPES, MAX_HEAD_DIM
     from .ir import ops_index  # noqa: F401  (registers flash_attention)
     from .ir.node import Node
@@ -212,7 +230,12 @@ def _flash_attention(q, k, v, mask, is_causal, scale):
             return None
         kind = "add" if mask.dtype.is_float else mask.dtype.name
         srcs.append(_as_4d(mask, b4, (L, S)).materializable())
-    out = type(q)(Node("flash_attention", tuple(t._node for t in srcs), (is_causal, kind, scale),
-                       (b4[0], L, b4[1], EV), q.dtype, label=f"flash_attention{' causal' if is_causal else ''}"
-                                                            f"{f' mask {kind}' if kind else ''} scale={scale:.6g}"))
-    return out.transpose(1, 2).reshape(batch + (L, EV))     # written (B, L, H, Ev): merging heads is a view
+    T, nodes, arg = type(q), tuple(t._node for t in srcs), (is_causal, kind, scale)
+    out = T(Node("flash_attention", nodes, arg, (b4[0], L, b4[1], EV), q.dtype,
+                 label=f"flash_attention{' causal' if is_causal else ''}{f' mask {kind}' if kind else ''} "
+                       f"scale={scale:.6g}"))
+    out = out.transpose(1, 2).reshape(batch + (L, EV))     # written (B, L, H, Ev): merging heads is a view
+    if not lse:
+        return out, None
+    rows = T(Node("flash_attention_lse", nodes, arg, (b4[0], b4[1], L), q.dtype, label="flash_attention log-sum-exp"))
+    return out, rows.reshape(batch + (L,))

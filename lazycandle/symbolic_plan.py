@@ -35,7 +35,7 @@ def _source(v, var: dict):
         return None
     return v.source(var)
 
-MAX_SYMBOLS = 8          # more distinct sizes than this: a plan per capture
+MAX_SYMBOLS = 32         # more distinct sizes than this: a plan per capture (a 12-layer decode step has ~12)
 
 
 class _SymbolicNode:

@@ -259,9 +259,9 @@ def test_prefill_and_decode_steps_match_numpy(which, compiled, request):
     _, w = request.getfixturevalue(f"{which}_folder")
     ref = ref_gpt2 if which == "gpt2" else ref_llama
     full = ref(w, GPT2_CFG if which == "gpt2" else LLAMA_CFG, PROMPT + NEXT)
-    session = Session(model, 1, 16, compiled=compiled, span_block=8)
+    session = Session(model, 1, 16, compiled=compiled)
     _close(session.prefill([PROMPT])[0], full[len(PROMPT) - 1])
-    for j, tok in enumerate(NEXT):        # crosses a span_block boundary (slots 7..11)
+    for j, tok in enumerate(NEXT):        # a new filled length each step (slots 7..11)
         _close(session.decode([tok])[0], full[len(PROMPT) + j])
 
 

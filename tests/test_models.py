@@ -26,7 +26,7 @@ def tiny_gpt2():
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled-decode", "eager-decode"])
 def test_kv_cache_steps_write_new_rows_into_the_same_buffers(tiny_gpt2, compiled):
-    session = Session(tiny_gpt2, 1, 32, compiled=compiled, span_block=8)
+    session = Session(tiny_gpt2, 1, 32, compiled=compiled)
     cache = session.cache
     addrs = [t._node.buffer.ctypes.data for t in cache.tensors()]
     session.prefill([PROMPT])

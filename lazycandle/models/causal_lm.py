@@ -16,7 +16,7 @@ import numpy as np
 
 from ..autograd import no_grad
 from ..caches import cache_info
-from ..dtype import i64
+from ..dtype import i64, u8
 from ..errors import IndexOutOfBounds, SerializationError, ShapeMismatch, SymbolicSizeError
 from ..graph_api import compile
 from ..nn_layers import Module
@@ -92,21 +92,29 @@ def _as_rows(ids) -> np.ndarray:
 
 # ---- one batch of sequences being generated --------------------------------------------------
 class Session:
-    """A batch of sequences sharing one KV cache (batch, kv_heads, max_len, head_dim).
+    """A batch of sequences sharing one KV cache (batch, kv_heads, slots, head_dim).
     `prefill(prompts)` runs the left-padded prompts eagerly; `decode(tokens)` one new token per
-    sequence.  Decode steps run a compiled Program cached on the model, one per (max_len, span
-    of `span_block` cache slots) whatever the batch size (a named dim "b": a new batch size binds
-    the same program, it compiles nothing): the cache slot and the padding are fed as data, the
-    caches go in (read in place) and only the step's new keys and values come back, written into
-    the caches by KVCache.commit, so a step builds no graph, compiles nothing and writes O(new
-    rows) of cache.  `compiled=False` builds each decode step eagerly instead.  Both return the last
-    position's logits, a (batch, vocab) f32 array."""
+    sequence.  Decode steps run ONE compiled Program cached on the model per cache dtype
+    (DecodeProgram), whatever the batch size, cache length and filled length (named dims "b",
+    "M" and "S": a new size binds the same program, it compiles nothing); the attention reads
+    the filled slots of the cache, no more.  The padding comes as data (`attend`, whose length
+    binds S), the caches go in (read in place) and only the step's new keys and values come
+    back, written into the caches by KVCache.commit, so a step builds no graph, compiles
+    nothing and writes O(new rows) of cache.  `compiled=False` builds each decode step eagerly
+    instead.  Both return the last position's logits, a (batch, vocab) f32 array.  `max_len`
+    (at most the model's) is how many positions the session holds."""
 
-    def __init__(self, model, batch: int, max_len: int, compiled: bool = True, span_block: int = 128):
-        self.model, self.compiled, self.span_block = model, compiled, span_block
-        self.cache = model.new_cache(batch, max_len)
-        self.batch, self.max_len, self.pos = batch, self.cache.max_len, 0
+    def __init__(self, model, batch: int, max_len: int, compiled: bool = True):
+        self.model, self.compiled = model, compiled
+        self.batch, self.max_len, self.pos = batch, min(max_len, model.config.max_len), 0
+        self.cache = model.new_cache(batch, self.max_len)
+        if compiled:        # a cache length of the program's size class, with a slot to spare (decode)
+            slots = self._program().cache_len(batch, self.max_len + 1)
+            if slots != self.max_len:
+                self.cache = model.new_cache(batch, slots)
         self.pad = None                  # (batch,) i64 tensor of left padding, when any
+        # per cache slot: 1 once it holds one of the sequence's tokens (0: padding, or not yet written)
+        self.attend = np.zeros((batch, self.cache.max_len), np.uint8)
 
     def _room(self, n: int):
         if self.pos + n > self.max_len:
@@ -127,16 +135,14 @@ class Session:
         if not self.compiled:
             return self._eager(ids)
         self._room(1)
-        span = min(self.max_len, -(-(self.pos + 1) // self.span_block) * self.span_block)
-        prog = self._program(span)
-        pad = self.pad if self.pad is not None else np.zeros(self.batch, np.int64)
-        feeds = {"ids": ids, "start": np.array([self.pos], np.int64), "pad": pad}
+        decoder = self._program()
+        n = decoder.attended(self.batch, self.pos, min(self.cache.max_len, self.attend.shape[1]))
+        feeds = {"ids": ids, "attend": np.ascontiguousarray(self.attend[:, :n])}
         feeds.update({f"k{i}": a for i, a in enumerate(self.cache.k)})
         feeds.update({f"v{i}": a for i, a in enumerate(self.cache.v)})
-        logits, *rows = prog.run(**feeds)
+        logits, *rows = decoder.program.run(**feeds)
         del feeds                       # the caches' only holder is the cache again (donation)
-        self.cache.commit(self.pos, rows)
-        self.pos += 1
+        self._commit(1, rows)
         return logits
 
     def _eager(self, ids: np.ndarray) -> np.ndarray:
@@ -148,37 +154,95 @@ class Session:
         realize(logits, *rows)
         out = logits.numpy()
         del logits                      # the graph reads the caches: drop it before commit (donation)
-        self.cache.commit(self.pos, rows)
-        self.pos += ids.shape[1]
+        self._commit(ids.shape[1], rows)
         return out
 
-    def _program(self, span: int):
-        """The decode step over `span` cache slots for any batch size ("b"), or for this one
-        when the model's ops need a concrete batch (a layer raising SymbolicSizeError, e.g.
-        quantized matmuls choosing their tiles by row count)."""
+    def _commit(self, t: int, rows) -> None:
+        self.cache.commit(self.pos, rows)
+        end = min(self.pos + t, self.attend.shape[1])
+        self.attend[:, self.pos:end] = 1
+        if self.pad is not None and self.pos == 0:
+            self.attend[np.arange(self.attend.shape[1]) < self.pad.numpy()[:, None]] = 0
+        self.pos += t
+
+    def _program(self) -> "DecodeProgram":
+        """The decode step for any batch size > 1 ("b"; one sequence has its own: a size 1 is
+        a size class of its own, where broadcasts differ), or for this one when the model's ops
+        need a concrete batch (a layer raising SymbolicSizeError, e.g. quantized matmuls choosing
+        their tiles by row count) or the batch size is one of the graph's own sizes; any cache
+        length and filled length either way."""
         dt = self.cache.k[0].dtype
         progs = self.model.__dict__.setdefault("_programs", {})
-        named = ("decode", self.max_len, span, dt.name)
+        named = ("decode", dt.name)
         fixed = named + (self.batch,)
-        if named in progs or fixed in progs:
-            return progs[named] if named in progs else progs[fixed]
-        if progs.get("named batch", True):
+        if fixed in progs:
+            return progs[fixed]
+        if self.batch > 1 and progs.get("named batch", True):
             try:
-                progs[named] = self._build(span, "b", dt)
-                return progs[named]
+                if named not in progs:
+                    progs[named] = DecodeProgram(*self._build("b", dt))
+                if progs[named].fits({"b": self.batch}):
+                    return progs[named]
             except SymbolicSizeError:
                 progs["named batch"] = False
-        progs[fixed] = self._build(span, self.batch, dt)
+        progs[fixed] = DecodeProgram(*self._build(self.batch, dt))
         return progs[fixed]
 
-    def _build(self, span: int, b, dt):
-        n, shape = len(self.cache.k), (b,) + tuple(self.cache.k[0].shape[1:])
+    def _build(self, b, dt):
+        n, (_, heads, _, hd) = len(self.cache.k), self.cache.k[0].shape
+        shape = (b, heads, "M", hd)
         cache = KVCache([placeholder(f"k{i}", shape, dt) for i in range(n)],
                         [placeholder(f"v{i}", shape, dt) for i in range(n)])
-        step = Step(placeholder("start", (1,), i64), 1, span, placeholder("pad", (b,), i64))
+        attend = placeholder("attend", (b, "S"), u8)
+        step = Step(attend.shape[1], 1, attend=attend)
         with no_grad():
             logits = self.model.forward(placeholder("ids", (b, 1), i64), cache, step, last=True)
-        return compile([logits[:, -1]] + cache.rows())
+        outs = [logits[:, -1]] + cache.rows()
+        return compile(outs), outs
+
+
+class DecodeProgram:
+    """A compiled decode step (`program`) and the sizes of its graph.  The engine binds a new
+    size of a named dim by formulas derived once for the program's size class, where every
+    named size is >= 2 and differs from every other size of the graph; a size outside it (a
+    cache filled to 64 slots in a model of head dim 64) rebinds from the graph, ~0.1-1 s.  So
+    the cache is allocated at a length of the class (`cache_len`) and a step attends to a few
+    more slots than are filled when the filled count is not of the class (`attended`): the
+    extra slots are masked out (attend 0), the result is the same."""
+
+    def __init__(self, program, outputs):
+        self.program = program
+        self.sizes, self.named = set(), set()           # int sizes; sizes of named dims (lc.Size)
+        seen, stack = set(), [t._node for t in outputs]
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            for d in n.shape:
+                (self.sizes if d.__class__ is int else self.named).add(d)
+            stack.extend(n.srcs)
+
+    def fits(self, env: dict) -> bool:
+        """Whether named sizes `env` ({name: int}, of some names) are in the program's class."""
+        vals = [d.evaluate(env) for d in self.named if d.names() <= env.keys()]
+        return min(vals, default=2) >= 2 and len(set(vals)) == len(vals) and not self.sizes.intersection(vals)
+
+    def cache_len(self, batch: int, least: int) -> int:
+        """A cache length >= `least` in the class for this batch (+ a few slots; see attended)."""
+        m = least
+        while not self.fits({"b": batch, "M": m}):
+            m += 1
+        return m
+
+    def attended(self, batch: int, filled: int, slots: int) -> int:
+        """How many cache slots a step reads: `filled`, or the next count <= slots in the class."""
+        env = {"b": batch, "M": slots}
+        for n in range(filled, slots + 1):
+            env["S"] = n
+            if self.fits(env):
+                return n
+        return filled
 
 
 # ---- the generation loop ------------------------------------------------------------------------
@@ -234,9 +298,8 @@ def run(model, prompts, max_new_tokens: int, sampler=None, eos_token_id=None, st
 
 
 def _loop(model, prompts, n, sampler, eos, stops, keep_logits, warmup, compiled, on_token, gen, live):
-    b, block = len(prompts), 128
-    need = max(len(p) for p in prompts) + n        # a whole number of span blocks: one program serves
-    session = Session(model, b, min(-(-need // block) * block, model.config.max_len), compiled, block)
+    b = len(prompts)
+    session = Session(model, b, min(max(len(p) for p in prompts) + n, model.config.max_len), compiled)
     t0 = time.perf_counter()
     logits = session.prefill(prompts)
     gen.prefill_ms = (time.perf_counter() - t0) * 1e3

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .. import nn
+from .. import nn, nn_attention
 from ..autograd import no_grad
 from ..dtype import f32, f64, i64
 from ..tensor import Tensor, arange, tensor, zeros
@@ -24,56 +24,44 @@ from ..tensor_extras import triangle_mask
 @dataclass(frozen=True)
 class Step:
     """Where one forward pass's t new tokens per sequence go.  `start`: the cache slot of the
-    first one, an int, or a (1,) i64 tensor in a compiled decode step (then t = 1 and the
-    attention reads `span` cache slots, masking those from start on).  `pad`: None, or a (b,)
-    i64 tensor of each sequence's left padding."""
+    first one: an int, or in a compiled decode step (t = 1) a Size, the cache's filled slots S
+    (a named dim, bound by the length of `attend`).  `pad`: None, or a (b,) i64 tensor of each
+    sequence's left padding.  `attend`: the compiled step's (b, S) u8 feed, nonzero where a
+    cached slot holds one of the sequence's tokens (zero: its left padding); the attention
+    reads those S slots of the cache, no more."""
     start: object
     t: int
-    span: int | None = None
     pad: Tensor | None = None
-
-    @property
-    def runtime(self) -> bool:
-        return isinstance(self.start, Tensor)
-
-    @property
-    def cached(self) -> int:
-        """Cache slots the attention reads besides the new rows."""
-        return self.span if self.runtime else self.start
+    attend: Tensor | None = None
 
     def positions(self):
-        """Position ids (b or 1, t) i64, or None when they are start..start+t-1 for every
-        sequence (an int start, no padding: the tables are narrowed instead)."""
-        if self.pad is None and not self.runtime:
-            return None
-        slots = self.start.reshape((1, 1)) if self.runtime else \
-            arange(self.start, self.start + self.t, dtype=i64).reshape((1, self.t))
+        """Position ids (b, t) i64, or None when they are start..start+t-1 for every sequence
+        (an int start, no padding: the tables are narrowed instead)."""
+        if self.attend is not None:         # the new token's position: its sequence's cached tokens
+            return self.attend.astype(i64).sum(-1, keepdim=True)
         if self.pad is None:
-            return slots
+            return None
+        slots = arange(self.start, self.start + self.t, dtype=i64).reshape((1, self.t))
         return slots.broadcast_sub(self.pad.reshape((-1, 1))).clip(0)
 
     def masks(self, groups: int):
-        """(masked cached slots (b|1, 1, 1, S) or None, masked new keys (b|1, 1, groups*t, t)
-        or None) as u8, nonzero = masked.  New rows see themselves and earlier new rows; a real
-        row never sees a pad slot.  Pad rows see earlier pads, so every row keeps a key."""
+        """(attended cached slots (b|1, 1, 1, S) or None, attended new keys (b|1, 1, groups*t,
+        t) or None) as u8, nonzero = attend.  New rows see themselves and earlier new rows; a
+        real row never sees a pad slot.  Pad rows see earlier pads, so every row keeps a key."""
         old = new = None
-        s, t = self.cached, self.t
-        if s:
-            slots = arange(0, s, dtype=i64).reshape((1, 1, 1, s))
-            if self.runtime:
-                old = slots.broadcast_ge(self.start.reshape((1, 1, 1, 1)))
-            if self.pad is not None:
-                before = slots.broadcast_lt(self.pad.reshape((-1, 1, 1, 1)))
-                old = before if old is None else old.broadcast_maximum(before)
+        s, t = self.start, self.t
+        if self.attend is not None:
+            old = self.attend.reshape((-1, 1, 1, s))
+        elif self.pad is not None and s:
+            old = arange(0, s, dtype=i64).reshape((1, 1, 1, s)).broadcast_ge(self.pad.reshape((-1, 1, 1, 1)))
         if t > 1:
-            new = (triangle_mask(t, t, 0, True) == 0).reshape((1, 1, t, t))
-        if self.pad is not None and not self.runtime and t > 1:
-            at = arange(self.start, self.start + t, dtype=i64)
+            new = triangle_mask(t, t, 0, True).reshape((1, 1, t, t))
+        if self.pad is not None and t > 1:
+            at = arange(s, s + t, dtype=i64)
             pad = self.pad.reshape((-1, 1, 1, 1))
             key_pad = at.reshape((1, 1, 1, t)).broadcast_lt(pad)
             row_real = at.reshape((1, 1, t, 1)).broadcast_ge(pad)
-            both = key_pad.broadcast_mul(row_real)
-            new = both if new is None else new.broadcast_maximum(both)
+            new = new.broadcast_mul(key_pad.broadcast_mul(row_real) == 0)
         if new is not None and groups > 1:
             new = new.repeat((1, 1, groups, 1))
         return old, new
@@ -112,8 +100,8 @@ class KVCache:
         if k.dtype is not self.dtype:
             k, v = k.astype(self.dtype), v.astype(self.dtype)
         self.pending[layer] = (k, v)
-        n = step.cached
-        if not n:
+        n = step.start
+        if n.__class__ is int and not n:
             return (None, k), (None, v)
         return (self.k[layer].narrow(2, 0, n), k), (self.v[layer].narrow(2, 0, n), v)
 
@@ -145,9 +133,10 @@ def causal_attention(q, k, v, step: Step, scale: float | None = None):
     """Attention of queries q (b, heads, t, d) at `step` over k, v: pairs (cached (b, kv_heads,
     S, d) or None, new (b, kv_heads, t, d)) from KVCache.update.  heads is a multiple of
     kv_heads (grouped-query attention: each group of query heads is one batch of rows against
-    its key head, so keys are never repeated).  bf16 / f16 attend in f32 (scores, softmax and
-    the weighted sum) and return q's dtype, as transformers' eager attention keeps its softmax
-    in f32."""
+    its key head, so keys are never repeated).  The cached keys and the new ones are two fused
+    attentions merged by their rows' log-sum-exp (one softmax over both, never concatenated).
+    bf16 / f16 attend in f32 (scores, softmax and the weighted sum) and return q's dtype, as
+    transformers' eager attention keeps its softmax in f32."""
     dt = q.dtype
     b, heads, t, d = q.shape
     (k_old, k_new), (v_old, v_new) = k, v
@@ -160,23 +149,37 @@ def causal_attention(q, k, v, step: Step, scale: float | None = None):
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     old_mask, new_mask = step.masks(groups)
     if k_old is None:
-        attend = None if new_mask is None else new_mask == 0
-        y = nn.scaled_dot_product_attention(qg, k_new, v_new, mask=attend, scale=scale)
+        y = nn.scaled_dot_product_attention(qg, k_new, v_new, mask=new_mask, scale=scale)
     else:
-        y = _two_part(qg, k_old, v_old, k_new, v_new, old_mask, new_mask, scale)
+        y = _merge(_attend(qg, k_old, v_old, old_mask, scale), _attend(qg, k_new, v_new, new_mask, scale))
     y = y.reshape((b, heads, t, d))
     return y if y.dtype is dt else y.astype(dt)
 
 
-def _two_part(q, k_old, v_old, k_new, v_new, old_mask, new_mask, scale):
-    """One softmax over the cached keys and the new ones, without concatenating them."""
-    old = q.broadcast_matmul(k_old.transpose(-2, -1)) * scale
-    if old_mask is not None:
-        old = old.masked_fill(old_mask, float("-inf"))
-    new = q.broadcast_matmul(k_new.transpose(-2, -1)) * scale
-    if new_mask is not None:
-        new = new.masked_fill(new_mask, float("-inf"))
-    top = old.max(-1, keepdim=True).maximum(new.max(-1, keepdim=True))
-    p_old, p_new = (old - top).exp(), (new - top).exp()
-    total = p_old.sum(-1, keepdim=True) + p_new.sum(-1, keepdim=True)
-    return (p_old.broadcast_matmul(v_old) + p_new.broadcast_matmul(v_new)) / total
+def _attend(q, k, v, mask, scale):
+    """(attention of q over k, v where `mask` is nonzero, each row's log-sum-exp (b, h, L, 1))
+    by the fused kernel (nn.attention_with_lse), or by the graph of core ops when the shapes
+    call for it (a head dim over the kernel's)."""
+    fused = nn_attention.attention_with_lse(q, k, v, mask, scale)
+    if fused is not None:
+        return fused[0], fused[1].unsqueeze(-1)
+    s = q.broadcast_matmul(k.transpose(-2, -1)) * scale
+    if mask is not None:
+        s = s.masked_fill(mask == 0, float("-inf"))
+    top = s.max_keepdim(-1)
+    top = top.masked_fill(top == float("-inf"), 0.0)       # (a fully masked row: p = 0, lse = -inf)
+    p = s.broadcast_sub(top).exp()
+    total = p.sum(-1, keepdim=True)
+    y = p.broadcast_matmul(v).broadcast_div(total.masked_fill(total == 0, 1.0))
+    return y, top + total.log()
+
+
+def _merge(a, b):
+    """One softmax over two parts of the keys from each part's (output, log-sum-exp): weights
+    e^(lse - max); a fully masked part (lse +inf from the kernel, -inf from the graph) weighs 0
+    (both: the row is 0, as a fully masked attention row)."""
+    (ya, la), (yb, lb) = a, b
+    la, lb = (x.masked_fill((x == float("inf")) + (x == float("-inf")), -1e30) for x in (la, lb))
+    top = la.maximum(lb)
+    wa, wb = (la - top).exp(), (lb - top).exp()
+    return (ya.broadcast_mul(wa) + yb.broadcast_mul(wb)).broadcast_div(wa + wb)

@@ -127,10 +127,10 @@ class GPT2(CausalLM):
         return self.wte.weight.dtype
 
     def new_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
-        """Zeroed keys and values for `batch` sequences of up to max_len positions, in the
+        """Zeroed keys and values for `batch` sequences, max_len cache slots each, in the
         model's dtype unless `dtype` says otherwise."""
         c = self.config
-        return KVCache.zeros(c.n_layer, batch, c.n_head, min(max_len, c.max_len), c.head_dim, dtype or self.dtype)
+        return KVCache.zeros(c.n_layer, batch, c.n_head, max_len, c.head_dim, dtype or self.dtype)
 
     def forward(self, ids, cache, step, last: bool = False):
         """Logits (b, t, vocab) f32 of tokens `ids` (b, t) at `step` (generation.py); only the

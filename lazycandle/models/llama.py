@@ -173,10 +173,10 @@ class Llama(CausalLM):
         return self.embed_tokens.weight.dtype
 
     def new_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
-        """Zeroed keys and values for `batch` sequences of up to max_len positions, in the
+        """Zeroed keys and values for `batch` sequences, max_len cache slots each, in the
         model's dtype unless `dtype` says otherwise."""
         c = self.config
-        return KVCache.zeros(c.n_layer, batch, c.n_kv_head, min(max_len, c.max_len), c.head_dim, dtype or self.dtype)
+        return KVCache.zeros(c.n_layer, batch, c.n_kv_head, max_len, c.head_dim, dtype or self.dtype)
 
     def forward(self, ids, cache, step, last: bool = False):
         """Logits (b, t, vocab) f32 of tokens `ids` (b, t) at `step` (generation.py); only the
@@ -186,9 +186,7 @@ class Llama(CausalLM):
         if pos is None:
             cos, sin = self.cos.narrow(0, step.start, t), self.sin.narrow(0, step.start, t)
         else:
-            cos, sin = nn.embedding(pos, self.cos), nn.embedding(pos, self.sin)
-            if step.pad is None:            # positions shared by the batch: (1, t) -> (t, d/2) tables
-                cos, sin = cos.squeeze(0), sin.squeeze(0)
+            cos, sin = nn.embedding(pos, self.cos), nn.embedding(pos, self.sin)    # (b, t, d/2)
         x = self.embed_tokens(ids)
         for layer in self.layers:
             x = layer(x, cache, step, cos, sin)
