@@ -379,7 +379,7 @@ class NativeProgram:
         if isinstance(step, NodeStep):
             reads = [region(idx) for kind, idx, *_ in step.operands if kind == "node"]
             reads += [region(idx) for kind, idx, *_ in getattr(step, "ep_reads", ()) if kind == "node"]
-            return reads, [region(step.out)]
+            return reads, [region(step.out)] + [region(j) for j in k.outputs if j != step.out]   # (+ attention's lse)
         reads = [region(b[1]) for b in k.inputs if b[0] == "node"]
         return reads, [region(j) for j in k.outputs]
 
