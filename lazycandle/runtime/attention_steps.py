@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import replace
-from math import prod
 
 from ..codegen import attention as A
 from ..codegen import attention_grad as AG
@@ -22,6 +21,11 @@ def _f64_bits(x) -> int:
 def _launch(spec, vals, names, scale, units, cost, runs, get_kernel):
     fn = get_kernel(spec)[1] if runs and units else None
     return Launch(spec, [vals[n] for n in names] + [_f64_bits(scale)], units if fn else 0, cost, fn)
+
+
+_FORWARD_SIZES = ("H", "L", "S", "nqb", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h", "k_s", "k_e", "v_b", "v_h", "v_s",
+                  "m_b", "m_h", "m_l", "m_s", "o_b", "o_h", "o_l")
+assert A.SIZES == _FORWARD_SIZES, "FlashAttentionStep.make writes the sizes in this order"
 
 
 @register("flash_attention", "flash_attention_lse")
@@ -40,31 +44,34 @@ class FlashAttentionStep(SizedStep):
         n_ops = 4 if self.arg[1] is not None else 3
         self.kernel_buffers = (("node", self.out),) + tuple(("operand", n) for n in range(n_ops)) + \
             ((("node", self.lse_out),) if self.lse_out is not None else ())
+        self._specs, self.scale_bits = {}, _f64_bits(self.arg[2])
         super().setup(cap)
 
     def make(self, layouts):
-        causal, mask_kind, scale = self.arg
+        causal, mask_kind, _ = self.arg
         lq, lk, lv = layouts[:3]
-        dt = self.operands[0][4]
         B, H, L, E = lq.shape
         S, EV = lk.shape[2], lv.shape[3]
-        spec = A.attention_spec(dt, E, EV, causal, mask_kind, L)
-        if self.with_lse:
-            spec = replace(spec, lse=True, out=self.with_out)
+        spec = self._specs.get(L)           # per query length (its regime): a new key length finds it
+        if spec is None:
+            spec = A.attention_spec(self.operands[0][4], E, EV, causal, mask_kind, L)
+            if self.with_lse:
+                spec = replace(spec, lse=True, out=self.with_out)
+            if len(self._specs) >= 64:
+                self._specs.clear()
+            self._specs[L] = spec
         if (lv.strides[3] != 1 and EV > 1) or (lk.strides[3] != 1 and E > 1):
             raise ValueError(f"flash_attention: k and v need a contiguous last dim, got strides {lk.strides} "
                              f"and {lv.strides}")
         nqb = -(-L // spec.bq)
-        vals = {"H": H, "L": L, "S": S, "nqb": nqb}
-        for p, st in (("q", lq.strides), ("k", lk.strides), ("v", lv.strides)):
-            vals[f"{p}_b"], vals[f"{p}_h"] = st[0], st[1]
-        vals["q_l"], vals["q_e"], vals["k_s"], vals["k_e"], vals["v_s"] = (lq.strides[2], lq.strides[3],
-                                                                            lk.strides[2], lk.strides[3], lv.strides[2])
-        vals["m_b"], vals["m_h"], vals["m_l"], vals["m_s"] = tuple(layouts[3].strides) if mask_kind else (0, 0, 0, 0)
-        vals["o_b"], vals["o_h"], vals["o_l"] = L * H * EV, EV, H * EV       # the output is (B, L, H, Ev)
-        runs = prod(lq.shape[:3]) * (EV if self.with_out else 1) > 0
-        return _launch(spec, vals, A.SIZES, scale, B * H * nqb, float(spec.bq * max(S, 1) * (E + EV) * 2), runs,
-                       A.get_kernel)
+        q, k, v = lq.strides, lk.strides, lv.strides
+        m = layouts[3].strides if mask_kind else (0, 0, 0, 0)
+        words = [H, L, S, nqb, q[0], q[1], q[2], q[3], k[0], k[1], k[2], k[3], v[0], v[1], v[2],   # A.SIZES
+                 m[0], m[1], m[2], m[3], L * H * EV, EV, H * EV, self.scale_bits]     # (the output is (B, L, H, Ev))
+        runs = B * H * L * (EV if self.with_out else 1) > 0
+        units = B * H * nqb
+        fn = A.get_kernel(spec)[1] if runs and units else None
+        return Launch(spec, words, units if fn else 0, float(spec.bq * max(S, 1) * (E + EV) * 2), fn)
 
     def describe(self, launch) -> str:
         causal, mask_kind = self.arg[:2]
