@@ -121,14 +121,19 @@ class _Traced:
                 return _BoundInstance(self, pb, got, sizes)
         return None
 
+    DIRECT_KEPT = 8         # direct runners per program (one per size class and matmul forms)
+
     def learn_direct(self, pb, named) -> None:
-        """Derive the direct path of ProgramBinder `pb`'s class, once its plan runs natively
-        (`named`: the Program's feed specs, Program._named)."""
-        if pb.plan.native_program is None:
+        """Derive the direct path of ProgramBinder `pb`'s class at the native program its plan
+        ran last (one per combination of matmul forms: a row count crossing a small-m class or
+        a measured bucket runs another), once its plan runs natively (`named`: the Program's
+        feed specs, Program._named)."""
+        prog = pb.plan.native_program
+        if prog is None or prog in pb.direct:
             return                  # not run natively yet: the plan builds its program at its 2nd run
         from .symbolic_plan import derive_direct
-        runner = derive_direct(pb, self.names, self.cap.inputs)
-        pb.direct = runner or False
+        runner = derive_direct(pb, self.names, self.cap.inputs) if len(self.direct) < self.DIRECT_KEPT else None
+        pb.direct[prog] = runner or False
         if runner is not None:
             self.direct.append(runner)
             self.direct_runs.append((runner, runner.feeds_runner(named, self.names, self.cap.scalars)))
@@ -332,7 +337,7 @@ class Program:
         self._last_sizes = sizes
         inst = self._instance(sizes)
         out = inst.run(arrays)
-        if inst.__class__ is _BoundInstance and inst.binder.direct is None:
+        if inst.__class__ is _BoundInstance and inst.binder.plan.native_program not in inst.binder.direct:
             self._traced.learn_direct(inst.binder, self._named)
         return out
 

@@ -187,12 +187,12 @@ class SkinnyPlan:
 class Rebinder:
     """One matmul step's small-m kernel re-bound to other operand layouts by arithmetic (a
     decode step meets a new length at every token): the backend decision, the spec (B's form,
-    rows per block) and the compiled kernel are `plan`'s, made once; a call works out only the
-    kernel's sizes, extent and cost per unit.  It returns None when the layouts leave the
-    decision's bucket -- another form or row class, across RULE_M, or (above RULE_M) a measured
-    choice's other size bucket -- and the caller decides again (matmul.plan_for).  It serves
-    plans without an epilogue; a step with one decides at each new binding (its epilogue's
-    operand layouts are part of the plan)."""
+    rows per block), the compiled kernel and its epilogue are `plan`'s, made once; a call works
+    out only the kernel's sizes (the epilogue operands' strides included), extent and cost per
+    unit.  It returns None when the layouts leave the decision's bucket -- another form or row
+    class, across RULE_M, (above RULE_M) a measured choice's other size bucket, or an epilogue
+    operand whose column stride class the epilogue was not compiled for -- and the caller
+    decides again (matmul.plan_for)."""
 
     def __init__(self, plan):
         from .matmul import _canon, geometry
@@ -201,64 +201,94 @@ class Rebinder:
         self.plan, self.dtype, self.threads = plan, plan.g.dtype, plan.threads
         spec = plan.spec
         self.form, self.gc = spec.layout, spec.group_cols
-        self.bucket = None if f.m <= RULE_M else matmul_auto.bucket(f, plan.threads)
-        # the rows rows_per_block gives spec.mr for, within the rule's side of RULE_M
+        self.bucket = matmul_auto.bucket(f, plan.threads)
+        # the rows rows_per_block gives spec.mr for: by rule up to RULE_M, then where measured
         top = K.max_rows()
         self.m_lo = 0 if spec.mr == 1 else spec.mr // 2 + 1
         self.m_hi = spec.mr if spec.mr < top else MEASURED_M
-        if self.bucket is None:
-            self.m_hi = min(self.m_hi, RULE_M)
-        else:
-            self.m_lo = max(self.m_lo, RULE_M + 1)
+        self.m_ranges = self._ranges(f)
         # _k_chunk: all of k, or (a k past _k_limit, for dtypes stored as they accumulate) chunks
         self.k_whole = _k_chunk(spec, 1 << 40) == 1 << 40
         self.k_max = _k_limit(spec)
         self.k_chunk = _k_chunk(spec, self.k_max + 1)
-        self.tail = plan.sizes_list[K.SIZES.index("ep_fn"):]      # the epilogue words: none
+        at = K.SIZES.index("ep_fn")
+        self.ep_fn = plan.sizes_list[at]
+        # per epilogue operand: its item size and the column stride class its kernel was compiled for
+        self.ep_esz = tuple(plan.sizes_list[at + 4 + 4 * x] for x in range(plan.n_extras))
+        self.ep_cols = tuple(gemm_epilogue.col_class(cs) for _, cs, _ in plan.g.ep)
+        self.pad = [0] * (4 * (K.MAX_EPILOGUE_INPUTS - plan.n_extras))
         self.two_d = len(plan.g.bshape) == 1 and plan.g.nbatch == 1
 
-    def __call__(self, la, lb):
-        """(sizes, extent, cost per unit) at layouts la @ lb, or None (decide again)."""
-        return self.sized(la.shape, la.strides, lb.shape, lb.strides)
+    def _ranges(self, f):
+        """The row ranges within [m_lo, m_hi] that run this kernel: up to RULE_M by rule, above
+        it the size buckets (at f's other sizes and forms) whose measured decision is the
+        small-m kernel -- one decision per bucket, measured once (and kept on disk), here when
+        the program is built, never at a binding."""
+        from .matmul import backend_for
+        ranges = [(self.m_lo, min(self.m_hi, RULE_M))] if self.m_lo <= RULE_M else []
+        for bits in range(max(self.m_lo, RULE_M + 1).bit_length(), self.m_hi.bit_length() + 1):
+            lo, hi = max(self.m_lo, RULE_M + 1, 1 << (bits - 1)), min(self.m_hi, (1 << bits) - 1)
+            if lo <= hi and backend_for(replace(f, m=lo), "auto", self.threads) == "skinny":
+                ranges.append((lo, hi))
+        return tuple(ranges)
 
-    def sized(self, a_shape, a_strides, b_shape, b_strides):
+    def __call__(self, la, lb, *ep_layouts):
+        """(sizes, extent, cost per unit) at layouts la @ lb (and the epilogue operands'), or None
+        (decide again)."""
+        return self.sized(la.shape, la.strides, lb.shape, lb.strides,
+                          tuple((e.shape, e.strides) for e in ep_layouts))
+
+    def sized(self, a_shape, a_strides, b_shape, b_strides, ep=()):
         """__call__ on the operands' shapes and strides (what a generated binding has at hand,
-        without Layout objects)."""
+        without Layout objects); `ep`: (shape, strides) per epilogue operand."""
+        if len(ep) != len(self.ep_esz):
+            return None
         if self.two_d and len(a_shape) == 2:
             (m, k), n = a_shape, b_shape[1]
             rsa, csa = self._canon(m, k, *a_strides)
             rsb, csb = self._canon(k, n, *b_strides)
             ldo, nb, bsa, bsb, bso = n, 1, 0, 0, 0
             f = None
+            eps = [(st[-2] if m > 1 else 0, st[-1] if n > 1 else 0, 0) for _, st in ep]
+            cols = [cs for _, cs, _ in eps]
         else:
             la, lb = Layout(a_shape, a_strides), Layout(b_shape, b_strides)
-            f = _fold_batch(self._geometry(la, lb, self.dtype))
+            g = self._geometry(la, lb, self.dtype, [Layout(sh, st) for sh, st in ep])
+            f = _fold_batch(g)
             if len(f.bshape) != 1:
                 return None
             m, n, k, rsa, csa, rsb, csb, ldo, nb = f.m, f.n, f.k, f.rsa, f.csa, f.rsb, f.csb, f.ldo, f.nbatch
             bsa, bsb, bso = f.bsa[0], f.bsb[0], f.bso[0]
-        form = "t" if rsb == 1 and csa == 1 else "n" if csb == 1 else None
-        if form != self.form or not self.m_lo <= m <= self.m_hi:
+            eps = [(rs, cs, bs[0]) for rs, cs, bs in f.ep]
+            cols = [cs for _, cs, _ in g.ep]
+        if tuple(gemm_epilogue.col_class(cs) for cs in cols) != self.ep_cols:
             return None
-        if self.bucket is not None:
+        form = "t" if rsb == 1 and csa == 1 else "n" if csb == 1 else None
+        if form != self.form or not any(lo <= m <= hi for lo, hi in self.m_ranges):
+            return None
+        if m > RULE_M:          # a measured decision's bucket, but for m (m_ranges)
             if f is None:
                 f = self._geometry(Layout(a_shape, a_strides), Layout(b_shape, b_strides), self.dtype)
-            if matmul_auto.bucket(f, self.threads) != self.bucket:
+            got = matmul_auto.bucket(f, self.threads)
+            if got[:3] != self.bucket[:3] or got[4:] != self.bucket[4:]:
                 return None
         kc = max(k, 1) if self.k_whole or k <= self.k_max else self.k_chunk
         sizes = unit_sizes(self.gc, m, n, k, rsa, csa, csb if form == "t" else rsb, ldo, nb, bsa, bsb, bso, kc)
-        sizes += self.tail
+        sizes.append(self.ep_fn)
+        for (rs, cs, bs), esz in zip(eps, self.ep_esz):
+            sizes += [rs, cs, bs, esz]
+        sizes += self.pad
         extent = nb * sizes[12] if m and n else 0
         return sizes, extent, 2.0 * nb * m * n * max(k, 1) / max(extent, 1)
 
-    def source(self, i, a_shape, a_strides, b_shape, b_strides):
+    def source(self, i, a_shape, a_strides, b_shape, b_strides, ep=()):
         """`sized` as lines of a generated function (the direct path, native_direct.py): from
-        source tokens of the operands' shapes and strides they set s<i>, e<i>, c<i> (sizes,
-        extent, cost per unit) or return None where `sized` does; None (no lines) for a
-        batched problem or a measured bucket, which only `sized` decides."""
-        if not self.two_d or len(a_shape) != 2 or len(b_shape) != 2 or self.bucket is not None:
+        source tokens of the operands' shapes and strides (`ep`: (shape, strides) tokens per
+        epilogue operand) they set s<i>, e<i>, c<i> (sizes, extent, cost per unit) or return
+        None where `sized` does; None (no lines) for a batched problem, which only `sized`
+        decides."""
+        if not self.two_d or len(a_shape) != 2 or len(b_shape) != 2 or len(ep) != len(self.ep_esz):
             return None
-        (m, k), n = a_shape, b_shape[1]
         (rs_a, cs_a), (rs_b, cs_b) = a_strides, b_strides
         m, k, n = f"m{i}", f"k{i}", f"n{i}"
         lines = [f"    {m}, {k}, {n} = {a_shape[0]}, {a_shape[1]}, {b_shape[1]}",
@@ -266,19 +296,31 @@ class Rebinder:
                  f"    rsa{i} = (max({k}, 1) if csa{i} == 1 else 1) if {m} == 1 else {rs_a}",
                  f"    csb{i} = 1 if {n} == 1 else {cs_b}",           # ... and of b (rows k, cols n)
                  f"    rsb{i} = (max({n}, 1) if csb{i} == 1 else 1) if {k} == 1 else {rs_b}"]
+        checks = ["(" + " or ".join(f"{lo} <= {m} <= {hi}" for lo, hi in self.m_ranges) + ")"
+                  if self.m_ranges else "False"]
         t_form = f"rsb{i} == 1 and csa{i} == 1"
-        form = t_form if self.form == "t" else f"not ({t_form}) and csb{i} == 1"
-        lines.append(f"    if not ({form} and {self.m_lo} <= {m} <= {self.m_hi}):\n        return None")
+        checks.append(t_form if self.form == "t" else f"not ({t_form}) and csb{i} == 1")
+        tail = [str(self.ep_fn)]
+        for x, ((_, st), col) in enumerate(zip(ep, self.ep_cols)):
+            lines += [f"    rse{i}_{x} = {st[-2]} if {m} > 1 else 0", f"    cse{i}_{x} = {st[-1]} if {n} > 1 else 0"]
+            checks.append(f"cse{i}_{x} == {col}" if col in (0, 1) else f"cse{i}_{x} != 0 and cse{i}_{x} != 1")
+            tail += [f"rse{i}_{x}", f"cse{i}_{x}", "0", str(self.ep_esz[x])]
+        if self.m_ranges and self.m_ranges[-1][1] > RULE_M:   # matmul_auto.bucket of a 2-D problem, but for m
+            _, _, forms, _, bn, bk, _ = self.bucket
+            same = [f"{(1 << bits) >> 1} <= {tok} < {1 << bits}" for tok, bits in ((n, bn), (k, bk))]
+            same.append(f"(csa{i} == 1) == {forms[0]} and (csb{i} == 1) == {forms[1]}")
+            checks.append(f"({m} <= {RULE_M} or ({' and '.join(same)}))")
+        lines.append(f"    if not ({' and '.join(checks)}):\n        return None")
         whole = f"max({k}, 1)"
         lines.append(f"    kc{i} = {whole}" if self.k_whole else
                      f"    kc{i} = {whole} if {k} <= {self.k_max} else {self.k_chunk}")
         ldb = f"csb{i}" if self.form == "t" else f"rsb{i}"
         gc = self.gc
+        tail += [str(x) for x in self.pad]
         lines += [f"    u{i} = max({gc}, -(-(-(-{n} // {UNITS})) // {gc}) * {gc})",      # unit_sizes, one batch
                   f"    w{i} = -(-{n} // u{i})",
                   f"    e{i} = w{i} if {m} and {n} else 0",
                   f"    s{i} = ({m}, {n}, {k}, rsa{i}, csa{i}, {ldb}, {n}, 1, 0, 0, 0, u{i}, w{i}, kc{i}, "
-                  f"max(1, -(-{k} // kc{i})), {''.join(f'{x}, ' for x in self.tail)})",
+                  f"max(1, -(-{k} // kc{i})), {''.join(f'{x}, ' for x in tail)})",
                   f"    c{i} = 2.0 * {m} * {n} * max({k}, 1) / max(e{i}, 1)"]
         return lines
-

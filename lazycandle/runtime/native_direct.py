@@ -29,7 +29,7 @@ from .. import config
 from ..layout import Layout
 from . import fold, native_pool
 from .buffers import alloc
-from .native_exec import split_outputs
+from .native_exec import block_type, split_outputs
 from .native_program import ALIGN, ARENA_KEEP_BYTES, BindingSource, NotNative, _addressof, _fn_address, address
 
 
@@ -70,15 +70,15 @@ class DirectSource(BindingSource):
 
     def matmul(self, i, rebind):
         """The small-m kernel's sizes by its Rebinder, written out (Rebinder.source) or called."""
-        (ash, ast, _, ar), (bsh, bst, _, br) = self.steps[i][1][:2]
-        a_shape, a_strides = self._tokens(ash, ar), self._tokens(ast, ar)
-        b_shape, b_strides = self._tokens(bsh, br), self._tokens(bst, br)
+        a, b, *ep = [(self._tokens(sh, r), self._tokens(st, r)) for sh, st, _, r in self.steps[i][1]]
         lines = [f"    if setting != set{i}:\n        return None"]
-        inline = rebind.source(i, a_shape, a_strides, b_shape, b_strides)
+        inline = rebind.source(i, a[0], a[1], b[0], b[1], ep)
         if inline is not None:
             return lines + inline
-        args = ", ".join("(" + "".join(f"{x}, " for x in part) + ")"
-                         for part in (a_shape, a_strides, b_shape, b_strides))
+
+        def tup(part):
+            return "(" + "".join(f"{x}, " for x in part) + ")"
+        args = ", ".join(tup(part) for part in (*a, *b)) + ", (" + "".join(f"({tup(sh)}, {tup(st)}), " for sh, st in ep) + ")"
         return lines + [f"    g{i} = rb{i}.sized({args})", f"    if g{i} is None:\n        return None",
                         f"    s{i}, e{i}, c{i} = g{i}"]
 
@@ -323,7 +323,7 @@ class DirectRunner:
             for u, (shape, off) in enumerate(zip(out_shapes, out_offsets)):
                 at, npdt = small_at[self.returned[u]]
                 carve.append((shape, npdt, at + off * np.dtype(npdt).itemsize))
-        return ctypes.c_char * (top + ALIGN), small, large, small_fill, large_fill, carve
+        return block_type(top + ALIGN), small, large, small_fill, large_fill, carve
 
     def feeds_runner(self, named, names, scalars):
         """Program.run's direct path as one prepared function `run(feeds) -> outputs | None`.

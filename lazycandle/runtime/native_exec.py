@@ -55,6 +55,19 @@ def split_outputs(targets):
     return small, top, large
 
 
+_block_types: dict = {}
+
+
+def block_type(nbytes: int):
+    """The ctypes type of a run's small-output block of at least `nbytes`: sizes rounded up to
+    a power of two, so a new binding reuses a type (making a ctypes array type costs ~30 us)."""
+    size = 1 << max(nbytes - 1, 63).bit_length()
+    got = _block_types.get(size)
+    if got is None:
+        got = _block_types[size] = ctypes.c_char * size
+    return got
+
+
 class NativePlan:
     """A NativeProgram bound to one Binding: the pointer and sizes arrays its segments read, the
     arena offsets and the output layout at those sizes.  Plain Python over the program's
@@ -136,7 +149,7 @@ class NativePlan:
         small_fill = [(pos, small_at[t] + off) for pos, t, off in out_pos if t in small_at]
         large_fill = [(pos, t, off) for pos, t, off in out_pos if t not in small_at]
         seq = seq or self._call_sequence()
-        self._block = ctypes.c_char * (self.small_bytes + ALIGN)
+        self._block = block_type(self.small_bytes + ALIGN)
         self._tables = (used, feeds, views, small_fill, large_fill, seq)
         return self._tables
 

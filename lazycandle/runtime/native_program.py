@@ -99,7 +99,7 @@ class BindingSource:
 
     def matmul(self, i, rebind):
         """A small-m matmul's sizes: re-bound while the backend setting holds, else decided again."""
-        return [f"    l{i} = st[{i}]\n    g{i} = rb{i}(l{i}[0], l{i}[1]) if (backend(), threads()) == set{i} "
+        return [f"    l{i} = st[{i}]\n    g{i} = rb{i}(*l{i}) if (backend(), threads()) == set{i} "
                 f"else None\n    s{i}, e{i}, c{i} = g{i} or dc{i}(l{i})"]
 
 
@@ -327,7 +327,7 @@ class NativeProgram:
             refs.append(("slot", slot) if kind == "in" else self._ref_of_bind(("node", buf), ("layout", i, 2 + e)))
         refs += [("fixed", 0)] * (bufs_at + 3 + MAX_EPILOGUE_INPUTS - len(refs))     # unused epilogue slots
         n_sizes = len(own.sizes_list)
-        rebind = matmul_skinny.Rebinder(own) if step.ep_key is None else None
+        rebind = matmul_skinny.Rebinder(own)
         setting = (config.get_matmul_backend(), own.threads)
 
         def decide(layouts):
@@ -339,8 +339,8 @@ class NativeProgram:
         def sized(layouts):
             """The kernel's (sizes, extent, cost) at a binding: by arithmetic while the backend
             setting and the decision's bucket hold (matmul_skinny.Rebinder), else decided again."""
-            if rebind is not None and (config.get_matmul_backend(), config.get_num_threads()) == setting:
-                got = rebind(layouts[0], layouts[1])
+            if (config.get_matmul_backend(), config.get_num_threads()) == setting:
+                got = rebind(*layouts)
                 if got is not None:
                     return got
             return decide(layouts)
