@@ -82,6 +82,11 @@ class DirectSource(BindingSource):
         return lines + [f"    g{i} = rb{i}.sized({args})", f"    if g{i} is None:\n        return None",
                         f"    s{i}, e{i}, c{i} = g{i}"]
 
+    def matmul_words(self, i, sized):
+        """A tiled or BLAS matmul's words written out (matmul_words.py), its regime checked."""
+        a, b, *ep = [(self._tokens(sh, r), self._tokens(st, r)) for sh, st, _, r in self.steps[i][1]]
+        return [f"    if setting != set{i}:\n        return None"] + sized.words.lines(i, a, b, ep)
+
     def spread(self, i, n):
         return ", ".join(f"s{i}[{c}]" for c in range(n))
 
@@ -103,7 +108,7 @@ def derive(plan, prefix, q, results, inputs, n_sizes):
     src = DirectSource(plan, q)
     slot_lines, fill_lines, words, outs = prog.binding_source(src, scope)
     numels = "(" + "".join(f"{src.numel(j)}, " for j in prog.targets) + ")"
-    matmuls = any(k.startswith("rb") for k in scope)
+    matmuls = any(k.startswith(("rb", "wf")) for k in scope)
     lines = (["def direct(sizes):"] + prefix + ["    setting = (backend(), threads())"] * matmuls
              + slot_lines
              + [f"    if top > {ARENA_KEEP_BYTES}:\n        return None", "    arena = arena_at_least(top)",
@@ -347,7 +352,8 @@ class DirectRunner:
         for pos, k, _, s in self.feeds:
             where[k].append((pos, s))
         used = [(self.inputs[i][0], self.inputs[i][1], where[k]) for k, i in enumerate(self.used)]
-        fns = [ctypes.CFUNCTYPE(ctypes.c_int64)(_fn_address(f)) for f in self.fns]   # args as they are
+        fns = [f if getattr(f, "words_item", False) else ctypes.CFUNCTYPE(ctypes.c_int64)(_fn_address(f))
+               for f in prog.sequence]      # segments (args as they are) and matmuls run from their words
         call_args = (ctypes.c_void_p(self.block_addr), ctypes.c_void_p(self.sizes_addr))
         thread_args = {}
         get_exec, get_profile = config._exec_env[0], config._profile_env[0]
@@ -420,6 +426,8 @@ class DirectRunner:
         function: the feed check, the outputs, one pack of the call's arguments.  For a class
         whose binder is compiled and whose outputs are the same at every size; else None."""
         parts = getattr(self.fn, "parts", None)
+        if self.program.words_items:
+            return None             # a matmul runs from its words between segments: feeds_runner's loop
         scope = {"ndarray": np.ndarray}
         checked = _check_lines(named, self.names, scope) if parts is not None and self.outputs else None
         if checked is None:

@@ -156,12 +156,15 @@ class NativePlan:
     _tables = None          # built by _run_tables at the first run
 
     def _call_sequence(self) -> list:
-        """Per item, (segment function, segment number, None) or (None, Python step, its sizes)."""
+        """Per item, (segment function, segment number, None), (words item's run, -1, None) or
+        (None, Python step, its sizes)."""
         seq, seg = [], 0
         for kind, what in self.items:
             if kind == "native":
                 seq.append((self.fns[seg], seg, None))
                 seg += 1
+            elif kind == "words":           # a tiled / BLAS matmul run from its words (never fails)
+                seq.append((what.run, -1, None))
             else:
                 seq.append((None, what[0], what[1]))
         return seq
@@ -449,6 +452,9 @@ class NativePlan:
         for kind, what in self.items:
             if kind == "python":
                 lines.append(f"  python step: {type(what[0]).__name__}")
+                continue
+            if kind == "words":
+                lines.append(f"  between segments: {what.label}")
                 continue
             name = segment_names(len(self.segments))[seg]
             lines.append(f"  segment {name}: {len(self.segments[seg])} phase(s)")

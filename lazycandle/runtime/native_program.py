@@ -63,13 +63,15 @@ def program_of(plan, binding=None) -> "NativeProgram":
 
 
 def matmul_forms(plan, binding) -> tuple:
-    """Per matmul step, the address of the small-m kernel it runs at `binding` (None: BLAS or
-    tiled, which run in Python between segments)."""
+    """Per matmul step, the address of the small-m kernel it runs at `binding`, or "tiled" /
+    "blas" for a plan of its words form (matmul_words.py), None for one that runs in Python
+    between segments."""
+    from .matmul_words import form_key
     forms = []
     for i, step in enumerate(plan.steps):
         if isinstance(step, MatmulStep):
-            got = step.native_plan(binding.steps[i])
-            forms.append(None if got is None else _fn_address(got.fn))
+            got = step.plan_at(binding.steps[i])
+            forms.append(_fn_address(got.fn) if got.backend == "skinny" else form_key(got))
     return tuple(forms)
 
 
@@ -101,6 +103,20 @@ class BindingSource:
         """A small-m matmul's sizes: re-bound while the backend setting holds, else decided again."""
         return [f"    l{i} = st[{i}]\n    g{i} = rb{i}(*l{i}) if (backend(), threads()) == set{i} "
                 f"else None\n    s{i}, e{i}, c{i} = g{i} or dc{i}(l{i})"]
+
+
+    def matmul_words(self, i, sized):
+        """A tiled or BLAS matmul's words (matmul_words.py), from the binding's layouts."""
+        return [f"    s{i}, e{i}, c{i} = wf{i}(st[{i}])"]
+
+
+class WordsItem:
+    """A tiled or BLAS matmul step of a native program between its segments: its words'
+    position and the function running it from them (matmul_words.TiledWords.item)."""
+    status_at = None
+
+    def __init__(self, word_at, sizes_at, label, run):
+        self.word_at, self.sizes_at, self.label, self.run = word_at, sizes_at, label, run
 
 
 class NativeProgram:
@@ -139,6 +155,9 @@ class NativeProgram:
             n_words = call.word_at + 2 + n_sizes
             status_words += call.status_at is not None
             self.steps_of[call.label] = step
+            if call.__class__ is WordsItem:
+                items.append(("words", call))
+                continue
             if not items or items[-1][0] != "native":
                 items.append(("native", []))
             items[-1][1].append((call, self._regions(step, k)))
@@ -175,6 +194,9 @@ class NativeProgram:
             self.module = jit.link_ir(program.build(self.segments), seg_names, imports, optimize=False)
             self.fns = [SEGMENT_FN(self.module.address(n)) for n in seg_names]
         self.call_steps = [[c for phase in seg for c in phase] for seg in self.segments]
+        fns = iter(self.fns)            # segment functions and words items, in order (the direct path)
+        self.sequence = [next(fns) if kind == "native" else what.run for kind, what in items if kind != "python"]
+        self.words_items = any(kind == "words" for kind, _ in items)
         self.has_status = status_words > 0
         self.lock = threading.Lock()       # serialises the runs of every binding (they may share an arena)
         self.arena = None                  # (kept arena, address), grown for the largest binding so far
@@ -244,6 +266,9 @@ class NativeProgram:
             elif sized.__class__ is tuple:
                 scope[f"k{i}"] = sized
                 body.append(f"    s{i}, e{i}, c{i} = k{i}")
+            elif getattr(sized, "words", None) is not None:         # a tiled or BLAS matmul: _matmul_words
+                scope[f"wf{i}"], scope[f"set{i}"] = sized, sized.setting
+                body += src.matmul_words(i, sized)
             elif getattr(sized, "rebind", None) is not None:        # a small-m matmul: _matmul_call's sized
                 scope[f"rb{i}"], scope[f"set{i}"], scope[f"dc{i}"] = sized.rebind, sized.setting, sized.decide
                 body += src.matmul(i, sized.rebind)
@@ -307,25 +332,17 @@ class NativeProgram:
     def _matmul_call(self, i, step, refs, word_at, imports, names):
         """(Call, sizes function, size count) of a matmul step whose plan at the plan's own
         binding is the small-m kernel (it takes the standard kernel arguments: a, b, out,
-        epilogue operands), else None (a BLAS or tiled plan runs in Python between segments).
+        epilogue operands), else _matmul_words' item (a 2-D tiled or BLAS plan, run between
+        segments from its words) or None (a step run in Python between segments).
         At another binding the step must run the same kernel with as many sizes, else that
         binding runs on the per-kernel path (NotNative)."""
-        from ..codegen.gemm_skinny import MAX_EPILOGUE_INPUTS
         from ..codegen.program import Call
         from . import matmul_skinny
         own = step.native_plan(self.binding.steps[i])
         if own is None:
-            return None
+            return self._matmul_words(i, step, refs, word_at)
         self.kept_plans.append(own)             # keeps its compiled kernel alive
-        bufs_at = len(refs)
-        for n in (0, 1):
-            kind, idx, _, lay, _ = step.operands[n]
-            off = ("layout", i, n) if step.binds_layouts else lay.offset
-            refs.append(("slot", idx) if kind == "in" else self._ref_of_bind(("node", idx), off))
-        refs.append(self._ref_of_bind(("node", step.out), 0))
-        for e, (kind, buf, slot) in enumerate(step.ep_reads):
-            refs.append(("slot", slot) if kind == "in" else self._ref_of_bind(("node", buf), ("layout", i, 2 + e)))
-        refs += [("fixed", 0)] * (bufs_at + 3 + MAX_EPILOGUE_INPUTS - len(refs))     # unused epilogue slots
+        bufs_at = self._matmul_refs(i, step, refs)
         n_sizes = len(own.sizes_list)
         rebind = matmul_skinny.Rebinder(own)
         setting = (config.get_matmul_backend(), own.threads)
@@ -352,6 +369,49 @@ class NativeProgram:
         call = Call(sym, word_at, 1, bufs_at, word_at + 2 if n_sizes else None, slots, None,
                     label=f"#{i} matmul (small-m)")
         return call, sized, n_sizes
+
+    def _matmul_refs(self, i, step, refs) -> int:
+        """Append a matmul step's pointer refs (a, b, the output, the epilogue operands, unused
+        epilogue slots 0); returns the position of the first."""
+        from ..codegen.gemm_skinny import MAX_EPILOGUE_INPUTS
+        bufs_at = len(refs)
+        for n in (0, 1):
+            kind, idx, _, lay, _ = step.operands[n]
+            off = ("layout", i, n) if step.binds_layouts else lay.offset
+            refs.append(("slot", idx) if kind == "in" else self._ref_of_bind(("node", idx), off))
+        refs.append(self._ref_of_bind(("node", step.out), 0))
+        for e, (kind, buf, slot) in enumerate(step.ep_reads):
+            refs.append(("slot", slot) if kind == "in" else self._ref_of_bind(("node", buf), ("layout", i, 2 + e)))
+        refs += [("fixed", 0)] * (bufs_at + 3 + MAX_EPILOGUE_INPUTS - len(refs))     # unused epilogue slots
+        return bufs_at
+
+    def _matmul_words(self, i, step, refs, word_at):
+        """(WordsItem, sizes function, size count) of a matmul step whose plan at the program's
+        binding has a words form (matmul_words.py: 2-D tiled or BLAS), else None."""
+        from . import matmul_words
+        plan = step.plan_at(self.binding.steps[i])
+        setting = config.get_matmul_backend()
+        form = matmul_words.form_of(plan, setting)
+        if form is None:
+            return None
+        self.kept_plans.append(plan)
+        n_extras = len(step.ep_reads)
+        bufs_at = self._matmul_refs(i, step, refs)
+        words = matmul_words.layered(form, n_extras)
+
+        def sized(layouts):
+            got = words(layouts)
+            if got is None:
+                raise NotNative(f"step {i}: the {plan.backend} matmul at this binding is not the program's form")
+            return got
+        sized.words, sized.setting = form, (setting, plan.threads)
+        if plan.backend == "tiled":
+            scal = tuple(step.kernel.epilogue.kernel.scalars) if step.ep_key else ()
+            run = form.item(bufs_at, word_at + 2, n_extras, scal)
+        else:
+            ep = matmul_words.blas_epilogue(step, n_extras, lambda: self.packed[0]) if step.ep_key else None
+            run = form.item(bufs_at, word_at + 2, ep)
+        return WordsItem(word_at, word_at + 2, f"#{i} matmul ({plan.backend})", run), sized, form.n_words
 
     def _sized_refs(self, step, i, refs, status_no):
         """Append the pointers of a single-call sized step's kernel (steps.SizedStep's

@@ -272,6 +272,10 @@ class MatmulStep(NodeStep):
             plan = self.plans[key] = self.mm.plan_for(la, lb, self.dtype, key[0], key[1], self.ep_key, ep_layouts)
         return plan
 
+    def plan_at(self, layouts):
+        """The runtime.matmul plan this step runs at a binding's operand layouts."""
+        return self._plan(layouts[0], layouts[1], tuple(layouts[2:]))
+
     def native_plan(self, layouts):
         """The small-m plan this step runs at a binding's operand layouts, or None: that kernel
         takes the standard kernel arguments, so the native program can call it in a phase."""
