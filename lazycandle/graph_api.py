@@ -121,19 +121,26 @@ class _Traced:
                 return _BoundInstance(self, pb, got, sizes)
         return None
 
-    DIRECT_KEPT = 8         # direct runners per program (one per size class and matmul forms)
+    DIRECT_KEPT = 8         # direct runners per program
+    DIRECT_PER_NATIVE = 3   # ... and per native program (each derived at a binding its last ones did not take)
 
-    def learn_direct(self, pb, named) -> None:
+    def learn_direct(self, pb, named, native=None) -> None:
         """Derive the direct path of ProgramBinder `pb`'s class at the native program its plan
         ran last (one per combination of matmul forms: a row count crossing a small-m class or
-        a measured bucket runs another), once its plan runs natively (`named`: the Program's
-        feed specs, Program._named)."""
+        a backend's decision runs another), once its plan runs natively (`named`: the
+        Program's feed specs, Program._named); again at a binding `native` (its NativePlan)
+        that the runners derived so far did not take (a tiled / BLAS step's size buckets
+        around another binding), when it keeps its arena (a larger one never runs directly)."""
         prog = pb.plan.native_program
-        if prog is None or prog in pb.direct:
+        if prog is None:
             return                  # not run natively yet: the plan builds its program at its 2nd run
+        got = pb.direct.get(prog)
+        if got is not None and (False in got or len(got) >= self.DIRECT_PER_NATIVE or not native
+                                or not native.keep_arena or prog.last_bound is not native):
+            return
         from .symbolic_plan import derive_direct
         runner = derive_direct(pb, self.names, self.cap.inputs) if len(self.direct) < self.DIRECT_KEPT else None
-        pb.direct[prog] = runner or False
+        pb.direct.setdefault(prog, []).append(runner or False)
         if runner is not None:
             self.direct.append(runner)
             self.direct_runs.append((runner, runner.feeds_runner(named, self.names, self.cap.scalars)))
@@ -337,8 +344,8 @@ class Program:
         self._last_sizes = sizes
         inst = self._instance(sizes)
         out = inst.run(arrays)
-        if inst.__class__ is _BoundInstance and inst.binder.plan.native_program not in inst.binder.direct:
-            self._traced.learn_direct(inst.binder, self._named)
+        if inst.__class__ is _BoundInstance:        # the layered path ran: no direct path took these sizes
+            self._traced.learn_direct(inst.binder, self._named, inst.plan.binding.native)
         return out
 
     __call__ = run

@@ -186,7 +186,7 @@ class ProgramBinder:
         # sources of the symbols and of the view checks, and of what it returns (dims,
         # layout, slot offsets, output shapes, output offsets)
         self.reads, self.dims, self.checks, self.results = reads, dims, checks, results
-        self.direct = {}            # native program -> its DirectRunner (native_direct.py), or False: none
+        self.direct = {}            # native program -> its DirectRunners (native_direct.py); False: none
 
     def __call__(self, sizes: dict):
         got = self.fn(sizes)

@@ -28,7 +28,7 @@ from .buffers import address
 def canon_lines(i, a_shape, a_strides, b_shape, b_strides) -> list:
     """m<i>, k<i>, n<i> and the canonical strides (matmul._canon) of a 2-D a @ b, from tokens."""
     (rs_a, cs_a), (rs_b, cs_b) = a_strides, b_strides
-    return [f"    m{i}, k{i}, n{i} = {a_shape[0]}, {a_shape[1]}, {b_shape[1]}",
+    return [f"    m{i} = {a_shape[0]}", f"    k{i} = {a_shape[1]}", f"    n{i} = {b_shape[1]}",
             f"    csa{i} = 1 if k{i} == 1 else {cs_a}",
             f"    rsa{i} = (max(k{i}, 1) if csa{i} == 1 else 1) if m{i} == 1 else {rs_a}",
             f"    csb{i} = 1 if n{i} == 1 else {cs_b}",
@@ -58,12 +58,12 @@ class Regime:
         bits = max(1, g.m.bit_length())
         ranges = []
         for b in range(max(1, bits - self.SPAN), bits + self.SPAN + 1):
-            lo, hi = 1 << (b - 1), (1 << b) - 1
-            if backend_for(replace(g, m=lo), setting, threads) == backend:
-                if ranges and ranges[-1][1] == lo - 1:
-                    ranges[-1] = (ranges[-1][0], hi)
-                else:
-                    ranges.append((lo, hi))
+            for lo, hi in _pieces(1 << (b - 1), (1 << b) - 1):
+                if backend_for(replace(g, m=lo), setting, threads) == backend:
+                    if ranges and ranges[-1][1] == lo - 1:
+                        ranges[-1] = (ranges[-1][0], hi)
+                    else:
+                        ranges.append((lo, hi))
         self.ranges = tuple(ranges)
 
     def checks(self, i) -> list:
@@ -71,6 +71,18 @@ class Regime:
         rows = " or ".join(f"{lo} <= m{i} <= {hi}" for lo, hi in self.ranges) or "False"
         return [f"({rows})", f"{(1 << bn) >> 1} <= n{i} < {1 << bn}", f"{(1 << bk) >> 1} <= k{i} < {1 << bk}",
                 f"(csa{i} == 1) == {forms[0]}", f"(csb{i} == 1) == {forms[1]}"]
+
+
+def _pieces(lo, hi) -> list:
+    """[lo, hi] cut after the row counts where the small-m decision changes within a bucket
+    (its rule's and its measurement's limits): one decision per piece."""
+    from .matmul_skinny import MEASURED_M, RULE_M
+    out = []
+    for cut in (RULE_M, MEASURED_M):
+        if lo <= cut < hi:
+            out.append((lo, cut))
+            lo = cut + 1
+    return out + [(lo, hi)]
 
 
 def _check(lines, checks):
@@ -101,9 +113,9 @@ class TiledWords:
         return two_d(plan) and not spec.amx and not plan.shared_rows and \
             (plan.threads == 1 or plan.g.flops < M.SHARED_B_MIN_FLOPS)
 
-    def __init__(self, plan, regime):
+    def __init__(self, plan):
         from . import matmul as M
-        self.M, self.plan, self.regime, self.threads = M, plan, regime, plan.threads
+        self.M, self.plan, self.threads = M, plan, plan.threads
         self.spec, self.fn, self.ab, self.needs_w = M._tile_kernel(plan.g.dtype)
         self.ep_cols = tuple(gemm_epilogue.col_class(cs) for _, cs, _ in plan.g.ep)
         self.ep_fn = int(plan.params[M._EP_FN_SLOT])
@@ -111,9 +123,10 @@ class TiledWords:
         self.n_words = gemm.NPARAMS + len(self.RUN)
         self.fn_addr = ctypes.cast(self.fn, ctypes.c_void_p).value
 
-    def lines(self, i, a, b, ep, regime=True) -> list:
+    def lines(self, i, a, b, ep, regime=None) -> list:
         """Lines setting s<i> (the words), e<i> = 0, c<i> = 0.0 from the operands' (shape,
-        strides) tokens `a`, `b` and `ep`; `regime`: also check the backend decision holds."""
+        strides) tokens `a`, `b` and `ep`, or returning None; `regime` (a Regime): also check
+        that the backend decision holds."""
         M, spec = self.M, self.spec
         MR, NR, U, AB, T = spec.mr, spec.nr, spec.unroll, self.ab, self.threads
         L2, L3 = M.CACHES[2], M.CACHES[3]
@@ -123,8 +136,8 @@ class TiledWords:
         lines = canon_lines(i, a[0], a[1], b[0], b[1])
         more, checks = ep_lines(i, ep, self.ep_cols)
         lines += more
-        if regime:
-            checks += self.regime.checks(i)
+        if regime is not None:
+            checks += regime.checks(i)
         m, n, k = f"m{i}", f"n{i}", f"k{i}"
         (fl, kb, kc, mc, nc, rows, cols, bym, byn, usem, small, mch, nch, wu, opb, opn, mt, nt, kce, ar, af, ak,
          bp, wo, we, nta, parts, par, blk, wsb) = (f"t{i}_{x}" for x in (
@@ -187,7 +200,8 @@ class TiledWords:
             words[rse], words[cse], words[esz] = f"rse{i}_{x}", f"cse{i}_{x}", str(self.ep_esz[x])
         words += [nta, par, wsb, _up(f"max({wsb}, 1)", 4096), blk, parts]
         L(f"    s{i} = ({', '.join(words)},)")
-        L(f"    e{i}, c{i} = 0, 0.0")
+        L(f"    e{i} = 0")
+        L(f"    c{i} = 0.0")
         return lines
 
     def item(self, bufs_at: int, sizes_at: int, n_extras: int, scalar_slots):
@@ -269,20 +283,20 @@ class BlasWords:
         return two_d(plan) and plan.copy_a is None and plan.copy_b is None and plan.copy_out is None \
             and len(plan.jobs) <= 1
 
-    def __init__(self, plan, regime):
+    def __init__(self, plan):
         from .matmul_blas import PARALLEL_MIN_FLOPS
-        self.plan, self.regime, self.threads = plan, regime, plan.threads
+        self.plan, self.threads = plan, plan.threads
         self.kind = plan.kind
         self.pmin2 = 2 * PARALLEL_MIN_FLOPS
         self.ep_cols = tuple(gemm_epilogue.col_class(cs) for _, cs, _ in plan.g.ep)
         self.n_words = 17 + 2 * len(self.ep_cols)       # task words, tasks, m, n, (rse, cse) per epilogue operand
 
-    def lines(self, i, a, b, ep, regime=True) -> list:
+    def lines(self, i, a, b, ep, regime=None) -> list:
         lines = canon_lines(i, a[0], a[1], b[0], b[1])
         more, checks = ep_lines(i, ep, self.ep_cols)
         lines += more
-        if regime:
-            checks += self.regime.checks(i)
+        if regime is not None:
+            checks += regime.checks(i)
         m, n, k = f"m{i}", f"n{i}", f"k{i}"
         mx = blas.BLASINT_MAX
         lines += [f"    pa{i} = csa{i} == 1 and max(1, {k}) <= rsa{i} <= {mx}",        # _blas_form of a, b
@@ -311,7 +325,7 @@ class BlasWords:
                  pick(1, n, n), f"1 if {m} and {n} else 0", m, n]
         for x in range(len(self.ep_cols)):
             words += [f"rse{i}_{x}", f"cse{i}_{x}"]
-        lines += [f"    s{i} = ({', '.join(str(x) for x in words)},)", f"    e{i}, c{i} = 0, 0.0"]
+        lines += [f"    s{i} = ({', '.join(str(x) for x in words)},)", f"    e{i} = 0", f"    c{i} = 0.0"]
         return lines
 
     def item(self, bufs_at: int, sizes_at: int, epilogue=None):
@@ -375,12 +389,12 @@ def blas_epilogue(step, n_extras: int, packed):
     return run
 
 
-def form_of(plan, setting: str):
+def form_of(plan):
     """The words form (TiledWords | BlasWords) of a step's plan at a program's binding, or None
     (the step runs in Python between segments)."""
     for cls, backend in ((TiledWords, "tiled"), (BlasWords, "blas")):
         if plan.backend == backend and cls.applies(plan):
-            return cls(plan, Regime(plan.g, backend, setting, plan.threads))
+            return cls(plan)
     return None
 
 
@@ -398,7 +412,7 @@ def layered(form, n_extras: int):
     b = (("l[1].shape[0]", "l[1].shape[1]"), ("l[1].strides[0]", "l[1].strides[1]"))
     ep = [((f"l[{2 + x}].shape[0]", f"l[{2 + x}].shape[1]"), (f"l[{2 + x}].strides[0]", f"l[{2 + x}].strides[1]"))
           for x in range(n_extras)]
-    src = "def sized(l):\n" + "\n".join(form.lines(0, a, b, ep, regime=False)) + "\n    return s0, e0, c0\n"
+    src = "def sized(l):\n" + "\n".join(form.lines(0, a, b, ep)) + "\n    return s0, e0, c0\n"
     scope: dict = {}
     exec(compile(src, "<matmul words>", "exec"), scope)
     return scope["sized"]

@@ -37,9 +37,9 @@ class DirectSource(BindingSource):
     """A binding's parts written as the flat quantities (Plan.q_positions), each a source token
     (`q`: per position, a literal or the local holding it)."""
 
-    def __init__(self, plan, q):
+    def __init__(self, plan, q, binding=None):
         self.steps, self.reads, self.numels = plan.q_positions()
-        self.q = q
+        self.q, self.plan, self.binding = q, plan, binding
 
     def _tuple(self, at, n):
         return "(" + "".join(f"{self.q[at + c]}, " for c in range(n)) + ")"
@@ -85,7 +85,10 @@ class DirectSource(BindingSource):
     def matmul_words(self, i, sized):
         """A tiled or BLAS matmul's words written out (matmul_words.py), its regime checked."""
         a, b, *ep = [(self._tokens(sh, r), self._tokens(st, r)) for sh, st, _, r in self.steps[i][1]]
-        return [f"    if setting != set{i}:\n        return None"] + sized.words.lines(i, a, b, ep)
+        from .matmul_words import Regime
+        plan = self.plan.steps[i].plan_at(self.binding.steps[i])    # the binding the path is derived at
+        regime = Regime(plan.g, plan.backend, sized.setting[0], plan.threads)
+        return [f"    if setting != set{i}:\n        return None"] + sized.words.lines(i, a, b, ep, regime)
 
     def spread(self, i, n):
         return ", ".join(f"s{i}[{c}]" for c in range(n))
@@ -105,7 +108,7 @@ def derive(plan, prefix, q, results, inputs, n_sizes):
     if prog is None or prog.python_steps or not prog.segments or prog.last_bound is None:
         return None
     scope: dict = {"arena_at_least": prog.arena_at_least}
-    src = DirectSource(plan, q)
+    src = DirectSource(plan, q, prog.last_bound.binding)
     slot_lines, fill_lines, words, outs = prog.binding_source(src, scope)
     numels = "(" + "".join(f"{src.numel(j)}, " for j in prog.targets) + ")"
     matmuls = any(k.startswith(("rb", "wf")) for k in scope)

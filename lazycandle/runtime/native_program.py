@@ -391,7 +391,7 @@ class NativeProgram:
         from . import matmul_words
         plan = step.plan_at(self.binding.steps[i])
         setting = config.get_matmul_backend()
-        form = matmul_words.form_of(plan, setting)
+        form = matmul_words.form_of(plan)
         if form is None:
             return None
         self.kept_plans.append(plan)
