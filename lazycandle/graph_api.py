@@ -330,9 +330,12 @@ class Program:
                 return outs
         traced = self._traced
         if traced is not None:
-            for runner, direct in traced.direct_runs:       # a size class's direct path
+            runs = traced.direct_runs
+            for k, (runner, direct) in enumerate(runs):     # a size class's direct path
                 out = direct(feeds)
                 if out is not None:
+                    if k:           # the one that took these sizes is tried first next time (replaced whole)
+                        traced.direct_runs = [runs[k]] + runs[:k] + runs[k + 1:]
                     self._last_direct = runner
                     return out
         self._last_direct = None

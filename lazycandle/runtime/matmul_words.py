@@ -370,17 +370,32 @@ def blas_epilogue(step, n_extras: int, packed):
     ep = step.kernel.epilogue
     ident = _ep_ids.setdefault((ep.spec, ep.mm_input, tuple(ep.kernel.scalars)), len(_ep_ids))
     mm_input = ep.mm_input
+    from ..ir.kernels import ew_loop, runtime_sizes, stride_class
     from ..layout import Layout
+    forms = {}          # the merged loop's stride classes -> (Step, spec): the kernel of that form
+
+    def sized_at(m, n, strides):
+        strides.insert(mm_input, (n, 1))
+        mshape, mstrides = ew_loop((m, n), strides)
+        classes = tuple(tuple(stride_class(x) for x in st) for st in mstrides)
+        form = forms.get(classes)
+        if form is None:
+            del strides[mm_input]
+            ep_step, sized = step._epilogue_step((m, n), [Layout((m, n), st) for st in strides])
+            forms[classes] = (ep_step, ep_step.spec)
+            return ep_step, sized
+        ep_step, spec = form
+        sizes = runtime_sizes(mshape, mstrides)
+        extent = spec.extent(sizes)
+        return ep_step, (sizes, extent, spec.cost(sizes) / (extent or 1))
 
     def run(ptr, w):
         key = (ident, bytes(w)[8 * 15:])
         got = _ep_runs.get(key)
         if got is None:
-            m, n = w[15], w[16]
-            lays = [Layout((m, n), (w[17 + 2 * x], w[18 + 2 * x])) for x in range(n_extras)]
             if len(_ep_runs) >= EP_RUNS_KEPT:
                 _ep_runs.clear()
-            got = _ep_runs[key] = step._epilogue_step((m, n), lays)
+            got = _ep_runs[key] = sized_at(w[15], w[16], [(w[17 + 2 * x], w[18 + 2 * x]) for x in range(n_extras)])
         ep_step, sized = got
         if sized[1]:
             addrs = [ptr[3 + x] for x in range(n_extras)]
@@ -398,10 +413,11 @@ def form_of(plan):
     return None
 
 
-def form_key(plan):
-    """What a binding's words form is, for the program key (native_program.matmul_forms)."""
+def form_key(plan, setting: str):
+    """What a binding's words form is, for the program key (native_program.matmul_forms): the
+    backend, the thread count and the backend setting its words are written for, or None."""
     if plan.backend == "tiled" and TiledWords.applies(plan) or plan.backend == "blas" and BlasWords.applies(plan):
-        return plan.backend
+        return plan.backend, plan.threads, setting
     return None
 
 

@@ -105,7 +105,7 @@ def derive(plan, prefix, q, results, inputs, n_sizes):
     when the plan has no such path.  The function is constant-folded (fold.py): it returns
     only the words that depend on the sizes; the others are written into the block once."""
     prog = plan.native_program
-    if prog is None or prog.python_steps or not prog.segments or prog.last_bound is None:
+    if prog is None or prog.python_steps or not prog.sequence or prog.last_bound is None:
         return None
     scope: dict = {"arena_at_least": prog.arena_at_least}
     src = DirectSource(plan, q, prog.last_bound.binding)

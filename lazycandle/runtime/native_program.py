@@ -63,15 +63,16 @@ def program_of(plan, binding=None) -> "NativeProgram":
 
 
 def matmul_forms(plan, binding) -> tuple:
-    """Per matmul step, the address of the small-m kernel it runs at `binding`, or "tiled" /
-    "blas" for a plan of its words form (matmul_words.py), None for one that runs in Python
-    between segments."""
+    """Per matmul step, the address of the small-m kernel it runs at `binding` and the thread
+    count its Rebinder is written for, or the key of a
+    plan of its words form (matmul_words.form_key), None for one that runs in Python between
+    segments."""
     from .matmul_words import form_key
-    forms = []
+    forms, setting = [], config.get_matmul_backend()
     for i, step in enumerate(plan.steps):
         if isinstance(step, MatmulStep):
             got = step.plan_at(binding.steps[i])
-            forms.append(_fn_address(got.fn) if got.backend == "skinny" else form_key(got))
+            forms.append((_fn_address(got.fn), got.threads) if got.backend == "skinny" else form_key(got, setting))
     return tuple(forms)
 
 
