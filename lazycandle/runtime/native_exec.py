@@ -260,7 +260,8 @@ class NativePlan:
         eager call usually runs on caches a kernel streamed out, where each frame costs.)"""
         tables = self._tables_of(slots)
         seq = tables[5]
-        if len(seq) != 1 or seq[0][0] is None or not self.keep_arena or (tables[4] or self.large_outputs) and not large:
+        if len(seq) != 1 or seq[0][0] is None or seq[0][1] < 0 or not self.keep_arena \
+                or (tables[4] or self.large_outputs) and not large:     # (seg -1: a matmul run from its words)
             return None
         prog, binding, status = self.program, self.binding, self.status if self.has_status else None
         fn = ctypes.CFUNCTYPE(ctypes.c_int64)(_fn_address(seq[0][0]))    # no argtypes: ctypes args as they are
