@@ -25,10 +25,16 @@ from ..codegen import gemm, gemm_epilogue, gemm_pool, pool_ir, task_ir
 from . import blas, matmul_auto, native_pool
 from .buffers import address
 
+def lead_checks(*shapes) -> list:
+    """Checks that every dim of the shapes' tokens before their last two is 1 (a 2-D problem)."""
+    return [f"{tok} == 1" for shape in shapes for tok in shape[:-2]]
+
+
 def canon_lines(i, a_shape, a_strides, b_shape, b_strides) -> list:
-    """m<i>, k<i>, n<i> and the canonical strides (matmul._canon) of a 2-D a @ b, from tokens."""
-    (rs_a, cs_a), (rs_b, cs_b) = a_strides, b_strides
-    return [f"    m{i} = {a_shape[0]}", f"    k{i} = {a_shape[1]}", f"    n{i} = {b_shape[1]}",
+    """m<i>, k<i>, n<i> and the canonical strides (matmul._canon) of a 2-D a @ b (the last two
+    dims of the tokens; the others are checked to be 1: lead_checks)."""
+    (rs_a, cs_a), (rs_b, cs_b) = a_strides[-2:], b_strides[-2:]
+    return [f"    m{i} = {a_shape[-2]}", f"    k{i} = {a_shape[-1]}", f"    n{i} = {b_shape[-1]}",
             f"    csa{i} = 1 if k{i} == 1 else {cs_a}",
             f"    rsa{i} = (max(k{i}, 1) if csa{i} == 1 else 1) if m{i} == 1 else {rs_a}",
             f"    csb{i} = 1 if n{i} == 1 else {cs_b}",
@@ -136,6 +142,7 @@ class TiledWords:
         lines = canon_lines(i, a[0], a[1], b[0], b[1])
         more, checks = ep_lines(i, ep, self.ep_cols)
         lines += more
+        checks = lead_checks(a[0], b[0], *(sh for sh, _ in ep)) + checks
         if regime is not None:
             checks += regime.checks(i)
         m, n, k = f"m{i}", f"n{i}", f"k{i}"
@@ -295,6 +302,7 @@ class BlasWords:
         lines = canon_lines(i, a[0], a[1], b[0], b[1])
         more, checks = ep_lines(i, ep, self.ep_cols)
         lines += more
+        checks = lead_checks(a[0], b[0], *(sh for sh, _ in ep)) + checks
         if regime is not None:
             checks += regime.checks(i)
         m, n, k = f"m{i}", f"n{i}", f"k{i}"
@@ -421,13 +429,12 @@ def form_key(plan, setting: str):
     return None
 
 
-def layered(form, n_extras: int):
+def layered(form, ranks):
     """`sized(layouts) -> (words, 0, 0.0) | None`: `form`'s lines as a function of a binding's
-    Layouts (the layered path: no regime check, program_of picked the program by backend)."""
-    a = (("l[0].shape[0]", "l[0].shape[1]"), ("l[0].strides[0]", "l[0].strides[1]"))
-    b = (("l[1].shape[0]", "l[1].shape[1]"), ("l[1].strides[0]", "l[1].strides[1]"))
-    ep = [((f"l[{2 + x}].shape[0]", f"l[{2 + x}].shape[1]"), (f"l[{2 + x}].strides[0]", f"l[{2 + x}].strides[1]"))
-          for x in range(n_extras)]
+    Layouts of these ranks (a, b, the epilogue operands) (the layered path: no regime check,
+    program_of picked the program by backend)."""
+    a, b, *ep = [([f"l[{x}].shape[{d}]" for d in range(r)], [f"l[{x}].strides[{d}]" for d in range(r)])
+                 for x, r in enumerate(ranks)]
     src = "def sized(l):\n" + "\n".join(form.lines(0, a, b, ep)) + "\n    return s0, e0, c0\n"
     scope: dict = {}
     exec(compile(src, "<matmul words>", "exec"), scope)

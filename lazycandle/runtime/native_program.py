@@ -398,7 +398,7 @@ class NativeProgram:
         self.kept_plans.append(plan)
         n_extras = len(step.ep_reads)
         bufs_at = self._matmul_refs(i, step, refs)
-        words = matmul_words.layered(form, n_extras)
+        words = matmul_words.layered(form, [len(lay.shape) for lay in self.binding.steps[i]])
 
         def sized(layouts):
             got = words(layouts)
