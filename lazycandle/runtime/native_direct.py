@@ -10,7 +10,7 @@ arena slots, every pointer and every call's sizes words from `q` directly (Direc
 a small-m matmul's sizes by its Rebinder on shapes and strides, without Layouts.  The
 function returns None wherever a layered step would decide again (a view out of bounds, a
 size that leaves the class, a matmul leaving its bucket, a backend change, an arena above
-ARENA_KEEP_BYTES); the caller then runs the layered path, which decides or raises.
+DIRECT_ARENA_KEEP_BYTES); the caller then runs the layered path, which decides or raises.
 DirectRunner runs the words on the program's native segments: the words block, the pointers
 of feeds and outputs and the status words are written under the program's lock (runs of the
 plan, at any binding, are serialised there), so threads at different sizes do not mix.  When the
@@ -30,7 +30,7 @@ from ..layout import Layout
 from . import fold, native_pool
 from .buffers import alloc
 from .native_exec import block_type, split_outputs
-from .native_program import ALIGN, ARENA_KEEP_BYTES, BindingSource, NotNative, _addressof, _fn_address, address
+from .native_program import ALIGN, DIRECT_ARENA_KEEP_BYTES, BindingSource, NotNative, _addressof, _fn_address, address
 
 
 class DirectSource(BindingSource):
@@ -107,6 +107,7 @@ def derive(plan, prefix, q, results, inputs, n_sizes):
     prog = plan.native_program
     if prog is None or prog.python_steps or not prog.sequence or prog.last_bound is None:
         return None
+    prog.arena_cap = DIRECT_ARENA_KEEP_BYTES
     scope: dict = {"arena_at_least": prog.arena_at_least}
     src = DirectSource(plan, q, prog.last_bound.binding)
     slot_lines, fill_lines, words, outs = prog.binding_source(src, scope)
@@ -114,7 +115,7 @@ def derive(plan, prefix, q, results, inputs, n_sizes):
     matmuls = any(k.startswith(("rb", "wf")) for k in scope)
     lines = (["def direct(sizes):"] + prefix + ["    setting = (backend(), threads())"] * matmuls
              + slot_lines
-             + [f"    if top > {ARENA_KEEP_BYTES}:\n        return None", "    arena = arena_at_least(top)",
+             + [f"    if top > {DIRECT_ARENA_KEEP_BYTES}:\n        return None", "    arena = arena_at_least(top)",
                 "    base = arena[1]"] + fill_lines
              + [f"    return {words}, {outs}, {numels}, arena, {', '.join(results)}"])
     pure = {"max": max, "min": min, "len": len, "set": set, "list": list}

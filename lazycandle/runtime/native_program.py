@@ -22,6 +22,8 @@ from .arena import ALIGN, slots as arena_slots
 from .steps import MatmulStep, NodeStep
 
 ARENA_KEEP_BYTES = 256 << 10      # a plan keeps its arena up to this size (512 cached plans: <= 128 MiB)
+DIRECT_ARENA_KEEP_BYTES = 8 << 20  # ... a program with a direct path (a named-dim Program run at many sizes:
+                                   # its larger sizes bind by one native call too; runtime/native_direct.py)
 MIN_PARALLEL_COST = native_pool.MIN_COST        # smaller kernels run on the calling thread
 SEGMENT_FN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
@@ -201,6 +203,7 @@ class NativeProgram:
         self.has_status = status_words > 0
         self.lock = threading.Lock()       # serialises the runs of every binding (they may share an arena)
         self.arena = None                  # (kept arena, address), grown for the largest binding so far
+        self.arena_cap = ARENA_KEEP_BYTES  # ... up to this (a program with a direct path: DIRECT_ARENA_KEEP_BYTES)
         self.scalars, self.packed = None, None      # the last scalar list run and its packed form
         self.scalar_struct = None          # the struct.Struct packing the plan's scalar slots (fixed dtypes)
         self.slot_fn, self.fill_fn = self._generated_binders()
@@ -451,7 +454,7 @@ class NativeProgram:
         got = self.arena
         if got is None or got[0].size < nbytes:
             grow = 0 if got is None else got[0].size * 2
-            arena = alloc(min(max(nbytes, grow), ARENA_KEEP_BYTES), np.uint8)
+            arena = alloc(min(max(nbytes, grow), max(nbytes, self.arena_cap)), np.uint8)
             got = self.arena = (arena, address(arena))
         return got
 
