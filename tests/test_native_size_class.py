@@ -96,7 +96,8 @@ def test_the_program_module_is_linked_once_per_matmul_form_not_per_binding(monke
     # one program module per matmul form the bindings meet (k = n past the small-m kernel's
     # regime turns its call into a BLAS / tiled step), not one per binding; no kernel compiled
     programs = {id(inst.plan.native.program) for inst in prog._bound.values()}
-    assert len(links) <= 2 and len(programs) <= 2, links      # (earlier tests may have linked them)
+    # (small-m, tiled and BLAS: each its own matmul form; earlier tests may have linked them)
+    assert len(links) <= 3 and len(programs) <= 3, links
     assert lc.cache_info()["kernels"] == kernels
 
 
