@@ -3,6 +3,7 @@ tool (lc.dump / Program.dump / LAZYCANDLE_DUMP)."""
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from math import prod
 
@@ -132,18 +133,23 @@ class _Traced:
         that the runners derived so far did not take (a tiled / BLAS step's size buckets
         around another binding), when it keeps its arena (a larger one never runs directly)."""
         prog = pb.plan.native_program
-        if prog is None:
+        if prog is None or not self._wants_direct(pb, prog, native):
             return                  # not run natively yet: the plan builds its program at its 2nd run
-        got = pb.direct.get(prog)
-        if got is not None and (False in got or len(got) >= self.DIRECT_PER_NATIVE or not native
-                                or not native.keep_arena or prog.last_bound is not native):
-            return
         from .symbolic_plan import derive_direct
-        runner = derive_direct(pb, self.names, self.cap.inputs) if len(self.direct) < self.DIRECT_KEPT else None
-        pb.direct.setdefault(prog, []).append(runner or False)
-        if runner is not None:
-            self.direct.append(runner)
-            self.direct_runs.append((runner, runner.feeds_runner(named, self.names, self.cap.scalars)))
+        with _derive_lock:          # one derivation at a time (CPython's ast conversions are not thread-safe)
+            if not self._wants_direct(pb, prog, native):
+                return
+            runner = derive_direct(pb, self.names, self.cap.inputs) if len(self.direct) < self.DIRECT_KEPT else None
+            pb.direct.setdefault(prog, []).append(runner or False)
+            if runner is not None:
+                self.direct.append(runner)
+                self.direct_runs = self.direct_runs + [(runner, runner.feeds_runner(named, self.names,
+                                                                                    self.cap.scalars))]
+
+    def _wants_direct(self, pb, prog, native) -> bool:
+        got = pb.direct.get(prog)
+        return got is None or not (False in got or len(got) >= self.DIRECT_PER_NATIVE or not native
+                                   or not native.keep_arena or prog.last_bound is not native)
 
     def learn(self, inst: _Instance, sizes) -> None:
         """Derive the ProgramBinder of the size class `inst` (compiled at `sizes`) is in."""
@@ -155,6 +161,9 @@ class _Traced:
                                    inst.cap, entry[0], entry[1], sizes, self.checks)
         if pb is not None:
             self.binders.append(pb)
+
+
+_derive_lock = threading.Lock()
 
 
 def _unrealized(roots) -> list:

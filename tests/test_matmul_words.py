@@ -25,7 +25,7 @@ def test_tiled_words_are_the_tiled_plans_parameters(threads, dt):
     dtype = D.DType.from_name(dt)
     form = None
     for (m, k, n) in [(1, 8, 8), (37, 64, 40), (300, 32, 32), (5, 2000, 3), (129, 1500, 70), (2, 1, 1),
-                      (700, 700, 300), (64, 64, 64), (0, 8, 8), (13, 0, 9), (2048, 64, 2048)]:
+                      (700, 700, 300), (64, 64, 64), (0, 8, 8), (13, 0, 9), (2048, 64, 2048), (600, 128, 128)]:
         la, lb = Layout((m, k), (k, 1), 0), Layout((k, n), (1, k), 0)        # b transposed
         plan = MM.TiledPlan(MM.geometry(la, lb, dtype), threads)
         if form is None:
@@ -143,3 +143,27 @@ def test_a_new_size_builds_no_gemm_plan(backend, sizes, monkeypatch):
         assert set(calls.values()) == {0}, calls
     finally:
         lc.set_matmul_backend("auto")
+
+
+def test_parallel_tiled_words_match_numpy(monkeypatch):
+    """A tiled GEMM split over two threads from its words (the pool job of matmul_words): rows
+    whose problem is above the parallel threshold, at new sizes on the direct path."""
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    before = lc.get_num_threads()
+    lc.set_matmul_backend("tiled")
+    lc.set_num_threads(2)
+    try:
+        w = np.random.default_rng(5).standard_normal((128, 128), np.float32) / 8
+        x = lc.placeholder("x", ("n", 128))
+        prog = lc.compile([(x @ lc.tensor(w)).relu()])
+        rng = np.random.default_rng(6)
+        for n in (600, 601, 602, 650, 777, 1000):
+            xv = rng.standard_normal((n, 128), np.float32)
+            np.testing.assert_allclose(prog.run(x=xv)[0], np.maximum(xv.astype(np.float64) @ w, 0),
+                                       rtol=2e-4, atol=2e-4)
+        form = prog._traced.binders[0].plan.native_program
+        assert any(kind == "words" for kind, _ in form.items)
+        assert prog._last_direct is not None
+    finally:
+        lc.set_matmul_backend("auto")
+        lc.set_num_threads(before)

@@ -439,14 +439,15 @@ class TiledPlan:
 
 
 # ---- entry point ------------------------------------------------------------------------
-def choose_backend(g: Geometry, backend: str, threads: int) -> str:
+def choose_backend(g: Geometry, backend: str, threads: int, measure: bool = True):
     """"tiled" for integers, k == 0 and anything BLAS cannot take; "auto": whichever of the two
-    measured faster on a problem of g's bucket at this thread count (runtime/matmul_auto.py)."""
+    measured faster on a problem of g's bucket at this thread count (runtime/matmul_auto.py;
+    with `measure` False, None for a bucket not measured yet)."""
     if backend == "tiled" or not blas_ok(g):
         return "tiled"
     if backend == "blas":
         return "blas"
-    return matmul_auto.choose(g, threads, lambda p: _candidates(p, threads, True))
+    return matmul_auto.choose(g, threads, lambda p: _candidates(p, threads, True), measure)
 
 
 def _candidates(g: Geometry, threads: int, with_blas: bool) -> dict:
@@ -456,12 +457,17 @@ def _candidates(g: Geometry, threads: int, with_blas: bool) -> dict:
     return plans
 
 
-def backend_for(g: Geometry, backend: str, threads: int) -> str:
+def backend_for(g: Geometry, backend: str, threads: int, measure: bool = True):
     """What plan_for runs g on: under "auto" the small-m kernel where it is chosen (by rule or
-    measurement: runtime/matmul_skinny.py), else choose_backend's pick."""
-    if backend == "auto" and matmul_skinny.chosen(g, threads, lambda p: _candidates(p, threads, blas_ok(p))):
-        return "skinny"
-    return choose_backend(g, backend, threads)
+    measurement: runtime/matmul_skinny.py), else choose_backend's pick.  With `measure` False:
+    None where a decision would be measured (matmul_words.Regime asks about nearby buckets)."""
+    if backend == "auto":
+        small = matmul_skinny.chosen(g, threads, lambda p: _candidates(p, threads, blas_ok(p)), measure)
+        if small is None:
+            return None
+        if small:
+            return "skinny"
+    return choose_backend(g, backend, threads, measure)
 
 
 def epilogue_spec(epilogue, g: Geometry) -> gemm_epilogue.Epilogue:

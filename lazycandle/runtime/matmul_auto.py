@@ -112,14 +112,17 @@ def pick(best: dict) -> str:
     return min(best, key=best.get)
 
 
-def choose(g, threads: int, make_plans) -> str:
+def choose(g, threads: int, make_plans, may_measure: bool = True):
     """"blas" or "tiled" for g at `threads`, measured once per bucket and host (the choice is
-    kept with the kernels in the disk cache, so a new process does not measure again)."""
+    kept with the kernels in the disk cache, so a new process does not measure again); with
+    `may_measure` False, None where that would measure (a bucket not decided yet)."""
     key = bucket(g, threads)
     hit = _choices.get(key)
     if hit is None:
         hit = recall("auto", key, ("blas", "tiled"))
         if hit is None:
+            if not may_measure:
+                return None
             # measured without a lock: its timed runs take the pool, whose other callers must not wait here
             # (two threads measuring one bucket at once both store a valid choice)
             hit = pick(measure(g, threads, make_plans))

@@ -69,10 +69,10 @@ def applies(g) -> bool:
 _choices: dict = caches.register("matmul small-m choices", {})
 
 
-def chosen(g, threads: int, others) -> bool:
+def chosen(g, threads: int, others, measure: bool = True):
     """Whether the auto backend runs g on the small-m kernel: by rule up to RULE_M rows, then
     where it measured WIN_MARGIN faster than `others(geometry) -> {backend: plan}` (once per
-    size bucket)."""
+    size bucket); with `measure` False, None where that would measure."""
     f = _fold_batch(g)
     if layout_of(f) is None:
         return False
@@ -83,6 +83,8 @@ def chosen(g, threads: int, others) -> bool:
     if hit is None:
         got = matmul_auto.recall("small-m", key, ("yes", "no"))
         if got is None:
+            if not measure:
+                return None
             best = matmul_auto.measure(f, threads, lambda p: dict(others(p), skinny=SkinnyPlan(p, threads)))
             others_best = min(t for name, t in best.items() if name != "skinny")
             got = "yes" if best["skinny"] * (1 + WIN_MARGIN) < others_best else "no"
@@ -222,13 +224,13 @@ class Rebinder:
     def _ranges(self, f):
         """The row ranges within [m_lo, m_hi] that run this kernel: up to RULE_M by rule, above
         it the size buckets (at f's other sizes and forms) whose measured decision is the
-        small-m kernel -- one decision per bucket, measured once (and kept on disk), here when
-        the program is built, never at a binding."""
+        small-m kernel -- decisions already made (in memory or on disk): a bucket not measured
+        yet is left to the layered path, which measures it once."""
         from .matmul import backend_for
         ranges = [(self.m_lo, min(self.m_hi, RULE_M))] if self.m_lo <= RULE_M else []
         for bits in range(max(self.m_lo, RULE_M + 1).bit_length(), self.m_hi.bit_length() + 1):
             lo, hi = max(self.m_lo, RULE_M + 1, 1 << (bits - 1)), min(self.m_hi, (1 << bits) - 1)
-            if lo <= hi and backend_for(replace(f, m=lo), "auto", self.threads) == "skinny":
+            if lo <= hi and backend_for(replace(f, m=lo), "auto", self.threads, measure=False) == "skinny":
                 ranges.append((lo, hi))
         return tuple(ranges)
 

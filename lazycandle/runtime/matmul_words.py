@@ -54,8 +54,8 @@ def ep_lines(i, ep, cols) -> tuple:
 class Regime:
     """The sizes of a 2-D problem that keep `backend` (the backend_for decision at geometry g):
     g's bucket of n, k and operand forms, and the row ranges of the buckets around g's (two
-    powers of two each side) decided the same way -- measured once per bucket (kept on disk),
-    here when the program is built, never at a binding."""
+    powers of two each side) already decided the same way (in memory or on disk; a bucket not
+    measured yet is left to the layered path, which measures it once, never the direct path)."""
     SPAN = 2
 
     def __init__(self, g, backend: str, setting: str, threads: int):
@@ -65,7 +65,7 @@ class Regime:
         ranges = []
         for b in range(max(1, bits - self.SPAN), bits + self.SPAN + 1):
             for lo, hi in _pieces(1 << (b - 1), (1 << b) - 1):
-                if backend_for(replace(g, m=lo), setting, threads) == backend:
+                if backend_for(replace(g, m=lo), setting, threads, measure=False) == backend:
                     if ranges and ranges[-1][1] == lo - 1:
                         ranges[-1] = (ranges[-1][0], hi)
                     else:
@@ -221,13 +221,16 @@ class TiledWords:
         escal = M._ESCAL_SLOT
         run_at = np_
         gather, gathered = _gatherer(scalar_slots)
-        job_bufs = (ctypes.c_uint64 * 7)(self.fn_addr, 0, 0, 0, 0, 0, 0)
-        job_sizes = (ctypes.c_int64 * 4)()
-        job = (ctypes.c_int64 * pool_ir.JOB_WORDS)(gemm_pool.entry_address(), ctypes.addressof(job_bufs),
-                                                   ctypes.addressof(job_sizes), 0, 0, 0, 1, 0)
-        counters = (ctypes.c_int64 * 3)()
-        base = ctypes.addressof(counters)
-        job_addr = ctypes.addressof(job)
+        job = []        # the pool job's words, made at the first parallel run (the pool entry compiles then)
+
+        def job_words():
+            bufs = (ctypes.c_uint64 * 7)(self.fn_addr, 0, 0, 0, 0, 0, 0)
+            sizes = (ctypes.c_int64 * 4)()
+            words = (ctypes.c_int64 * pool_ir.JOB_WORDS)(gemm_pool.entry_address(), ctypes.addressof(bufs),
+                                                         ctypes.addressof(sizes), 0, 0, 0, 1, 0)
+            counters = (ctypes.c_int64 * 3)()
+            job[:] = [bufs, sizes, words, counters, ctypes.addressof(counters), ctypes.addressof(words)]
+            return job
         workspace = M._workspace
         words_t = ctypes.c_int64 * (np_ + len(self.RUN))
         ptrs_t = ctypes.c_int64 * (3 + n_extras)
@@ -250,14 +253,15 @@ class TiledWords:
                 return 0
             stride, parts = w[run_at + 3], w[run_at + 5]
             ws = workspace(stride * parts)
+            job_bufs, job_sizes, words, counters, base, job_addr = job or job_words()
             job_sizes[0], job_sizes[1], job_sizes[2], job_sizes[3] = ntask, w[run_at + 4], stride, 0
-            job[5] = job[7] = parts
+            words[5] = words[7] = parts
             job_bufs[1], job_bufs[2], job_bufs[3], job_bufs[5], job_bufs[6] = params, ws, base, base + 8, base + 16
             counters[0] = counters[1] = counters[2] = 0
             native_pool.ensure(threads)
             native_pool.run_jobs(job_addr, 1, threads)
             return 0
-        run.keep, run.words_item = (job_bufs, job_sizes, job, counters), True
+        run.keep, run.words_item = job, True
         return run
 
 
