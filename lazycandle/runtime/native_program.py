@@ -1,10 +1,12 @@
 """A Plan's NativeProgram, built once per plan (at its second run) and independent of sizes:
 the segments -- runs of consecutive generated kernels (and index kernels, whose bad-id status
-word is checked after their phase), split by the steps that need Python (BLAS matmul, ...) --
-grouped in phases of independent kernels (one barrier per phase), each call's positions in
-`ptrs` and `sizes`, the arena slots (buffers whose lifetimes do not overlap share a slot) and
-the linked module (codegen/program.py).  runtime/native_exec.py binds it to sizes (NativePlan)
-and runs it on the native worker pool (native_pool.py)."""
+word is checked after their phase), split by the steps that run between them: a 2-D tiled or
+BLAS matmul run from its words (runtime/matmul_words.py: its sizes are words of the binding like
+a kernel's) or a step that needs Python -- grouped in phases of independent kernels (one
+barrier per phase), each call's positions in `ptrs` and `sizes`, the arena slots (buffers whose
+lifetimes do not overlap share a slot) and the linked module (codegen/program.py).  One per
+combination of matmul forms (matmul_forms).  runtime/native_exec.py binds it to sizes
+(NativePlan) and runs it on the native worker pool (native_pool.py)."""
 from __future__ import annotations
 
 import ctypes
