@@ -234,3 +234,31 @@ def test_two_specs_building_one_ir_run_llvm_once(monkeypatch, tmp_path):
     two, n2 = jit.compile_spec("tests.same_ir", ("second", id(calls)), lambda: (text, name))
     assert one is not two and n1 == n2 == name and len(calls) <= 1
     assert one._obj == two._obj and one.address(name) and two.address(name)
+
+
+def test_the_shared_b_packer_is_exported_by_its_drivers_module(monkeypatch):
+    """The "pack_b" role is a second export of the tiled GEMM's module (one LLVM compile for
+    both), and a GEMM whose threads share one packed B gives the bits of one thread packing
+    its own panels."""
+    from dataclasses import replace
+    from lazycandle.codegen import gemm
+    from lazycandle.runtime import matmul as MM
+    monkeypatch.setattr(config, "cache_dir", lambda: None)
+    spec = gemm.tiled_spec(lc.f32)
+    driver, packer = gemm.get_kernel(spec), gemm.get_kernel(replace(spec, role="pack_b"))
+    assert packer._module is driver._module
+    assert packer._module.address(f"lc_gemm_{spec.key}_pack_b") != packer._module.address(f"lc_gemm_{spec.key}")
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((611, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 301)).astype(np.float32)
+    outs = []
+    for threads in (2, 1):
+        monkeypatch.setattr(MM, "_plans", {})
+        with config.num_threads(threads):
+            plan = MM.plan_for(lc.tensor(a)._node.layout, lc.tensor(b)._node.layout, lc.f32, "tiled", threads)
+            assert bool(plan.shared_rows) == (threads == 2)
+            out = np.zeros((611, 301), np.float32)
+            MM.run_plan(plan, a.ravel(), 0, b.ravel(), 0, out.ravel())
+            outs.append(out)
+    assert outs[0].tobytes() == outs[1].tobytes()
+    assert np.allclose(outs[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)

@@ -23,7 +23,7 @@ driver, 32 x 32 blocks, partial sums kept in W as whole tiles, a row-major A rea
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import llvmlite.ir as ir
 
@@ -531,8 +531,11 @@ def _emit_pack_b_tasks(m: ir.Module, spec: GemmSpec, pack_b, name: str):
 
 
 def build_ir(spec: GemmSpec) -> tuple:
-    """(IR text, exported function name) for one GEMM kernel: the driver, or for role
-    "pack_b" the shared-B packer (same signature)."""
+    """(IR text, driver name, (packer name,)): one module holds the driver lc_gemm_<key> and
+    the shared-B packer lc_gemm_<key>_pack_b (same signature; the "pack_b" role names it), so
+    the packer costs no compile of its own (its own module compiled the B packing loop again:
+    ~0.15 s of LLVM on a new process's first parallel GEMM)."""
+    spec = replace(spec, role="gemm")
     m = new_module(f"gemm_{spec.key}")
     if spec.amx:         # B in k-pair panels (gemm_pairs.py), A in tile rows (gemm_amx.py)
         def pack(name, width):
@@ -547,16 +550,37 @@ def build_ir(spec: GemmSpec) -> tuple:
             return emit_pack(m, spec, name, width, pack_s)
     pack_b = pack("pack_b", spec.nr)
     name = f"lc_gemm_{spec.key}"
-    if spec.role == "pack_b":
-        _emit_pack_b_tasks(m, spec, pack_b, name)
-        return finalize_ir(m), name
+    _emit_pack_b_tasks(m, spec, pack_b, name + "_pack_b")
     pack_a = pack("pack_a", spec.mr)
     micro = {r: _emit_micro(m, spec, r) for r in edge_rows(spec.mr, spec.amx) + (spec.mr,)}
     _emit_driver(m, spec, pack_a, pack_b, micro, name)
-    return finalize_ir(m), name
+    return finalize_ir(m), name, (name + "_pack_b",)
+
+
+class _Kernels(jit.KernelCache):
+    """The compiled functions of GEMM specs: a "pack_b" role is the packer exported by its
+    driver's module (build_ir), compiled with it."""
+
+    def __call__(self, spec):
+        fn = self._fns.get(spec)
+        if fn is not None:
+            return fn
+        if spec.role == "gemm":
+            return super().__call__(spec)
+        cm = super().__call__(replace(spec, role="gemm"))._module
+        with self._lock:
+            fn = self._fns.get(spec)
+            if fn is None:
+                fn = self.fntype(cm.address(f"lc_gemm_{spec.key}"))
+                fn._module = cm
+                self._fns[spec] = fn
+        return fn
+
+    def on_disk(self, spec) -> bool:
+        return super().on_disk(replace(spec, role="gemm"))
 
 
 _FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
-# Compiled driver for a spec as a ctypes function fn(params*, t_lo, t_hi, workspace*).
-get_kernel = jit.KernelCache(build_ir, _FN)
+# Compiled driver (or packer) for a spec as a ctypes function fn(params*, t_lo, t_hi, workspace*).
+get_kernel = _Kernels(build_ir, _FN)
 registry.register(GemmSpec, lambda spec: build_ir(spec)[0], get_kernel, lambda spec: spec.vw)

@@ -270,8 +270,8 @@ def compile_spec(kind: str, spec, build):
     """(module, exported function name) for kernel `spec` of code generator `kind` (a value
     whose repr fully describes the kernel), found in memory and on disk by the spec itself, so
     a hit never builds the IR: building it is most of what a warm new process would otherwise
-    spend on its first realize.  `build() -> (ir_text, function name)` runs on a miss (or
-    when a dump asks for the IR)."""
+    spend on its first realize.  `build() -> (ir_text, function name)` or `(ir_text, function
+    name, more exported names)` runs on a miss (or when a dump asks for the IR)."""
     spec_key = f"{kind}:{spec!r}"
     cm = _kernels.by_spec.get(spec_key)
     if cm is None:
@@ -284,10 +284,10 @@ def _compile_spec(kind: str, spec, spec_key: str, build) -> CompiledModule:
     what = _describe(kind, spec)
     if not config.cache_dir() or " at 0x" in spec_key:   # no disk, or no stable key
         with progress.compiling(what):
-            text, name = build()
-            return compile_ir(text, [name], name=name)
+            text, export = _exports(build())
+            return compile_ir(text, export, name=export[0])
     ckey = _spec_compile_key(spec_key)
-    return _load_or_compile(_disk_key(ckey), ckey, lambda: _one_export(build()), None, what)
+    return _load_or_compile(_disk_key(ckey), ckey, lambda: _exports(build()), None, what)
 
 
 class _Pending:
@@ -339,9 +339,10 @@ def _after_fork():
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _one_export(built):
-    text, name = built
-    return text, [name]
+def _exports(built):
+    """(ir_text, [function name, more exported names ...]) of a spec build's result."""
+    text, name, *more = built
+    return text, [name] + list(more[0] if more else ())
 
 
 def _describe(kind: str, spec) -> str:
