@@ -1,11 +1,12 @@
 """Compiling a plan's kernels ahead of their first use, on a few background threads.
 
-A kernel is compiled when a step first runs it; a new plan lists its fused kernels when it is
-built, and `prefetch` queues those neither compiled nor in the disk cache, in plan order, to
-`config.compile_threads()` daemon threads (0: none, everything compiles on first use as
-before). While they compile, the thread building the plan goes on with the rest (node steps,
-which compile their own kernels, and measure matmul backends); a step whose kernel is still
-queued compiles it itself, and one whose kernel is being compiled waits for it
+A kernel is compiled when a step first runs it; a new plan lists its kernels before its steps
+are set up -- the fused kernels, and what each node step will compile (steps.NodeStep.ahead:
+the tiled GEMM and its epilogues, the attention kernel) -- and `prefetch` queues those neither
+compiled nor in the disk cache, in plan order, to `config.compile_threads()` daemon threads
+(0: none, everything compiles on first use as before). While they compile, the thread building
+the plan goes on with the rest (node steps, matmul backend measurements); a step whose kernel
+is still queued compiles it itself, and one whose kernel is being compiled waits for it
 (codegen/jit._once), so the results and the code are the same as compiling on first use. LLVM
 runs outside llvmlite's lock (codegen/llvm_work.py), so two kernels really compile at once.
 
@@ -51,27 +52,36 @@ def _after_fork():
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork)
 
 
-def prefetch(specs) -> int:
-    """Queue the kernels of `specs` (kernel specs, ir.kernels.KernelSpec) that are neither
-    compiled nor in the disk cache; the number queued.  A warm process queues nothing: a
-    kernel from disk loads in ~1 ms, and a thread doing it would only contend for the GIL."""
+def _cache_of(item):
+    """(kernel cache, spec) of a prefetch item: a kernel spec of a registered code generator,
+    or a (cache, spec) pair (a node step's kernel: steps.NodeStep.ahead); (None, None) when it
+    has no cache that says whether it is compiled."""
+    if isinstance(item, tuple):
+        return item
+    cache = getattr(type(item).codegen.get(type(item)), "compiled", None)
+    return cache, item
+
+
+def prefetch(items) -> int:
+    """Queue the kernels of `items` (kernel specs, ir.kernels.KernelSpec, or (kernel cache,
+    spec) pairs) that are neither compiled nor in the disk cache; the number queued.  A warm
+    process queues nothing: a kernel from disk loads in ~1 ms, and a thread doing it would only
+    contend for the GIL."""
     n = config.compile_threads()
     if n <= 0:
         return 0
     todo = []
-    for spec in specs:
-        cache = type(spec).codegen.get(type(spec))
-        cache = getattr(cache, "compiled", None)
+    for item in items:
+        cache, spec = _cache_of(item)
         ready = getattr(cache, "ready", None)
         if ready is not None and not ready(spec) and not cache.on_disk(spec):
-            todo.append(cache)
-            todo.append(spec)
+            todo.append((cache, spec))
     if not todo:
         return 0
     with _cond:
         if _st["closed"]:
             return 0
-        _st["queue"].extend(zip(todo[::2], todo[1::2]))
+        _st["queue"].extend(todo)
         while len(_st["threads"]) < n:
             t = threading.Thread(target=_work, name=f"lazycandle-compile-{len(_st['threads'])}", daemon=True)
             _st["threads"].append(t)
@@ -79,7 +89,7 @@ def prefetch(specs) -> int:
                 atexit.register(_close)
             t.start()
         _cond.notify_all()
-    return len(todo) // 2
+    return len(todo)
 
 
 def _work():

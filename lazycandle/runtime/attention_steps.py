@@ -28,10 +28,31 @@ _FORWARD_SIZES = ("H", "L", "S", "nqb", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h"
 assert A.SIZES == _FORWARD_SIZES, "FlashAttentionStep.make writes the sizes in this order"
 
 
+def _spec(dt, q_shape, k_shape, v_shape, causal, mask_kind, with_lse, with_out):
+    """The forward kernel's spec for these operand shapes."""
+    spec = A.attention_spec(dt, q_shape[3], v_shape[3], causal, mask_kind, q_shape[2])
+    return replace(spec, lse=True, out=with_out) if with_lse else spec
+
+
 @register("flash_attention", "flash_attention_lse")
 class FlashAttentionStep(SizedStep):
     """The forward, its log-sum-exp alone (flash_attention_lse), or both in one pass when the
     scheduler put the two nodes of one attention in one kernel (ir/schedule.py)."""
+
+    @classmethod
+    def ahead(cls, kernel, cap):
+        """The kernel of the plan's own sizes (make's spec)."""
+        try:
+            ops = {cap.nodes[j].op.name for j in kernel.nodes}
+            j = kernel.nodes[0]
+            q, k = cap.operands[j][:2]
+            dt = cap.inputs[q.src].dtype if q.kind == "in" else cap.nodes[q.index].dtype
+            causal, mask_kind, _ = cap.nodes[j].arg
+            spec = _spec(dt, q.shape, k.shape, cap.operands[j][2].shape, causal, mask_kind,
+                         "flash_attention_lse" in ops, "flash_attention" in ops)
+            return [(A._kernels, spec)]
+        except Exception:   # noqa: BLE001  (the step's setup raises what is wrong)
+            return ()
 
     def setup(self, cap):
         by_op = {cap.nodes[j].op.name: j for j in self.kernel.nodes}
@@ -54,9 +75,8 @@ class FlashAttentionStep(SizedStep):
         S, EV = lk.shape[2], lv.shape[3]
         spec = self._specs.get(L)           # per query length (its regime): a new key length finds it
         if spec is None:
-            spec = A.attention_spec(self.operands[0][4], E, EV, causal, mask_kind, L)
-            if self.with_lse:
-                spec = replace(spec, lse=True, out=self.with_out)
+            spec = _spec(self.operands[0][4], lq.shape, lk.shape, lv.shape, causal, mask_kind, self.with_lse,
+                         self.with_out)
             if len(self._specs) >= 64:
                 self._specs.clear()
             self._specs[L] = spec

@@ -112,16 +112,20 @@ def describe(cap):
     return {"inputs": ins, "nodes": nodes, "targets": list(cap.targets), "slots": list(cap.slots)}
 
 
-def _runs(kernels):
-    """The specs of the fused kernels that run at the plan's own sizes (an empty one never does)."""
+def _ahead(kernels, cap):
+    """What the plan's kernels compile, in plan order: the specs of the fused kernels that run
+    at the plan's own sizes (an empty one never does), and what each node step lists ahead of
+    its setup (steps.NodeStep.ahead)."""
     for k in kernels:
-        if k.spec is not None:
-            try:
-                if not k.spec.extent(tuple(k.sizes)):
-                    continue
-            except (TypeError, ValueError):     # sizes that are not plain ints: it may run
-                pass
-            yield k.spec
+        if k.spec is None:
+            yield from _node_step(cap.nodes[k.nodes[0]].op.name, k.kind).ahead(k, cap)
+            continue
+        try:
+            if not k.spec.extent(tuple(k.sizes)):
+                continue
+        except (TypeError, ValueError):     # sizes that are not plain ints: it may run
+            pass
+        yield k.spec
 
 
 class Plan:
@@ -133,7 +137,7 @@ class Plan:
 
     def __init__(self, src_cap, cap, kernels, materialized, notes, template=None):
         from ..codegen import compile_pool, fused  # noqa: F401  (fused registers the fused kernels)
-        compile_pool.prefetch(_runs(kernels))      # their kernels compile while the steps are set up
+        compile_pool.prefetch(_ahead(kernels, cap))    # their kernels compile while the steps are set up
         src_desc = describe(src_cap)
         self.kernels, self.materialized, self.notes, self.template = kernels, materialized, notes, template
         # descriptions for the dump tool; the plan is cached, so it must not pin Nodes/buffers

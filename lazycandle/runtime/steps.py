@@ -36,6 +36,13 @@ class NodeStep:
     binds_layouts = False
     takes_scalars = False
 
+    @classmethod
+    def ahead(cls, kernel, cap):
+        """(kernel cache, spec) pairs of what the step of `kernel` will compile, listed before
+        the plan's steps are set up so the compile threads take them beside the fused kernels
+        (codegen/compile_pool.prefetch); a guess that misses only costs a compile."""
+        return ()
+
     def __init__(self, kernel, cap):
         j = kernel.nodes[0]
         node = cap.nodes[j]
@@ -212,6 +219,32 @@ class MatmulStep(NodeStep):
     With an epilogue (the kernel's fused elementwise consumers, ir/epilogue.py) the tiled and
     small-m GEMMs apply it as they store; after a BLAS GEMM it runs as the consumers' elementwise kernel, in place."""
     takes_scalars = True
+
+    @classmethod
+    def ahead(cls, kernel, cap):
+        """The tiled GEMM (its module holds the shared-B packer) and its epilogue, which the
+        step measures or runs: unless BLAS is set, the small-m kernel takes the shape by rule
+        or a remembered auto choice is BLAS."""
+        from . import matmul, matmul_auto, matmul_skinny
+        from ..codegen import gemm, gemm_epilogue
+        node, ep = cap.nodes[kernel.nodes[0]], kernel.epilogue
+        try:
+            la, lb = (Layout(o.shape, o.strides, o.offset) for o in cap.operands[kernel.nodes[0]])
+            ep_layouts = tuple(Layout(o.shape, o.strides, o.offset) for o in ep.operands) if ep else ()
+            g = matmul.geometry(la, lb, node.dtype, ep_layouts)
+            setting, threads = config.get_matmul_backend(), config.get_num_threads()
+            if matmul.blas_ok(g) and (setting == "blas" or setting == "auto" and matmul_auto.recall(
+                    "auto", matmul_auto.bucket(g, threads), ("blas",))):
+                return ()
+            f = matmul_skinny._fold_batch(g)
+            if setting == "auto" and matmul_skinny.layout_of(f) is not None and f.m <= matmul_skinny.RULE_M:
+                return ()
+            got = [(gemm.get_kernel, gemm.tiled_spec(node.dtype))]
+            if ep is not None:
+                got.append((gemm_epilogue.get_kernel, matmul.epilogue_spec((ep.spec, ep.mm_input), g)))
+            return got
+        except Exception:   # noqa: BLE001  (the step's setup raises what is wrong)
+            return ()
 
     def setup(self, cap):
         from . import matmul     # (lazily: it loads the GEMM codegen; kept for run_node, where an
