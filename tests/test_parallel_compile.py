@@ -275,7 +275,7 @@ def test_node_steps_list_the_kernels_their_setup_compiles(monkeypatch):
     """A plan lists its matmul's tiled GEMM and epilogue and its attention kernel before the
     steps are set up (steps.NodeStep.ahead), and those are the kernels the steps then use: the
     compile threads can take them beside the fused kernels."""
-    from lazycandle.codegen import attention, gemm, gemm_epilogue
+    from lazycandle.codegen import attention, gemm, gemm_epilogue, gemm_skinny
     from lazycandle.runtime import matmul_auto
     monkeypatch.setattr(config, "cache_dir", lambda: None)
     monkeypatch.setenv("LAZYCANDLE_COMPILE_THREADS", "2")
@@ -299,6 +299,11 @@ def test_node_steps_list_the_kernels_their_setup_compiles(monkeypatch):
     assert id(gemm_epilogue.get_kernel) in kinds and id(attention._kernels) in kinds
     for cache, spec in pairs:
         assert cache.ready(spec), f"listed {spec} but the step compiled another kernel"
+    listed.clear()
+    small = ((x[0, :3] @ w) * 2.0).numpy()          # auto: 3 rows run on the small-m kernel by rule
+    assert np.allclose(small, x.numpy()[0, :3] @ w.numpy() * 2, rtol=1e-4, atol=1e-4)
+    skinny = [i for i in listed if isinstance(i, gemm_skinny.SkinnySpec)]
+    assert len(skinny) == 1 and gemm_skinny.get_kernel.ready(skinny[0])
     hh = np.maximum(x.numpy() @ w.numpy() + b.numpy(), 0)
     qn, kn, vn = (hh[..., i * 32:(i + 1) * 32].reshape(2, 40, 2, 16).transpose(0, 2, 1, 3) for i in range(3))
     s = qn @ kn.transpose(0, 1, 3, 2) / 4.0 + np.triu(np.full((40, 40), -np.inf), 1)

@@ -141,6 +141,13 @@ def unit_sizes(gc, m, n, k, rsa, csa, ldb, ldo, nb, bsa, bsb, bso, kc) -> list:
     return [m, n, k, rsa, csa, ldb, ldo, nb, bsa, bsb, bso, ucols, -(-n // ucols), kc, max(1, _ceil(k, kc))]
 
 
+def spec_of(f) -> K.SkinnySpec:
+    """The kernel of folded geometry f (_fold_batch; layout_of(f) is not None)."""
+    layout, mr, vw = layout_of(f), rows_per_block(f.m), K.lanes_of(f.dtype)
+    return K.SkinnySpec(f.dtype, layout, mr, K.group_of(layout, mr), vw, prefetch=layout == "t" and mr >= PREFETCH_ROWS,
+                        pairs=K.pair_form(f.dtype, vw))
+
+
 class SkinnyPlan:
     """The small-m kernel on one geometry: its spec, sizes and unit count."""
     backend = "skinny"
@@ -149,11 +156,7 @@ class SkinnyPlan:
         self.g, self.threads = g, threads
         f = _fold_batch(g)
         layout = layout_of(f)
-        mr = rows_per_block(f.m)
-        vw = K.lanes_of(g.dtype)
-        self.spec = K.SkinnySpec(g.dtype, layout, mr, K.group_of(layout, mr), vw,
-                                 prefetch=layout == "t" and mr >= PREFETCH_ROWS,
-                                 pairs=K.pair_form(g.dtype, vw))
+        self.spec = spec_of(f)
         self.fn = self.spec.compiled()
         self.fn_addr = ctypes.cast(self.fn, ctypes.c_void_p).value
         sizes = unit_sizes(self.spec.group_cols, f.m, f.n, f.k, f.rsa, f.csa, f.csb if layout == "t" else f.rsb,

@@ -222,9 +222,9 @@ class MatmulStep(NodeStep):
 
     @classmethod
     def ahead(cls, kernel, cap):
-        """The tiled GEMM (its module holds the shared-B packer) and its epilogue, which the
-        step measures or runs: unless BLAS is set, the small-m kernel takes the shape by rule
-        or a remembered auto choice is BLAS."""
+        """The GEMM kernel the step measures or runs and its epilogue: the small-m kernel where
+        it takes the shape by rule, else the tiled GEMM (its module holds the shared-B packer);
+        nothing when BLAS is set or is the remembered auto choice."""
         from . import matmul, matmul_auto, matmul_skinny
         from ..codegen import gemm, gemm_epilogue
         node, ep = cap.nodes[kernel.nodes[0]], kernel.epilogue
@@ -238,8 +238,9 @@ class MatmulStep(NodeStep):
                 return ()
             f = matmul_skinny._fold_batch(g)
             if setting == "auto" and matmul_skinny.layout_of(f) is not None and f.m <= matmul_skinny.RULE_M:
-                return ()
-            got = [(gemm.get_kernel, gemm.tiled_spec(node.dtype))]
+                got = [matmul_skinny.spec_of(f)]          # the small-m kernel by rule
+            else:
+                got = [(gemm.get_kernel, gemm.tiled_spec(node.dtype))]
             if ep is not None:
                 got.append((gemm_epilogue.get_kernel, matmul.epilogue_spec((ep.spec, ep.mm_input), g)))
             return got
