@@ -113,12 +113,15 @@ def describe(cap):
 
 
 def _ahead(kernels, cap):
-    """What the plan's kernels compile, in plan order: the specs of the fused kernels that run
-    at the plan's own sizes (an empty one never does), and what each node step lists ahead of
-    its setup (steps.NodeStep.ahead)."""
+    """What the plan's kernels compile, in the order the plan needs them: first what each node
+    step lists ahead of its setup (steps.NodeStep.ahead: setups compile their kernels, or time
+    them, while the plan is built), then the fused kernels that run at the plan's own sizes
+    (an empty one never does), in plan order."""
     for k in kernels:
         if k.spec is None:
             yield from _node_step(cap.nodes[k.nodes[0]].op.name, k.kind).ahead(k, cap)
+    for k in kernels:
+        if k.spec is None:
             continue
         try:
             if not k.spec.extent(tuple(k.sizes)):
