@@ -70,8 +70,14 @@ def prefetch(items) -> int:
     n = config.compile_threads()
     if n <= 0:
         return 0
-    todo = []
+    todo, seen = [], set()
     for item in items:
+        try:
+            if item in seen:        # (a program's layers list the same kernels)
+                continue
+            seen.add(item)
+        except TypeError:           # (an unhashable spec: asked as it comes)
+            pass
         cache, spec = _cache_of(item)
         ready = getattr(cache, "ready", None)
         if ready is not None and not ready(spec) and not cache.on_disk(spec):

@@ -199,6 +199,25 @@ class SizedStep(NodeStep):
             self.raise_status(int(status[1]), layouts)
 
 
+def _matmul_kernels(dtype, la, lb, epilogue, ep_layouts) -> tuple:
+    """MatmulStep.ahead's kernels for one problem (a tuple: kept in _AHEAD)."""
+    from . import matmul, matmul_skinny
+    from ..codegen import gemm, gemm_epilogue
+    g = matmul.geometry(la, lb, dtype, ep_layouts)
+    setting = config.get_matmul_backend()
+    if setting == "blas" and matmul.blas_ok(g):
+        return ()
+    f = matmul_skinny._fold_batch(g)
+    if setting == "auto" and matmul_skinny.layout_of(f) is not None and f.m <= matmul_skinny.RULE_M:
+        got = [matmul_skinny.spec_of(f)]          # the small-m kernel by rule
+    else:
+        got = [(gemm.get_kernel, gemm.tiled_spec(dtype))]
+    if epilogue is not None:
+        got.append((gemm_epilogue.get_kernel, matmul.epilogue_spec(epilogue, g)))
+    return tuple(got)
+
+
+_AHEAD: dict = {}       # MatmulStep.ahead's answers by problem (a program's layers repeat theirs)
 FUSED_BACKENDS = ("tiled", "skinny")     # matmul kernels that apply the epilogue as they store
 MATMUL_PLANS_KEPT = 16      # a step's matmul plans (one per backend, threads and bound shape)
 
@@ -224,25 +243,19 @@ class MatmulStep(NodeStep):
     def ahead(cls, kernel, cap):
         """The GEMM kernel the step measures or runs and its epilogue: the small-m kernel where
         it takes the shape by rule, else the tiled GEMM (its module holds the shared-B packer);
-        nothing when BLAS is set or is the remembered auto choice."""
-        from . import matmul, matmul_auto, matmul_skinny
-        from ..codegen import gemm, gemm_epilogue
+        nothing when BLAS is set.  (A remembered auto choice of BLAS is not asked for: the
+        tiled GEMM it was measured against is then on disk already, and prefetch skips it.)"""
         node, ep = cap.nodes[kernel.nodes[0]], kernel.epilogue
         try:
             la, lb = (Layout(o.shape, o.strides, o.offset) for o in cap.operands[kernel.nodes[0]])
             ep_layouts = tuple(Layout(o.shape, o.strides, o.offset) for o in ep.operands) if ep else ()
-            g = matmul.geometry(la, lb, node.dtype, ep_layouts)
-            setting, threads = config.get_matmul_backend(), config.get_num_threads()
-            if matmul.blas_ok(g) and (setting == "blas" or setting == "auto" and matmul_auto.recall(
-                    "auto", matmul_auto.bucket(g, threads), ("blas",))):
-                return ()
-            f = matmul_skinny._fold_batch(g)
-            if setting == "auto" and matmul_skinny.layout_of(f) is not None and f.m <= matmul_skinny.RULE_M:
-                got = [matmul_skinny.spec_of(f)]          # the small-m kernel by rule
-            else:
-                got = [(gemm.get_kernel, gemm.tiled_spec(node.dtype))]
-            if ep is not None:
-                got.append((gemm_epilogue.get_kernel, matmul.epilogue_spec((ep.spec, ep.mm_input), g)))
+            key = (node.dtype, la.shape, la.strides, lb.shape, lb.strides, (ep.spec, ep.mm_input) if ep else None,
+                   tuple((e.shape, e.strides) for e in ep_layouts), config._matmul_backend, config._num_threads)
+            got = _AHEAD.get(key)
+            if got is None:
+                if len(_AHEAD) >= 256:
+                    _AHEAD.clear()
+                got = _AHEAD[key] = _matmul_kernels(node.dtype, la, lb, key[5], ep_layouts)
             return got
         except Exception:   # noqa: BLE001  (the step's setup raises what is wrong)
             return ()
