@@ -10,7 +10,7 @@ import numpy as np
 
 import ctypes
 
-from .. import config
+from .. import caches, config
 from ..layout import Layout
 from . import native_pool
 from .buffers import address
@@ -217,7 +217,7 @@ def _matmul_kernels(dtype, la, lb, epilogue, ep_layouts) -> tuple:
     return tuple(got)
 
 
-_AHEAD: dict = {}       # MatmulStep.ahead's answers by problem (a program's layers repeat theirs)
+_AHEAD: dict = caches.register("matmul kernels listed ahead", {})   # by problem (a program's layers repeat theirs)
 FUSED_BACKENDS = ("tiled", "skinny")     # matmul kernels that apply the epilogue as they store
 MATMUL_PLANS_KEPT = 16      # a step's matmul plans (one per backend, threads and bound shape)
 
