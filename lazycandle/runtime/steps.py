@@ -208,10 +208,10 @@ def _matmul_kernels(dtype, la, lb, epilogue, ep_layouts) -> tuple:
     if setting == "blas" and matmul.blas_ok(g):
         return ()
     f = matmul_skinny._fold_batch(g)
-    if setting == "auto" and matmul_skinny.layout_of(f) is not None and f.m <= matmul_skinny.RULE_M:
-        got = [matmul_skinny.spec_of(f)]          # the small-m kernel by rule
-    else:
-        got = [(gemm.get_kernel, gemm.tiled_spec(dtype))]
+    skinny = setting == "auto" and matmul_skinny.layout_of(f) is not None     # by rule, or measured
+    got = [matmul_skinny.spec_of(f)] if skinny else []
+    if not skinny or f.m > matmul_skinny.RULE_M:
+        got.append((gemm.get_kernel, gemm.tiled_spec(dtype)))
     if epilogue is not None:
         got.append((gemm_epilogue.get_kernel, matmul.epilogue_spec(epilogue, g)))
     return tuple(got)
@@ -241,10 +241,11 @@ class MatmulStep(NodeStep):
 
     @classmethod
     def ahead(cls, kernel, cap):
-        """The GEMM kernel the step measures or runs and its epilogue: the small-m kernel where
-        it takes the shape by rule, else the tiled GEMM (its module holds the shared-B packer);
-        nothing when BLAS is set.  (A remembered auto choice of BLAS is not asked for: the
-        tiled GEMM it was measured against is then on disk already, and prefetch skips it.)"""
+        """The GEMM kernels the step measures or runs and its epilogue: the small-m kernel where
+        it takes the shape by rule or is measured, the tiled GEMM (its module holds the shared-B
+        packer) where that is not by rule; nothing when BLAS is set.  (A remembered auto choice
+        of BLAS is not asked for: the tiled GEMM it was measured against is then on disk
+        already, and prefetch skips it.)"""
         node, ep = cap.nodes[kernel.nodes[0]], kernel.epilogue
         try:
             la, lb = (Layout(o.shape, o.strides, o.offset) for o in cap.operands[kernel.nodes[0]])
