@@ -286,13 +286,14 @@ def test_node_steps_list_the_kernels_their_setup_compiles(monkeypatch):
     x = lc.tensor(rng.standard_normal((2, 40, 64)).astype(np.float32))
     w = lc.tensor(rng.standard_normal((64, 96)).astype(np.float32))
     b = lc.tensor(rng.standard_normal((96,)).astype(np.float32))
+    before = config.get_matmul_backend()
     config.set_matmul_backend("tiled")
     try:
         h = ((x @ w) + b).relu()
         q, k, v = (h[..., i * 32:(i + 1) * 32].reshape(2, 40, 2, 16).transpose(1, 2) for i in range(3))
         out = lc.nn.scaled_dot_product_attention(q, k, v, is_causal=True).numpy()
     finally:
-        config.set_matmul_backend("auto")
+        config.set_matmul_backend(before)
     pairs = [i for i in listed if isinstance(i, tuple)]
     kinds = {id(cache): spec for cache, spec in pairs}
     assert gemm.tiled_spec(lc.f32) == kinds.get(id(gemm.get_kernel))
@@ -300,7 +301,11 @@ def test_node_steps_list_the_kernels_their_setup_compiles(monkeypatch):
     for cache, spec in pairs:
         assert cache.ready(spec), f"listed {spec} but the step compiled another kernel"
     listed.clear()
-    small = ((x[0, :3] @ w) * 2.0).numpy()          # auto: 3 rows run on the small-m kernel by rule
+    config.set_matmul_backend("auto")
+    try:
+        small = ((x[0, :3] @ w) * 2.0).numpy()      # auto: 3 rows run on the small-m kernel by rule
+    finally:
+        config.set_matmul_backend(before)
     assert np.allclose(small, x.numpy()[0, :3] @ w.numpy() * 2, rtol=1e-4, atol=1e-4)
     skinny = [i for i in listed if isinstance(i, gemm_skinny.SkinnySpec)]
     assert len(skinny) == 1 and gemm_skinny.get_kernel.ready(skinny[0])
