@@ -272,9 +272,9 @@ def test_the_shared_b_packer_is_exported_by_its_drivers_module(monkeypatch):
 
 
 def test_node_steps_list_the_kernels_their_setup_compiles(monkeypatch):
-    """A plan lists its matmul's tiled GEMM and epilogue and its attention kernel before the
-    steps are set up (steps.NodeStep.ahead), and those are the kernels the steps then use: the
-    compile threads can take them beside the fused kernels."""
+    """A plan lists its matmul's tiled GEMM and epilogue, its attention and index kernels, and
+    a small-m GEMM before the steps are set up (steps.NodeStep.ahead), and those are the
+    kernels the steps then use: the compile threads can take them beside the fused kernels."""
     from lazycandle.codegen import attention, gemm, gemm_epilogue, gemm_skinny
     from lazycandle.runtime import matmul_auto
     monkeypatch.setattr(config, "cache_dir", lambda: None)
@@ -300,6 +300,12 @@ def test_node_steps_list_the_kernels_their_setup_compiles(monkeypatch):
     assert id(gemm_epilogue.get_kernel) in kinds and id(attention._kernels) in kinds
     for cache, spec in pairs:
         assert cache.ready(spec), f"listed {spec} but the step compiled another kernel"
+    listed.clear()
+    table = x.reshape(80, 64)
+    rows = (table.index_select(lc.tensor(np.array([3, 0, 79, 3], np.int64)), 0) + 1.0).numpy()
+    assert np.array_equal(rows, x.numpy().reshape(80, 64)[[3, 0, 79, 3]] + 1)
+    index = [i for i in listed if type(i).__name__.startswith("Index")]
+    assert len(index) == 1 and type(index[0]).codegen[type(index[0])].compiled.ready(index[0])
     listed.clear()
     config.set_matmul_backend("auto")
     try:

@@ -14,9 +14,31 @@ import numpy as np
 
 from ..codegen import index as K
 from ..errors import IndexOutOfBounds
-from ..layout import contiguous_strides
+from ..layout import Layout, contiguous_strides
 from .buffers import address
 from .steps import Launch, NodeStep, Reads, SizedStep, operand_address, register
+
+
+def _kernel(op, dim, dtype, id_dtype, layouts):
+    """(spec, sizes, whether it runs, bound) of an index op's kernel at these operand layouts."""
+    t_lay, ids_lay = layouts[0], layouts[1]
+
+    def ids_over(shape):
+        if op in K.VECTOR_IDS:
+            return tuple(ids_lay.strides[0] if d == dim else 0 for d in range(len(shape)))
+        return ids_lay.strides
+
+    if op in K.GATHER_OPS:
+        S = ids_lay.shape if op == "gather" else t_lay.shape[:dim] + ids_lay.shape + t_lay.shape[dim + 1:]
+        bound = t_lay.shape[dim]
+        spec, sizes = K.index_kernel(op, dtype, id_dtype, S, dim, bound, t_lay.strides, ids_over(S),
+                                     contiguous_strides(S))
+        return spec, sizes, prod(S) > 0, bound
+    src_lay = layouts[2]
+    S, bound = src_lay.shape, t_lay.shape[dim]
+    spec, sizes = K.index_kernel(op, dtype, id_dtype, S, dim, bound, src_lay.strides, ids_over(S),
+                                 contiguous_strides(t_lay.shape), t_lay.strides)
+    return spec, sizes, prod(t_lay.shape) > 0 or prod(S) > 0, bound
 
 
 @register("index_select", "gather", "scatter", "scatter_add", "index_add")
@@ -29,28 +51,23 @@ class IndexStep(SizedStep):
             tuple(("operand", n) for n in base)
         super().setup(cap)
 
+    @classmethod
+    def ahead(cls, kernel, cap):
+        """The kernel at the plan's own operand layouts (make's spec)."""
+        try:
+            j = kernel.nodes[0]
+            node, ops = cap.nodes[j], cap.operands[j]
+            ids = ops[1]
+            id_dtype = cap.inputs[ids.src].dtype if ids.kind == "in" else cap.nodes[ids.index].dtype
+            layouts = [Layout(o.shape, o.strides, o.offset) for o in ops]
+            spec, _, runs, _ = _kernel(node.op.name, node.arg, node.dtype, id_dtype, layouts)
+            return [spec] if runs else ()
+        except Exception:   # noqa: BLE001  (the step's setup raises what is wrong)
+            return ()
+
     def make(self, layouts):
         """(launch, bound) of the kernel at these operand layouts."""
-        op, dim = self.op, self.dim
-        t_lay, ids_lay = layouts[0], layouts[1]
-
-        def ids_over(shape):
-            if op in K.VECTOR_IDS:
-                return tuple(ids_lay.strides[0] if d == dim else 0 for d in range(len(shape)))
-            return ids_lay.strides
-
-        if op in K.GATHER_OPS:
-            S = ids_lay.shape if op == "gather" else t_lay.shape[:dim] + ids_lay.shape + t_lay.shape[dim + 1:]
-            bound = t_lay.shape[dim]
-            spec, sizes = K.index_kernel(op, self.dtype, self.id_dtype, S, dim, bound, t_lay.strides, ids_over(S),
-                                         contiguous_strides(S))
-            runs = prod(S) > 0
-        else:
-            src_lay = layouts[2]
-            S, bound = src_lay.shape, t_lay.shape[dim]
-            spec, sizes = K.index_kernel(op, self.dtype, self.id_dtype, S, dim, bound, src_lay.strides, ids_over(S),
-                                         contiguous_strides(t_lay.shape), t_lay.strides)
-            runs = prod(t_lay.shape) > 0 or prod(S) > 0
+        spec, sizes, runs, bound = _kernel(self.op, self.dim, self.dtype, self.id_dtype, layouts)
         return Launch.of_spec(spec, sizes, runs), bound
 
     def describe(self, prepared) -> str:
