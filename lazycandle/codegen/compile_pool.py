@@ -1,9 +1,10 @@
 """Compiling a plan's kernels ahead of their first use, on a few background threads.
 
 A kernel is compiled when a step first runs it; a new plan lists its kernels before its steps
-are set up -- the fused kernels, and what each node step will compile (steps.NodeStep.ahead:
-the tiled GEMM and its epilogues, the attention kernel) -- and `prefetch` queues those neither
-compiled nor in the disk cache, in plan order, to `config.compile_threads()` daemon threads
+are set up -- first what each node step will compile (steps.NodeStep.ahead: the GEMM kernels
+and epilogues its setup measures or runs, the attention and index kernels), which the plan
+needs while it is built, then its fused kernels in plan order -- and `prefetch` queues those
+neither compiled nor in the disk cache, each once, to `config.compile_threads()` daemon threads
 (0: none, everything compiles on first use as before). While they compile, the thread building
 the plan goes on with the rest (node steps, matmul backend measurements); a step whose kernel
 is still queued compiles it itself, and one whose kernel is being compiled waits for it
