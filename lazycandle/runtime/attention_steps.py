@@ -28,7 +28,7 @@ _FORWARD_SIZES = ("H", "L", "S", "nqb", "q_b", "q_h", "q_l", "q_e", "k_b", "k_h"
 assert A.SIZES == _FORWARD_SIZES, "FlashAttentionStep.make writes the sizes in this order"
 
 
-def _spec(dt, q_shape, k_shape, v_shape, causal, mask_kind, with_lse, with_out):
+def _spec(dt, q_shape, v_shape, causal, mask_kind, with_lse, with_out):
     """The forward kernel's spec for these operand shapes."""
     spec = A.attention_spec(dt, q_shape[3], v_shape[3], causal, mask_kind, q_shape[2])
     return replace(spec, lse=True, out=with_out) if with_lse else spec
@@ -45,10 +45,10 @@ class FlashAttentionStep(SizedStep):
         try:
             ops = {cap.nodes[j].op.name for j in kernel.nodes}
             j = kernel.nodes[0]
-            q, k = cap.operands[j][:2]
+            q, v = cap.operands[j][0], cap.operands[j][2]
             dt = cap.inputs[q.src].dtype if q.kind == "in" else cap.nodes[q.index].dtype
             causal, mask_kind, _ = cap.nodes[j].arg
-            spec = _spec(dt, q.shape, k.shape, cap.operands[j][2].shape, causal, mask_kind,
+            spec = _spec(dt, q.shape, v.shape, causal, mask_kind,
                          "flash_attention_lse" in ops, "flash_attention" in ops)
             return [(A._kernels, spec)]
         except Exception:   # noqa: BLE001  (the step's setup raises what is wrong)
@@ -75,8 +75,7 @@ class FlashAttentionStep(SizedStep):
         S, EV = lk.shape[2], lv.shape[3]
         spec = self._specs.get(L)           # per query length (its regime): a new key length finds it
         if spec is None:
-            spec = _spec(self.operands[0][4], lq.shape, lk.shape, lv.shape, causal, mask_kind, self.with_lse,
-                         self.with_out)
+            spec = _spec(self.operands[0][4], lq.shape, lv.shape, causal, mask_kind, self.with_lse, self.with_out)
             if len(self._specs) >= 64:
                 self._specs.clear()
             self._specs[L] = spec
