@@ -39,7 +39,8 @@ def _default_threads() -> int:
 
 _num_threads = _default_threads()
 _matmul_backend = os.environ.get("LAZYCANDLE_MATMUL", "auto")
-matmul_epoch = 0        # bumped by each change of the backend: a native program built before re-decides
+matmul_epoch = 0        # bumped by each change of the backend or the thread count: a native program
+                        # built before re-decides its matmuls (their splits are written for a thread count)
 if _matmul_backend not in ("auto", "blas", "tiled"):
     _matmul_backend = "auto"
 
@@ -50,11 +51,13 @@ def get_num_threads() -> int:
 
 def set_num_threads(n: int) -> None:
     """Set the number of threads used by fused kernels, reductions, the tiled matmul and BLAS."""
-    global _num_threads
+    global _num_threads, matmul_epoch
     n = as_index(n, "set_num_threads", "the thread count")
     if n < 1:
         raise ValueError(f"set_num_threads: need n >= 1, got {n}")
     with _lock:
+        if n != _num_threads:
+            matmul_epoch += 1
         _num_threads = n
         for fn in list(_listeners):
             fn(n)

@@ -119,3 +119,33 @@ def test_eager_realize_leaves_the_native_pool_parked_under_python_exec(monkeypat
     with lc.num_threads(2):
         np.testing.assert_allclose(lc.tensor(a).sum(-1).numpy(), a.astype(np.float64).sum(-1), rtol=1e-5, atol=1e-4)
     assert not woken
+
+
+def test_a_native_program_decides_its_matmuls_again_after_the_thread_count_changes(monkeypatch):
+    """The tiled GEMM's words (its chunk split) are written for a thread count: a program run
+    natively at 1 thread and then at 2 must not keep the 1-thread split (it ran the 2-thread
+    GPT-2 block at the 1-thread speed)."""
+    from lazycandle import config
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    old, old_backend = lc.get_num_threads(), lc.get_matmul_backend()
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((256, 256)).astype(np.float32)
+    xv = rng.standard_normal((96, 256)).astype(np.float32)
+    x = lc.placeholder("x", (96, 256))
+    prog = lc.compile([(x @ lc.tensor(w)).relu()])
+    try:
+        lc.set_matmul_backend("tiled")
+        lc.set_num_threads(1)
+        for _ in range(3):
+            out = prog.run(x=xv)[0]
+        native = prog._fixed.plan.binding.native
+        assert native and native.matmul_epoch == config.matmul_epoch
+        lc.set_num_threads(2)
+        for _ in range(3):
+            out = prog.run(x=xv)[0]
+        again = prog._fixed.plan.binding.native
+        assert again is not native and again.matmul_epoch == config.matmul_epoch
+        np.testing.assert_allclose(out, np.maximum(xv @ w, 0), rtol=1e-4, atol=1e-4)
+    finally:
+        lc.set_num_threads(old)
+        lc.set_matmul_backend(old_backend)
