@@ -51,6 +51,18 @@ def ep_lines(i, ep, cols) -> tuple:
     return lines, checks
 
 
+def problem_lines(i, a, b, ep, ep_cols, regime=None) -> tuple:
+    """(lines, checks) every GEMM step's words start with: the 2-D problem's sizes and
+    canonical strides, its epilogue operands' strides, and the checks that the structure
+    holds (unit leading dims, the epilogue's column classes, `regime`'s backend decision)."""
+    lines = canon_lines(i, a[0], a[1], b[0], b[1])
+    more, checks = ep_lines(i, ep, ep_cols)
+    checks = lead_checks(a[0], b[0], *(sh for sh, _ in ep)) + checks
+    if regime is not None:
+        checks += regime.checks(i)
+    return lines + more, checks
+
+
 class Regime:
     """The sizes of a 2-D problem that keep `backend` (the backend_for decision at geometry g):
     g's bucket of n, k and operand forms, and the row ranges of the buckets around g's (two
@@ -139,12 +151,7 @@ class TiledWords:
         floor = 1024 if self.needs_w else 512
         kc_max = max(floor, L2 // 4 // ((MR + NR) * AB) // 8 * 8)
         pmin = M.PARALLEL_MIN_FLOPS
-        lines = canon_lines(i, a[0], a[1], b[0], b[1])
-        more, checks = ep_lines(i, ep, self.ep_cols)
-        lines += more
-        checks = lead_checks(a[0], b[0], *(sh for sh, _ in ep)) + checks
-        if regime is not None:
-            checks += regime.checks(i)
+        lines, checks = problem_lines(i, a, b, ep, self.ep_cols, regime)
         m, n, k = f"m{i}", f"n{i}", f"k{i}"
         (fl, kb, kc, mc, nc, rows, cols, bym, byn, usem, small, mch, nch, wu, opb, opn, mt, nt, kce, ar, af, ak,
          bp, wo, we, nta, parts, par, blk, wsb) = (f"t{i}_{x}" for x in (
@@ -303,12 +310,7 @@ class BlasWords:
         self.n_words = 17 + 2 * len(self.ep_cols)       # task words, tasks, m, n, (rse, cse) per epilogue operand
 
     def lines(self, i, a, b, ep, regime=None) -> list:
-        lines = canon_lines(i, a[0], a[1], b[0], b[1])
-        more, checks = ep_lines(i, ep, self.ep_cols)
-        lines += more
-        checks = lead_checks(a[0], b[0], *(sh for sh, _ in ep)) + checks
-        if regime is not None:
-            checks += regime.checks(i)
+        lines, checks = problem_lines(i, a, b, ep, self.ep_cols, regime)
         m, n, k = f"m{i}", f"n{i}", f"k{i}"
         mx = blas.BLASINT_MAX
         lines += [f"    pa{i} = csa{i} == 1 and max(1, {k}) <= rsa{i} <= {mx}",        # _blas_form of a, b
