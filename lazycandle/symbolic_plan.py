@@ -265,6 +265,8 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
             or len(traced_cap.scalars) != len(cap.scalars) \
             or [(n.op.name, n.arg) for n in traced_cap.inputs] != [(n.op.name, n.arg) for n in cap.inputs]:
         return None
+    if any(_holds_size(a) for a in traced_cap.args):
+        return None     # a node's arg holds a size (col2im's image size): its step bakes it at setup
     var = {n: f"v_{n}" for n in names}
     try:
         _, pdims, playout = size_signature(traced_cap)
@@ -313,6 +315,13 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
     if got is None or got[0] != want[1] or got[1] != want[2] or got[2] != list(cap.offsets):
         return None
     return pb
+
+
+def _holds_size(arg) -> bool:
+    """Whether a node's arg (nested tuples) holds an lc.Size of the named dims."""
+    if arg.__class__ is Size:
+        return True
+    return isinstance(arg, (tuple, list)) and any(_holds_size(a) for a in arg)
 
 
 def _scalar_binder(scalars, reads, var):
