@@ -176,8 +176,10 @@ class ProgramBinder:
     capture has the size class this binder was derived for, else None.  Derived once per size
     class from the program's traced graph (sizes are lc.Size expressions of the names): one
     generated function evaluates the class's symbols, the reads' strides and offsets, and
-    checks what named_dims.bind checks (every size of the class > 1 and distinct -- so no size
-    is negative and the class cannot change -- and every view inside its base buffer)."""
+    checks what named_dims.bind checks (every size of the class > 1, so no size is negative,
+    and every view inside its base buffer).  Sizes of the class may coincide (a length equal to
+    a head dim): the plan was scheduled over distinct symbols (derive_binder), where a decision
+    resting on two of them being equal raises, so none does."""
 
     def __init__(self, fn, plan, binder, source, reads, dims, checks, results, scalars=None):
         self.fn, self.plan, self.binder, self.source = fn, plan, binder, source
@@ -299,7 +301,7 @@ def derive_program_binder(traced_cap: Capture, view_nodes, user_nodes, out_offse
     reads = [f"    {var[n]} = sizes[{n!r}]" for n in names]
     lines = ["def bind(sizes):"] + reads + [f"    dims = {pieces[0]}"]
     if pdims:
-        lines.append("    if min(dims) < 2 or len(set(dims)) != len(dims):\n        return None")
+        lines.append("    if min(dims) < 2:\n        return None")
     for check in views:
         lines.append(f"    if not ({check}):\n        return None")
     results = ("dims", pieces[1], f"list({pieces[2]})", f"({''.join(s + ', ' for s in shapes)})", pieces[3])
@@ -358,9 +360,8 @@ def derive_direct(pb: ProgramBinder, names, inputs):
     sb = pb.binder
     at = {f"sizes[{n!r}]": f"sizes[{i}]" for i, n in enumerate(names)}     # the direct path passes a tuple
     prefix = [_indexed(line, at) for line in pb.reads] + [f"    d{k} = {d}" for k, d in enumerate(pb.dims)]
-    for k in range(len(pb.dims)):       # the class: every symbol > 1 and distinct (as pb.fn checks)
+    for k in range(len(pb.dims)):       # the class: every symbol > 1 (as pb.fn checks)
         prefix.append(f"    if d{k} < 2:\n        return None")
-        prefix += [f"    if d{k} == d{j}:\n        return None" for j in range(k)]
     prefix += [f"    if not ({check}):\n        return None" for check in pb.checks]
     if not _same_layouts(pb, names):
         prefix += [f"    if {_tuple_source(sb.layout_parts)} != {pb.results[1]}:", "        return None"]

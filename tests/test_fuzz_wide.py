@@ -349,7 +349,7 @@ def test_size_arithmetic_over_named_dim(op, named):
     rng = np.random.default_rng(5)
     k = rng.uniform(-1, 1, (3, 2, 3)).astype(np.float32)
     progs = {}
-    for n in (6, 9, 7, 6, 11):         # a third size binds the first class's plan by formula
+    for n in (6, 9, 7, 3, 6, 11):      # later sizes bind the first class's plan by formula (3: equal to a fixed dim)
         concrete = tuple(n if d == "n" else d for d in shape)
         key = "one" if named else n
         if key not in progs:

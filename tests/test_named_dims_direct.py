@@ -49,7 +49,26 @@ def test_direct_path_is_bit_identical_to_the_per_kernel_path_across_sizes(monkey
             direct += _direct_ran(prog, {"m": m, "L": L})
             assert fast.shape == slow.shape == (m, D)
             assert np.array_equal(fast, slow), (m, L)
-    assert direct >= 9          # m = 3 at every L but 1, 3 (a class of its own), and L = 64 (= D)
+    assert direct >= 9          # m = 3 at every L but 1
+
+
+def test_a_named_size_equal_to_a_fixed_size_binds_by_formula(monkeypatch):
+    """A length equal to the head dim (L = D) or to the rows (L = m) is in the class the
+    program was derived for: the plan was scheduled over distinct symbols, so the direct path
+    binds it, nothing is rebuilt, and it is bit-identical to the per-kernel path."""
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    prog = _decode_program()
+    _warm(prog, lambda L: _feeds(3, L), (5, 6))
+    bound = len(prog._bound)
+    for m, L in ((3, D), (3, 3), (7, 7), (5, 5)):
+        f = _feeds(m, L)
+        fast = prog.run(**f)[0]
+        assert _direct_ran(prog, {"m": m, "L": L}), (m, L)
+        monkeypatch.setenv("LAZYCANDLE_EXEC", "python")
+        slow = prog.run(**f)[0]
+        monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+        assert np.array_equal(fast, slow), (m, L)
+    assert len(prog._bound) == bound + 4        # (the per-kernel runs bind through the traced binder)
 
 
 def test_a_size_of_zero_and_one_fall_back_and_still_match(monkeypatch):
