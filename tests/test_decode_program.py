@@ -78,12 +78,13 @@ def test_compiled_decode_equals_eager_with_fused_or_graph_attention_and_any_bind
 
 def test_one_program_binds_every_length_and_batch_by_formula(tiny_gpt2, monkeypatch):
     """Filled lengths 8..~60 walk over the tiny model's own sizes (4 heads, head dim 16, n_embd
-    64): no step rebuilds the graph (named_dims.bind), none compiles a kernel, and batch sizes
-    2, 3 and 6 share one program (batch 1 has its own)."""
+    64): no step rebuilds the graph (named_dims.bind), none compiles a kernel once each batch
+    size ran (a batch's GEMM row class has its small-m kernel: log-many, by the host's vector
+    width), and batch sizes 2, 3 and 6 share one program (batch 1 has its own)."""
     monkeypatch.setattr(causal_lm, "BIND_BLOCK", 1)
     tiny_gpt2.__dict__.pop("_programs", None)
-    run(tiny_gpt2, [PROMPTS[0]], 3, eos_token_id=[])
-    run(tiny_gpt2, PROMPTS[:2], 3, eos_token_id=[])
+    for prompts in ([PROMPTS[0]], PROMPTS[:2], PROMPTS, PROMPTS * 2):    # (each batch's small-m row class compiles once)
+        run(tiny_gpt2, prompts, 3, eos_token_id=[])
     calls = []
     real = named_dims.bind
     monkeypatch.setattr(named_dims, "bind", lambda *a: calls.append(a[1]) or real(*a))

@@ -59,6 +59,8 @@ def test_a_named_size_equal_to_a_fixed_size_binds_by_formula(monkeypatch):
     monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
     prog = _decode_program()
     _warm(prog, lambda L: _feeds(3, L), (5, 6))
+    for m in (7, 5):        # each row count's small-m kernel class (by the host's vector width) once
+        prog.run(**_feeds(m, 40 + m))
     bound = len(prog._bound)
     for m, L in ((3, D), (3, 3), (7, 7), (5, 5)):
         f = _feeds(m, L)
