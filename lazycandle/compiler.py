@@ -67,7 +67,7 @@ class Template:
         where = {id(n): i for i, n in enumerate(cap.nodes)}
         return cls(tuple(where[id(n)] for n in opt.nodes),
                    tuple(tuple(o.index if o.kind == "node" else None for o in ops) for ops in opt.operands),
-                   tuple(opt.args), tuple(opt.targets), tuple(tuple(k.nodes) for k in kernels),
+                   tuple(opt.args), tuple(opt.targets), tuple(tuple(g) for k in kernels for g in k.groups()),
                    frozenset(mat), tuple(notes))
 
     def replay(self, cap: Capture) -> Capture:

@@ -81,12 +81,14 @@ def test_functional_sgd_matches_the_eager_sgd(momentum):
     np.testing.assert_allclose(p.numpy(), w.numpy(), rtol=1e-12)
 
 
-def test_each_parameter_update_is_one_fused_kernel_writing_param_and_moments():
+def test_the_update_of_all_parameters_is_one_kernel_writing_params_and_moments():
+    """One horizontal kernel (ir/horizontal.py): a segment per parameter writes it and its moments."""
     from bench.train_step import build
+    from lazycandle.ir.horizontal import HSpec
     prog, shapes, _ = build([6, 5, 3], 4)
     plan = prog._fixed.plan
-    writes3 = [k for k in plan.kernels if k.kind == "elementwise" and len(k.outputs) == 3]
-    assert len(writes3) == len(shapes)
+    updates = [k for k in plan.kernels if isinstance(k.spec, HSpec) and len(k.outputs) == 3 * len(k.parts)]
+    assert [len(k.parts) for k in updates] == [len(shapes)]
 
 
 def test_fused_training_step_has_fewer_kernels_than_ops():

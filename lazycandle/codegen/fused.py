@@ -1,15 +1,16 @@
-"""The fused kernel kinds (elementwise, reduction, row) in the one kernel cache, apart from
-their code generators: their vector widths, their compiled-kernel caches and their registry
-entries.  A generator module (codegen/elementwise.py, reduce.py, row.py, with the codecs and
-the vector-math library behind them) is imported only when a kernel of its kind has to be
-built -- on a cache miss, or for a dump of its IR -- so a new process whose kernels are all
-in LAZYCANDLE_CACHE_DIR links them without importing any (that import is about half of its
-first small realize: ~5 of ~10 ms)."""
+"""The fused kernel kinds (elementwise, reduction, row, horizontal) in the one kernel cache,
+apart from their code generators: their vector widths, their compiled-kernel caches and their
+registry entries.  A generator module (codegen/elementwise.py, reduce.py, row.py,
+horizontal.py, with the codecs and the vector-math library behind them) is imported only when
+a kernel of its kind has to be built -- on a cache miss, or for a dump of its IR -- so a new
+process whose kernels are all in LAZYCANDLE_CACHE_DIR links them without importing any (that
+import is about half of its first small realize: ~5 of ~10 ms)."""
 from __future__ import annotations
 
 import importlib
 
 from .. import dtype as D
+from ..ir.horizontal import HSpec
 from ..ir.kernels import EwSpec, RedSpec, RowSpec
 from ..ir.ops import reduction
 from . import jit, registry
@@ -54,6 +55,7 @@ def _generator(module: str, name: str):
 ew_kernels = jit.KernelCache(_generator("elementwise", "ew"), KERNEL_FN)
 red_kernels = jit.KernelCache(_generator("reduce", "red"), KERNEL_FN)
 row_kernels = jit.KernelCache(_generator("row", "row"), KERNEL_FN)
+h_kernels = jit.KernelCache(_generator("horizontal", "hew"), KERNEL_FN)
 for _cls, _cache, _lanes in ((EwSpec, ew_kernels, ew_lanes), (RedSpec, red_kernels, red_lanes),
-                             (RowSpec, row_kernels, ew_lanes)):
+                             (RowSpec, row_kernels, ew_lanes), (HSpec, h_kernels, lambda spec: ew_lanes(spec.ew))):
     registry.register(_cls, lambda spec, cache=_cache: cache.build(spec)[0], _cache, _lanes)

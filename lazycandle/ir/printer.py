@@ -122,7 +122,8 @@ def kernel_text(i, k, desc, names, step=None, extent=None) -> list:
         node_ops = list(node_ops) + list(k.epilogue.operands)      # a matmul's epilogue reads
     for pos, bind in enumerate(k.inputs):
         if spec is not None:
-            strides, dt = k.loop_strides[pos] if k.loop_strides else spec.inputs[pos][1], spec.inputs[pos][0]
+            cls = getattr(spec, "ew", spec).inputs      # (a horizontal kernel: per segment)
+            strides, dt = k.loop_strides[pos] if k.loop_strides else cls[pos][1], cls[pos % len(cls)][0]
         else:
             o = node_ops[pos]
             strides = f"{o.strides} shape {o.shape}"

@@ -25,6 +25,7 @@ from ..errors import SchedulerError
 from ..layout import contiguous_strides
 from . import rows
 from .graph import Capture
+from .horizontal import fuse_horizontal
 from .epilogue import _reads_in_order, epilogue_kernel, fuse_epilogues
 from .kernels import EwSpec, RedSpec, ew_classes, ew_loop, runtime_sizes, tile_dim
 from .ops import ELEMENTWISE, MATMUL, REDUCE
@@ -51,6 +52,11 @@ class Kernel:
     sizes: tuple = ()               # fused kernels: the runtime `sizes` argument
     why: list = field(default_factory=list)      # notes on fusion decisions (for the dump)
     epilogue: object = None         # matmul kernels: the fused consumers (ir/epilogue.py)
+    parts: list = None              # horizontal kernels: the node group of each segment (ir/horizontal.py)
+
+    def groups(self) -> list:
+        """The scheduler's node groups this kernel runs (a template replays them)."""
+        return self.parts or [self.nodes]
 
 
 def _identity_read(o, shape) -> bool:
@@ -326,7 +332,8 @@ def schedule(cap: Capture):
 
 def bind_kernels(cap: Capture, groups, mat) -> list:
     """The kernels of `groups` (node index lists, in execution order) over this capture's
-    concrete layouts: fused kernels get their spec (shape class) and runtime sizes."""
+    concrete layouts: fused kernels get their spec (shape class) and runtime sizes; then
+    independent ones of one structure merge horizontally (ir/horizontal.py)."""
     kernels = []
     for g in groups:
         kind = cap.nodes[g[-1]].op.category
@@ -341,7 +348,7 @@ def bind_kernels(cap: Capture, groups, mat) -> list:
             reads = [("slot", o.index) if o.kind == "in" else ("node", o.index, o.offset)
                      for o in cap.operands[g[0]] if o.kind != "const"]
             kernels.append(Kernel(kind, g, [j for j in g if j in mat], reads))
-    return kernels
+    return fuse_horizontal(cap, kernels, Kernel)
 
 
 def _merge_classed(shape, strides_list, red):

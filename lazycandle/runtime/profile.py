@@ -20,7 +20,9 @@ def kernel_rows(plan, seconds) -> list:
     desc = plan.opt_desc
     rows = []
     for i, (k, t) in enumerate(zip(plan.kernels, seconds)):
-        name = "+".join(desc["nodes"][j][0] for j in k.nodes)
+        name = "+".join(desc["nodes"][j][0] for j in k.groups()[0])
+        if k.parts:
+            name = f"{len(k.parts)} x ({name})"         # a horizontal kernel: per segment
         out = k.outputs[0] if k.outputs else k.nodes[-1]
         shape = desc["nodes"][out][2]
         nbytes = sum(prod(desc["nodes"][j][2]) * desc["nodes"][j][3].size_in_bytes for j in k.outputs)
