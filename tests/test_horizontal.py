@@ -100,16 +100,22 @@ def test_adamw_update_over_odd_sizes_matches_numpy_and_the_unfused_update(mode, 
         assert g.tobytes() == r.tobytes(), f"output {i} differs from the per-parameter kernel"
 
 
-def test_named_sizes_rebind_without_a_new_schedule(monkeypatch):
-    """Segment lengths that are named sizes: other lengths bind the same plan's kernels."""
+def test_named_sizes_bind_by_formula(monkeypatch):
+    """Segment lengths that are named sizes: other lengths bind the first plan's horizontal
+    kernel by the size class's formulas (one binder, then the direct path), no new schedule."""
+    monkeypatch.setenv("LAZYCANDLE_EXEC", "native")
+    names = ("n3", "n40", "n700")
     prog = _adamw_program((np.float32,), named=True, sizes=(3, 40, 700))
-    for sizes in ((3, 40, 700), (5, 33, 1029), (4, 64, 9)):
+    for i, sizes in enumerate(((3, 40, 700), (5, 33, 1029), (4, 64, 9), (2, 2, 2))):
         feeds = _feeds((np.float32,), seed=sum(sizes), sizes=sizes)
         for _ in range(2):
             got = prog.run(**feeds)
         for g, want in zip(got, _numpy_adamw(feeds, 3)):
             np.testing.assert_allclose(g, want, rtol=1e-6, atol=1e-6)
         assert sum(isinstance(k.spec, HSpec) for k in _plan_kernels(prog)) == 1
+        assert len(prog._traced.binders) == 1
+        if i:
+            assert any(r.bound_sizes() == dict(zip(names, sizes)) for r in prog._traced.direct), sizes
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
@@ -164,3 +170,43 @@ def test_eager_adamw_step_over_many_parameters_matches_the_unfused_step(unfused)
     unfused(False)
     for g, r in zip(got, steps()):
         assert g.tobytes() == r.tobytes()
+
+
+FMA = (("mul", None, "f32", "f32", (("i", 0), ("s", 0, "f32"))), ("add", None, "f32", "f32", (("v", 0), ("i", 1))))
+
+
+@pytest.mark.parametrize("min_bytes", [0, 1 << 40], ids=["streamed", "plain"])
+def test_segment_kernel_over_any_split_and_alignment(min_bytes, monkeypatch):
+    """The kernel called directly: segments of 0, 5, 1000, 37 and 1 elements, a broadcast
+    input, a scalar per segment, outputs off the line, every unit range a pool could hand out
+    (whole, cut inside and between segments), streaming stores on (threshold 0) and off."""
+    import ctypes
+    from lazycandle.codegen import horizontal as CH, jit
+    from lazycandle.codegen.loops import KERNEL_FN
+    from lazycandle.ir.kernels import EwSpec
+    monkeypatch.setattr(CH, "streaming_min_bytes", lambda row=False: min_bytes)
+    spec = HSpec(EwSpec(1, (("f32", (1,)), ("f32", (0,))), FMA, ((1, "f32"),), ("f32",), None))
+    text = CH.build(spec, "hew")
+    assert "!nontemporal" in text and "sfence" in text    # chosen per segment at run time
+    fn = KERNEL_FN(jit.compile_ir(text, ["hew"], f"hstream{min_bytes}").address("hew"))
+    lens = [0, 5, 1000, 37, 1]
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal(n).astype(np.float32) for n in lens]
+    cs = [np.array([rng.standard_normal()], np.float32) for _ in lens]
+    scales = np.array([float(np.float32(s)) for s in rng.standard_normal(len(lens))])
+    total = sum(lens)
+    for cuts in ([], [16], [3, 5, 6, 500, 1005, 1040], list(range(0, total, 64))):
+        outs = []
+        for i, n in enumerate(lens):
+            raw = np.zeros(4 * n + 128, np.uint8)
+            off = (-raw.ctypes.data) % 64 + 4 * (i % 2)       # line-aligned (streamable) or not
+            outs.append(raw[off:off + 4 * n].view(np.float32))
+        bufs = (ctypes.c_void_p * (3 * len(lens)))(*[a.ctypes.data for x, c in zip(xs, cs) for a in (x, c)],
+                                                   *[o.ctypes.data for o in outs])
+        sizes = (ctypes.c_int64 * (1 + len(lens)))(len(lens), *lens)
+        scal = (ctypes.c_double * len(lens))(*scales)
+        bounds = [0] + sorted(set(cuts) - {0}) + [total]
+        for lo, hi in zip(bounds, bounds[1:]):
+            fn(ctypes.addressof(bufs), ctypes.addressof(sizes), ctypes.addressof(scal), lo, hi)
+        for x, c, s, o in zip(xs, cs, scales, outs):
+            np.testing.assert_allclose(o, x * np.float32(s) + c[0], rtol=1e-6, atol=1e-7)   # (may contract to FMA)

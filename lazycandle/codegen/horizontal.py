@@ -4,16 +4,15 @@ in order; the kernel walks the segment table (sizes: count, then each length), a
 segment overlapping the range loads that segment's pointers and scalars and runs the rank-1
 elementwise loop (codegen/elementwise.py: W-wide vector body and one masked tail) over its
 part of the range.  So every segment computes exactly what its own kernel would, element for
-element, and the pool's split balances the total, not each segment.  Stores are never
-non-temporal: the segments are the small kernels the fusion is for, and whether a part is
-large enough to stream would be one more per-segment decision for a rare case."""
+element, and the pool's split balances the total, not each segment.  A segment whose outputs
+are large streams its stores as its own kernel would (elementwise.streaming_min_bytes)."""
 from __future__ import annotations
 
 from .. import dtype as D
 from ..ir.horizontal import HSpec
-from .elementwise import _Kernel, load_scalars
+from .elementwise import _Kernel, load_scalars, streaming_min_bytes
 from .fused import ew_lanes
-from .llvmutil import I64, ltype, splat
+from .llvmutil import I1, I64, ltype, splat
 from .loops import counted_loop, kernel_function, new_module, unit_range
 
 
@@ -51,6 +50,9 @@ class _Segments(_Kernel):
         start_at = b.alloca(I64)
         b.store(I64(0), start_at)
         strides = [cls[0] for _, cls in self.spec.inputs]
+        streamed = b.alloca(I1) if self.can_stream() else None
+        if streamed is not None:
+            b.store(I1(0), streamed)
         with counted_loop(b, I64(0), count, 1, "seg") as s:
             start = b.load(start_at)
             n = b.load(b.gep(sizes, [b.add(s, I64(1))], inbounds=True), align=8)
@@ -60,8 +62,21 @@ class _Segments(_Kernel):
             stop = b.select(b.icmp_signed("<", stop, n), stop, n)
             with b.if_then(b.icmp_signed("<", first, stop)):
                 self._segment_args(s, count)
-                self.inner_loop(first, stop, [I64(0)] * len(self.in_dt), I64(0), strides)
+                stream = None
+                if streamed is not None:
+                    stream = self.segment_streams(n)
+                    b.store(b.or_(b.load(streamed), stream), streamed)
+                self.inner_loop(first, stop, [I64(0)] * len(self.in_dt), I64(0), strides, stream)
+        if streamed is not None:
+            with b.if_then(b.load(streamed)):
+                self.store_fence()          # the streamed stores are visible before we return
         b.ret_void()
+
+    def segment_streams(self, n):
+        """i1: a segment of n elements writes at least streaming_min_bytes() (its own kernel
+        would stream its stores)."""
+        nbytes = self.b.mul(n, I64(sum(dt.size_in_bytes for dt in self.out_dt)))
+        return self.b.icmp_signed(">=", nbytes, I64(streaming_min_bytes()))
 
 
 def build(spec: HSpec, name: str = "hew") -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, replace
 
-from .kernels import RUNTIME, EwSpec, KernelSpec
+from .kernels import EwSpec, KernelSpec
 from .ops import ELEMENTWISE
 
 ENABLED = True          # tests switch it off to compare with the per-kernel schedule
