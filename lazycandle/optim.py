@@ -6,8 +6,9 @@ at their updated values.  Functional (for `lc.jit` / `lc.compile`, so a whole tr
 one program): `state = opt.init(params)` and `new_params, new_state = opt.update(params, grads,
 state)`, where params, grads and state are flat tuples of tensors (placeholders under tracing);
 nothing is realized.  Both run the same update expression: one fused elementwise kernel per
-parameter (it writes the parameter and its state together), and the eager step realizes all
-parameters in one graph.  Adam's step count lives in the state as the running products
+parameter (it writes the parameter and its state together), merged by the scheduler into ONE
+kernel per dtype with a segment per parameter (ir/horizontal.py), and the eager step realizes
+all parameters in one graph.  Adam's step count lives in the state as the running products
 beta1^t and beta2^t (shape-() f64 tensors), so a new step never traces or compiles again.
 The learning rate is a realized shape-() f64 tensor the update reads at run time: setting
 `opt.lr` writes the new value into it, so a compiled step (`lc.jit` / `lc.compile` over

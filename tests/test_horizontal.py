@@ -210,3 +210,12 @@ def test_segment_kernel_over_any_split_and_alignment(min_bytes, monkeypatch):
             fn(ctypes.addressof(bufs), ctypes.addressof(sizes), ctypes.addressof(scal), lo, hi)
         for x, c, s, o in zip(xs, cs, scales, outs):
             np.testing.assert_allclose(o, x * np.float32(s) + c[0], rtol=1e-6, atol=1e-7)   # (may contract to FMA)
+
+
+def test_schedule_dump_and_profile_name_the_segments():
+    a, b = lc.placeholder("a", (5,)), lc.placeholder("b", (7,))
+    prog = lc.compile([a * 2.0 + 1.0, b * 2.0 + 1.0])
+    feeds = {"a": np.ones(5, np.float32), "b": np.ones(7, np.float32)}
+    prog.run(**feeds)
+    assert "horizontal: 2 segments of one kernel" in prog.dump("schedule")
+    assert "2 x (mul+add)" in prog.profile(runs=1, **feeds)

@@ -135,6 +135,9 @@ def kernel_text(i, k, desc, names, step=None, extent=None) -> list:
         lines.append(f"    reads  {src}: {dt} strides {strides}")
     for j in k.outputs:
         lines.append(f"    writes {names.nodes[j]}: {desc['nodes'][j][2]} {desc['nodes'][j][3].name}")
+    if k.parts:
+        lines.append(f"    horizontal: {len(k.parts)} segments of one kernel ({spec.ew.describe()}), lengths "
+                     f"{list(k.sizes[1:])}; parallel over {extent} elements of them all")
     if spec is not None and k.loop_shape and step is not None:
         shape, W = k.loop_shape, step.lanes
         if k.kind == "elementwise":
