@@ -112,7 +112,6 @@ def _merge(parts, kernel_cls):
                       scalars=[s for k in parts for s in k.scalars],
                       loop_strides=tuple(st for k in parts for st in k.loop_strides),
                       sizes=(len(parts),) + tuple(k.sizes[0] for k in parts),
-                      why=[f"horizontal: {len(parts)} kernels of one structure as segments"],
                       parts=[list(k.nodes) for k in parts])
 
 
