@@ -26,8 +26,8 @@ from ..ir.epilogue import MAX_INPUTS
 from ..ir.kernels import RUNTIME, EwSpec
 from . import jit
 from .elementwise import _emit_instrs, lanes, load_scalars
-from .gemm_ir import (I64, ONE, ZERO, define, for_range, gep, i64, load, mul, add, new_module,
-                      storage_type, store, vload, vstore)
+from .gemm_ir import (I64, ZERO, define, for_range, gep, i64, load, masked_vload, masked_vstore, mul, add,
+                      new_module, storage_type, vload, vstore)
 from .llvmutil import I8, VOID, splat
 from .loops import finalize_ir
 
@@ -72,8 +72,9 @@ class Emitter:
         # splatted where used, not cached: the uses sit in branches that do not dominate each other
         return splat(self.b, self.scalars[k], w)
 
-    def _load(self, k, row, col, w):
-        """Raw storage value(s) of extra input k at tile element (row, col ...col + w)."""
+    def _load(self, k, row, col, w, mask=None):
+        """Raw storage value(s) of extra input k at tile element (row, col ...col + w); with
+        `mask` (the tile's last columns) only its lanes are read."""
         b = self.b
         ptr, rs, cs = self.inputs[k]
         eb = D.DType.from_name(self.ep.ew.inputs[k][0]).size_in_bytes
@@ -82,18 +83,20 @@ class Emitter:
             off = mul(b, row, rs) if cls == 0 else add(b, mul(b, row, rs), mul(b, col, cs))
             return splat(b, load(b, ptr, off, eb), w)
         if cls == 1:
-            return vload(b, ptr, add(b, mul(b, row, rs), col), w, eb)
+            at = add(b, mul(b, row, rs), col)
+            return vload(b, ptr, at, w, eb) if mask is None else masked_vload(b, ptr, at, mask, eb)
         v = ir.Constant(ir.VectorType(ptr.type.pointee, w), ir.Undefined)
         base = add(b, mul(b, row, rs), mul(b, col, cs))
         for lane in range(w):
-            v = b.insert_element(v, load(b, ptr, add(b, base, mul(b, i64(lane), cs)), eb), i64(lane))
+            idx = i64(lane) if mask is None else b.select(b.extract_element(mask, i64(lane)), i64(lane), ZERO)
+            v = b.insert_element(v, load(b, ptr, add(b, base, mul(b, idx, cs)), eb), i64(lane))
         return v
 
-    def apply(self, value, row, col, w):
+    def apply(self, value, row, col, w, mask=None):
         """The epilogue's output (storage representation) for the matmul's stored value(s)
-        `value` at tile element (row, col), w lanes along the row."""
+        `value` at tile element (row, col), w lanes along the row (those of `mask` if given)."""
         def load_input(k):
-            return value if k == self.ep.mm_input else self._load(k, row, col, w)
+            return value if k == self.ep.mm_input else self._load(k, row, col, w, mask)
         return _emit_instrs(self.b, self.ep.ew, load_input, w, self._scalar)[0]
 
 
@@ -103,7 +106,9 @@ def col_class(stride: int):
 
 def build_ir(ep: Epilogue) -> tuple:
     """(IR text, exported name) of the tile function: rows of the tile in whole vectors of the
-    DAG's lane count, then a scalar tail."""
+    DAG's lane count, then one masked vector for the last columns (a scalar tail evaluated
+    gelu_erf's table lookups lane by lane: the small-m GEMM's 3-column tiles ran 5x slower
+    with it than without)."""
     m = new_module(f"gemm_ep_{ep.key}")
     name = f"lc_gemm_ep_{ep.key}"
     fn, b = define(m, name, VOID, list(EP_FN.args), internal=False)
@@ -123,8 +128,12 @@ def build_ir(ep: Epilogue) -> tuple:
         row = gep(b, o, mul(b, r, ldo))
         with for_range(b, ZERO, full, i64(W), name="j") as j:
             vstore(b, em.apply(vload(b, row, j, W, eb), r, j, W), row, j, eb)
-        with for_range(b, full, nr, ONE, name="t") as j:
-            store(b, em.apply(load(b, row, j, eb), r, j, 1), row, j, eb)
+        if W > 1:       # (W = 1: no tail)
+            with b.if_then(b.icmp_signed("<", full, nr)):
+                lane = ir.Constant(ir.VectorType(I64, W), [i64(t) for t in range(W)])
+                mask = b.icmp_signed("<", lane, splat(b, b.sub(nr, full), W))
+                got = em.apply(masked_vload(b, row, full, mask, eb), r, full, W, mask)
+                masked_vstore(b, got, row, full, mask, eb)
     b.ret_void()
     return finalize_ir(m), name
 

@@ -9,7 +9,7 @@ import llvmlite.ir as ir
 
 from ..dtype import DType
 from . import codecs
-from .llvmutil import I64, ltype, vec, width_of
+from .llvmutil import I32, I64, VOID, intrinsic, ltype, type_suffix, vec, width_of
 from .loops import counted_loop, plain_latch
 
 ZERO = ir.Constant(I64, 0)
@@ -99,6 +99,23 @@ def vload(b, ptr, idx, width, align):
 def vstore(b, val, ptr, idx, align):
     p = b.bitcast(gep(b, ptr, idx), val.type.as_pointer())
     b.store(val, p, align=align)
+
+
+def masked_vload(b, ptr, idx, mask, align):
+    """The lanes of `mask` (an i1 vector) from ptr[idx ...]; the others read as 0 and are not
+    touched in memory (a tail past the end of a buffer)."""
+    vt = vec(ptr.type.pointee, mask.type.count)
+    fn = intrinsic(b.module, f"llvm.masked.load.{type_suffix(vt)}.p0{type_suffix(vt)}", vt,
+                   [vt.as_pointer(), I32, mask.type, vt])
+    return b.call(fn, [b.bitcast(gep(b, ptr, idx), vt.as_pointer()), I32(align), mask, zero(vt)])
+
+
+def masked_vstore(b, val, ptr, idx, mask, align):
+    """Store the lanes of `mask` of vector val at ptr[idx ...]."""
+    vt = val.type
+    fn = intrinsic(b.module, f"llvm.masked.store.{type_suffix(vt)}.p0{type_suffix(vt)}", VOID,
+                   [vt, vt.as_pointer(), I32, mask.type])
+    b.call(fn, [val, b.bitcast(gep(b, ptr, idx), vt.as_pointer()), I32(align), mask])
 
 
 def imin(b, x, y):

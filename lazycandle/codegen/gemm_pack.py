@@ -8,8 +8,8 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from .gemm_ir import (ONE, ZERO, I64, acc_type, add, define, for_range, gep, i64, if_then, imin, load, mul,
-                      storage_type, store, to_acc, type_bytes, vload, vstore, zero)
-from .llvmutil import I1, I32, VOID, intrinsic, type_suffix, vec
+                      masked_vstore, storage_type, store, to_acc, type_bytes, vload, vstore, zero)
+from .llvmutil import I1, I32, VOID, vec
 
 
 def emit_pack_scalar(m: ir.Module, spec):
@@ -136,7 +136,4 @@ def _store_lanes(b, v, ptr, idx, lanes: int, align: int):
     if lanes == n:
         vstore(b, v, ptr, idx, align)
         return
-    mask = ir.Constant(ir.VectorType(I1, n), [1] * lanes + [0] * (n - lanes))
-    fn = intrinsic(b.module, f"llvm.masked.store.{type_suffix(v.type)}.p0{type_suffix(v.type)}", VOID,
-                   [v.type, v.type.as_pointer(), I32, mask.type])
-    b.call(fn, [v, b.bitcast(gep(b, ptr, idx), v.type.as_pointer()), I32(align), mask])
+    masked_vstore(b, v, ptr, idx, ir.Constant(ir.VectorType(I1, n), [1] * lanes + [0] * (n - lanes)), align)

@@ -30,7 +30,7 @@ cut into chunks (partial sums go through the output): in "t" so a row block of a
 pages.
 
 The epilogue of the matmul (bias, activation, residual: ir/epilogue.py) is applied to each
-tile of products right after it is stored, while it is in L1, by the tiled GEMM's epilogue
+unit's block of products after its last k chunk, while it is in L1, by the tiled GEMM's epilogue
 function (codegen/gemm_epilogue.py, compiled once per epilogue; its address is the `ep_fn`
 size), so `(x @ w + b).gelu()` is this one kernel.  Calling convention: the kernels' own,
 `void k(i8** bufs, i64* sizes, i64* scalars, i64 lo, i64 hi)` with bufs (a, b, out, then
@@ -48,7 +48,7 @@ from ..dtype import DType
 from ..ir.kernels import KernelSpec
 from . import gemm_pairs, jit, registry
 from .gemm_epilogue import EP_FN, MAX_INPUTS as MAX_EPILOGUE_INPUTS
-from .gemm_ir import (ZERO, acc_type, add, for_range, from_acc, gep, i64, imin, load, mul,
+from .gemm_ir import (ZERO, acc_type, add, for_range, from_acc, gep, i64, imin, load, masked_vload, mul,
                       storage_type, store, to_acc, type_bytes, vload, vstore, zero)
 from .llvmutil import I32, call_intrinsic, intrinsic, splat, type_suffix, vec
 from .loops import KERNEL_FN, finalize_ir, kernel_function, new_module
@@ -134,11 +134,7 @@ class _Builder:
 
     # ---- helpers ---------------------------------------------------------------------
     def _masked_load(self, ptr, idx, mask):
-        b, vt = self.b, vec(self.st, mask.type.count)
-        p = b.bitcast(gep(b, ptr, idx), vt.as_pointer())
-        f = intrinsic(self.m, f"llvm.masked.load.{type_suffix(vt)}.p0{type_suffix(vt)}", vt,
-                      [vt.as_pointer(), I32, mask.type, vt])
-        return b.call(f, [p, I32(self.eb), mask, zero(vt)])
+        return masked_vload(self.b, ptr, idx, mask, self.eb)
 
     def _vec_load(self, ptr, idx, mask=None):
         """VW accumulator lanes from ptr[idx ...] (masked lanes read as 0)."""
@@ -194,6 +190,8 @@ class _Builder:
                             self._group_t(s, a, bm, o, rows, real, j, j1, chunk)
                         else:
                             self._group_n(s, a, bm, o, rows, j, j1, chunk)
+                with b.if_then(chunk[3]):
+                    self._apply_epilogue(s, o, ZERO, j0, s["m"], b.sub(j1, j0))
         b.ret_void()
         return finalize_ir(self.m)
 
@@ -217,7 +215,9 @@ class _Builder:
     def _apply_epilogue(self, s, o, row0, col0, rows, cols):
         """Run the epilogue's tile function over the rows x cols tile at (row0, col0), which
         holds the stored products (as the tiled GEMM does: one compiled function per epilogue,
-        not one small-m kernel per epilogue, keeps the compiles few)."""
+        not one small-m kernel per epilogue, keeps the compiles few).  It is called once per
+        unit, over all its rows and columns (a few KB, still in L1): called per group, "t"
+        tiles were G = 3 columns wide and the epilogue ran on vectors of 3 of its 16 lanes."""
         b = self.b
         with b.if_then(b.icmp_signed("!=", self.ep_fn, ZERO)):
             for x, (e, base) in enumerate(zip(self.ep_in, self.ep_base)):
@@ -245,12 +245,12 @@ class _Builder:
     def _group_t(self, s, a, bm, o, rows, real, j, j1, chunk):
         """G dot products over the k chunk [k0, k1) for the block's rows: columns j.. (clamped
         to j1 - 1).  A chunk after the first adds the partial sums already in the output (the
-        plan chunks k only for dtypes stored in their accumulator type), and the last applies
-        the epilogue; a clamped duplicate (`real` false, or a column past j1) is not stored,
-        since it would add its partial sum a second time."""
+        plan chunks k only for dtypes stored in their accumulator type); a clamped duplicate
+        (`real` false, or a column past j1) is not stored, since it would add its partial sum a
+        second time."""
         spec, b = self.spec, self.b
         vw = spec.vw
-        k0, k1, first, last = chunk
+        k0, k1, first, _ = chunk
         lastc = b.sub(j1, i64(1))
         cols = [imin(b, add(b, j, i64(c)), lastc) for c in range(spec.group)]
         arow = [gep(b, a, mul(b, r, s["rsa"])) for r in rows]
@@ -292,9 +292,6 @@ class _Builder:
                     at = gep(b, o, add(b, mul(b, row, s["ldo"]), col))
                     before = to_acc(b, dt, b.load(at, align=self.eb))
                     b.store(from_acc(b, dt, b.select(first, total, b.fadd(total, before))), at, align=self.eb)
-        with b.if_then(last):
-            self._apply_epilogue(s, o, rows[0], j, imin(b, i64(spec.mr), b.sub(s["m"], rows[0])),
-                                 imin(b, i64(spec.group), b.sub(j1, j)))
 
     def _group_n(self, s, a, bm, o, rows, j, j1, chunk):
         """NV vectors of output columns j.. for the block's rows over the k chunk [k0, k1).  B
@@ -302,10 +299,10 @@ class _Builder:
         AVX-512 masks), so one loop serves the partial group at the end of a block too.  A
         chunk after the first starts from the partial sums in the output (chunked only for
         dtypes stored as they accumulate); a clamped duplicate row loads them before any row
-        of the group stores, so it stores the same bits.  The last chunk runs the epilogue."""
+        of the group stores, so it stores the same bits."""
         spec, b = self.spec, self.b
         vw = spec.vw
-        k0, k1, first, last = chunk
+        k0, k1, first, _ = chunk
         left = b.sub(j1, j)
         masks = [self._lane_mask(b.sub(left, i64(c * vw))) for c in range(spec.group)]
         self._zero_acc()
@@ -336,9 +333,6 @@ class _Builder:
                         count = imin(b, i64(vw), b.sub(left, i64(c * vw)))
                         with for_range(b, ZERO, count, name="t") as t:
                             self._store(o, s, row, add(b, add(b, j, i64(c * vw)), t), load(b, lanes, t, self.eb), 1)
-        with b.if_then(last):
-            self._apply_epilogue(s, o, rows[0], j, imin(b, i64(spec.mr), b.sub(s["m"], rows[0])),
-                                 imin(b, i64(spec.group_cols), left))
 
 
     def _rows_n(self, s, arow, bm, j, k0, k1, masks):
