@@ -428,7 +428,7 @@ def form_of(plan):
 
 
 def form_key(plan, setting: str):
-    """What a binding's words form is, for the program key (native_program.matmul_forms): the
+    """What a binding's words form is, for the program key (native_program.kernel_forms): the
     backend, the thread count and the backend setting its words are written for, or None."""
     if plan.backend == "tiled" and TiledWords.applies(plan) or plan.backend == "blas" and BlasWords.applies(plan):
         return plan.backend, plan.threads, setting

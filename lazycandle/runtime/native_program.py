@@ -5,7 +5,7 @@ BLAS matmul run from its words (runtime/matmul_words.py: its sizes are words of 
 a kernel's) or a step that needs Python -- grouped in phases of independent kernels (one
 barrier per phase), each call's positions in `ptrs` and `sizes`, the arena slots (buffers whose
 lifetimes do not overlap share a slot) and the linked module (codegen/program.py).  One per
-combination of matmul forms (matmul_forms).  runtime/native_exec.py binds it to sizes
+combination of matmul forms and sized-step kernels (kernel_forms).  runtime/native_exec.py binds it to sizes
 (NativePlan) and runs it on the native worker pool (native_pool.py)."""
 from __future__ import annotations
 
@@ -50,12 +50,13 @@ _build_lock = threading.Lock()
 
 
 def program_of(plan, binding=None) -> "NativeProgram":
-    """The plan's NativeProgram for `binding`'s matmul forms (default: the plan's own binding):
+    """The plan's NativeProgram for `binding`'s kernel forms (default: the plan's own binding):
     one per combination of small-m kernels its matmul steps run -- a row count that crosses
-    the small-m rule turns a step from a native call into a Python item -- built and linked on
-    first use.  `plan.native_program` is the one used last."""
+    the small-m rule turns a step from a native call into a Python item -- and of kernels its
+    sized steps pick by size (attention's query-length regime), built and linked on first use.
+    `plan.native_program` is the one used last."""
     binding = binding or plan.binding
-    key = matmul_forms(plan, binding)
+    key = kernel_forms(plan, binding)
     prog = plan.native_programs.get(key)
     if prog is None:
         with _build_lock:
@@ -66,17 +67,22 @@ def program_of(plan, binding=None) -> "NativeProgram":
     return prog
 
 
-def matmul_forms(plan, binding) -> tuple:
+def kernel_forms(plan, binding) -> tuple:
     """Per matmul step, the address of the small-m kernel it runs at `binding` and the thread
-    count its Rebinder is written for, or the key of a
-    plan of its words form (matmul_words.form_key), None for one that runs in Python between
-    segments."""
+    count its Rebinder is written for, or the key of a plan of its words form
+    (matmul_words.form_key), None for one that runs in Python between segments; per sized step,
+    the kernel it launches at `binding` (a BERT embedding 6 tokens long, attention's "keys"
+    regime, and then 16 long: the one program of the 6 ran the 16 per kernel, ~15 % slower)."""
     from .matmul_words import form_key
+    from .steps import SizedStep
     forms, setting = [], config.get_matmul_backend()
     for i, step in enumerate(plan.steps):
         if isinstance(step, MatmulStep):
             got = step.plan_at(binding.steps[i])
             forms.append((_fn_address(got.fn), got.threads) if got.backend == "skinny" else form_key(got, setting))
+        elif isinstance(step, SizedStep) and step.kernel_buffers is not None:
+            fn = step.launch_of(step.prepare(binding.steps[i])).fn
+            forms.append(None if fn is None else _fn_address(fn))
     return tuple(forms)
 
 
