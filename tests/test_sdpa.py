@@ -86,7 +86,7 @@ def test_fused_sdpa_is_one_kernel():
     np.testing.assert_allclose(prog.run(**arrays)[0], want.transpose(0, 2, 1, 3).reshape(2, 33, 64), rtol=1e-6)
 
 
-@pytest.mark.parametrize("L", [1, 3, 9], ids=["decode", "few-rows", "rows"])
+@pytest.mark.parametrize("L", [1, 3, 9, 16, 17], ids=["decode", "few-rows", "rows", "rows-16", "rows-17"])
 @pytest.mark.parametrize("dt", [np.float32, np.float64], ids=["f32", "f64"])
 def test_fused_sdpa_masks_and_scale(dt, L):
     rng = rng_for("sdpa-mask", dt.__name__, L)
@@ -274,3 +274,13 @@ def test_one_plan_across_query_length_regimes_runs_natively_at_both():
             (got,) = prog.run(**feeds)
         close(got, ref_sdpa(feeds["q"], feeds["k"], feeds["v"]), np.float32)
         assert prog._fixed.plan.binding.native, L
+
+
+def test_query_rows_per_unit_follow_the_query_length():
+    """Vectors over keys up to W / 2 rows; one row vector (W rows a unit) up to W; then 2 W."""
+    f32 = lc.f32
+    w = A.attention_spec(f32, 32, 32, False, None, 64).width
+    modes = {L: (s.mode, s.bq) for L in (1, w // 2, w // 2 + 1, w, w + 1)
+             for s in [A.attention_spec(f32, 32, 32, False, None, L)]}
+    assert modes == {1: ("keys", 1), w // 2: ("keys", A.RB_MAX), w // 2 + 1: ("rows", w), w: ("rows", w),
+                     w + 1: ("rows", 2 * w)}

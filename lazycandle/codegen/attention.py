@@ -78,15 +78,17 @@ def _lanes(n: int, width: int) -> int:
 
 
 def attention_spec(dt: D.DType, e: int, ev: int, causal: bool, mask: str | None, L: int) -> AttentionSpec:
-    """The spec for the host's vector width.  A unit's score vectors run over 2 W query rows, so
-    for a few rows (decoding: L = 1) the kernel vectorises over keys instead."""
+    """The spec for the host's vector width.  A unit's score vectors run over 2 W query rows (W
+    when L <= W: a 16-token BERT layer's attention took 2/3 of the time), so for a few rows
+    (decoding: L = 1) the kernel vectorises over keys instead."""
     bits = jit.vector_bits()
     width = bits // (8 * dt.size_in_bytes)
     wv = _lanes(ev, width)
     if L <= width // 2:     # one row per unit when decoding, else RB
         return AttentionSpec(dt.name, e, ev, causal, mask, width, wv, 1 if L == 1 else RB_MAX, 4 * width, 1, "keys",
                              _lanes(e, width))
-    return AttentionSpec(dt.name, e, ev, causal, mask, width, wv, 2 * width, 64, 8 if bits >= 512 else 4)
+    bq = width if L <= width else 2 * width     # one row vector when it holds L: 2 W rows were half padding
+    return AttentionSpec(dt.name, e, ev, causal, mask, width, wv, bq, 64, 8 if bits >= 512 else 4)
 
 
 def read_scale(b, sizes, at, ct):
