@@ -10,7 +10,7 @@ import pytest
 import lazycandle as lc
 from lazycandle import caches
 from lazycandle import compiler
-from conftest import run_in_threads
+from conftest import run_in_threads, run_probe
 
 
 def _data(n):
@@ -112,6 +112,35 @@ def test_programs_and_tensors_still_run_after_clear():
     # the same structure realized again after the clear compiles afresh and is right
     np.testing.assert_allclose(_chain(50, 1).numpy(), _expected(50), rtol=1e-6)
     assert lc.cache_info()["plans"] >= 1
+
+
+_EPILOGUE_AFTER_CLEAR = """
+import gc, os
+import numpy as np
+import lazycandle as lc
+lc.set_matmul_backend("tiled")
+rng = np.random.default_rng(0)
+w = lc.tensor(rng.standard_normal((32, 48)).astype(np.float32))
+bias = lc.tensor(rng.standard_normal((48,)).astype(np.float32))
+prog = lc.compile([(lc.placeholder("x", (64, 32), lc.f32) @ w + bias).relu()])
+xs = rng.standard_normal((64, 32)).astype(np.float32)
+want = np.maximum(xs @ w.numpy() + bias.numpy(), 0)
+for _ in range(2):          # the second run builds the native program
+    np.testing.assert_allclose(prog(x=xs)[0], want, rtol=1e-5, atol=1e-5)
+lc.clear_caches()
+gc.collect()                # the epilogue's module is unlinked here unless the plan holds it
+for mode in ("", "python"):     # the native program, then the per-kernel path
+    os.environ["LAZYCANDLE_EXEC"] = mode
+    np.testing.assert_allclose(prog(x=xs)[0], want, rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+def test_a_tiled_matmul_epilogue_outlives_clear_caches():
+    """A tiled GEMM plan stores its epilogue's address in the driver's parameter block: the plan
+    must keep that compiled function alive (once the crash of a compiled GPT-2 training step
+    run again after clear_caches)."""
+    assert run_probe(_EPILOGUE_AFTER_CLEAR).strip().endswith("ok")
 
 
 def test_clear_caches_disk_deletes_the_disk_cache(tmp_path, monkeypatch):

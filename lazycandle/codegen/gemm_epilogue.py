@@ -141,8 +141,3 @@ def build_ir(ep: Epilogue) -> tuple:
 _FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 get_kernel = jit.KernelCache(build_ir, _FN)
-
-
-def address(ep: Epilogue) -> int:
-    """Address of the compiled tile function (the GEMM driver's `ep_fn` parameter)."""
-    return ctypes.cast(get_kernel(ep), ctypes.c_void_p).value

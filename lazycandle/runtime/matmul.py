@@ -346,10 +346,10 @@ class TiledPlan:
             params[base:base + len(src) - lead] = src[lead:]
         for (_, rse, cse, _), (rs, cs, _) in zip(_EP_SLOTS, g.ep):
             params[rse], params[cse] = rs, cs
-        self.ep_esz = ()
-        if epilogue is not None:
-            self.ep_fn = gemm_epilogue.address(epilogue)        # compiled once per epilogue
-            params[_EP_FN_SLOT] = self.ep_fn
+        self.ep_esz, self.ep_kernel = (), None
+        if epilogue is not None:        # compiled once per epilogue; the plan keeps its code alive
+            self.ep_kernel = gemm_epilogue.get_kernel(epilogue)
+            params[_EP_FN_SLOT] = ctypes.cast(self.ep_kernel, ctypes.c_void_p).value
             self.ep_esz = tuple(DType.from_name(epilogue.ew.inputs[x][0]).size_in_bytes for x in epilogue.extras)
             for (_, _, _, esz), size in zip(_EP_SLOTS, self.ep_esz):
                 params[esz] = size
