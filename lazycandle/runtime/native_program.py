@@ -147,6 +147,7 @@ class NativeProgram:
         self.returned = [self.target_index[j] for j in plan.targets]
         self.steps_of = {}                 # call label -> plan step (to raise its error)
         self.kept_plans = []               # small-m matmul plans the program calls (keep their kernels)
+        self.linked_fns = {}               # symbol -> the kernel the module imports by address (_import)
         # refs: per ptrs position ("slot", s) | ("node", j, element offset) | ("status", n); an
         # element offset is an int, (step, read) into the binding's read_offsets or
         # ("layout", step, operand): the offset of a node step's operand layout at the binding
@@ -334,12 +335,19 @@ class NativeProgram:
             n_sizes = len(self.binding.steps[i][0])
             fn, align, slots, sized = step.fn, step.align, tuple(k.scalars), i
             status_at = None
-        addr = _fn_address(fn)
-        sym = names.setdefault(addr, f"kernel{len(names)}")
-        imports[sym] = addr
+        sym = self._import(fn, imports, names)
         call = Call(sym, word_at, int(align), bufs_at, word_at + 2 if n_sizes else None, slots, status_at,
                     label=f"#{i} {k.kind}")
         return call, sized, n_sizes
+
+    def _import(self, fn, imports, names) -> str:
+        """The symbol the linked module calls kernel `fn` (a ctypes function) by.  The link binds
+        its raw address, which LLVM does not track: the program keeps `fn`, and so its code."""
+        addr = _fn_address(fn)
+        sym = names.setdefault(addr, f"kernel{len(names)}")
+        imports[sym] = addr
+        self.linked_fns[sym] = fn
+        return sym
 
     def _matmul_call(self, i, step, refs, word_at, imports, names):
         """(Call, sizes function, size count) of a matmul step whose plan at the plan's own
@@ -374,9 +382,7 @@ class NativeProgram:
                     return got
             return decide(layouts)
         sized.rebind, sized.setting, sized.decide = rebind, setting, decide     # inlined by _generated_binders
-        addr = _fn_address(own.fn)
-        sym = names.setdefault(addr, f"kernel{len(names)}")
-        imports[sym] = addr
+        sym = self._import(own.fn, imports, names)
         slots = tuple(step.kernel.epilogue.kernel.scalars) if step.ep_key else ()
         call = Call(sym, word_at, 1, bufs_at, word_at + 2 if n_sizes else None, slots, None,
                     label=f"#{i} matmul (small-m)")
