@@ -91,6 +91,16 @@ def attention_spec(dt: D.DType, e: int, ev: int, causal: bool, mask: str | None,
     return AttentionSpec(dt.name, e, ev, causal, mask, width, wv, bq, 64, 8 if bits >= 512 else 4)
 
 
+def query_regime(dt: D.DType, L: int):
+    """The query lengths (lo, hi; hi None: no bound) that get attention_spec's spec of L, or
+    None for L < 1: a binding inside them runs the same kernel."""
+    width = jit.vector_bits() // (8 * dt.size_in_bytes)
+    for lo, hi in ((1, 1), (2, width // 2), (width // 2 + 1, width), (width + 1, None)):
+        if lo <= L and (hi is None or L <= hi):
+            return lo, hi
+    return None
+
+
 def read_scale(b, sizes, at, ct):
     """The softmax scale, stored as f64 bits in sizes[at] (so the kernel takes the standard
     arguments and no scalar slot), in the compute type."""

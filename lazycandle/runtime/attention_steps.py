@@ -92,6 +92,23 @@ class FlashAttentionStep(SizedStep):
         fn = A.get_kernel(spec)[1] if runs and units else None
         return Launch(spec, words, units if fn else 0, float(spec.bq * max(S, 1) * (E + EV) * 2), fn)
 
+    def sizes_source(self, i, layouts, own):
+        """make's words, units and cost as lines of the shape and stride tokens, for bindings
+        whose head dims and query-length regime are the program's (`own`: its Launch)."""
+        spec = own.spec
+        (q_sh, q), (k_sh, k), (v_sh, v) = [([f"({t})" for t in sh], [f"({t})" for t in st]) for sh, st in layouts[:3]]
+        m = [f"({t})" for t in layouts[3][1]] if self.arg[1] else ["0"] * 4
+        B, H, L, E = q_sh
+        S, EV = k_sh[2], v_sh[3]
+        lo, hi = A.query_regime(self.operands[0][4], int(own.sizes[1]))
+        ok = [f"{E} == {spec.e}", f"{EV} == {spec.ev}", f"{L} >= {lo}", f"{B} * {H} > 0",
+              f"({v[3]} == 1 or {EV} <= 1)", f"({k[3]} == 1 or {E} <= 1)"] + [f"{L} <= {hi}"] * (hi is not None)
+        nqb = f"(-(-{L} // {spec.bq}))"
+        words = [H, L, S, nqb, *q, *k, *v[:3], *m, f"{L} * {H} * {EV}", EV, f"{H} * {EV}", str(self.scale_bits)]
+        return [f"    if not ({' and '.join(ok)}):\n        return None",
+                f"    s{i} = ({', '.join(words)},)", f"    e{i} = {B} * {H} * {nqb}",
+                f"    c{i} = {2.0 * spec.bq} * max({S}, 1) * ({E} + {EV})"]
+
     def describe(self, launch) -> str:
         causal, mask_kind = self.arg[:2]
         s, lq, lk = launch.spec, self.operands[0][3], self.operands[1][3]

@@ -182,6 +182,8 @@ class _Folder(ast.NodeTransformer):
             target, value = stmt.targets[0], self.visit(stmt.value)
             if isinstance(target, ast.Name):
                 return self._bind(target.id, value)
+            if isinstance(value, ast.Constant) and type(value.value) is tuple:     # a display folded whole
+                value = ast.Tuple([ast.Constant(v) for v in value.value], ast.Load())
             if isinstance(target, ast.Tuple) and isinstance(value, (ast.Tuple, ast.List)) \
                     and len(value.elts) == len(target.elts) and all(isinstance(t, ast.Name) for t in target.elts):
                 return [s for t, v in zip(target.elts, value.elts) for s in self._bind(t.id, v)]

@@ -68,6 +68,17 @@ class DirectSource(BindingSource):
             scope[f"cost{i}"], cost = spec.cost, f"cost{i}(s{i})"
         return [f"    s{i} = {self._tuple(at, count)}", f"    e{i} = {extent}", f"    c{i} = {cost} / (e{i} or 1)"]
 
+    def sized_step(self, i, sized, scope):
+        """A sized step's sizes written out from shape and stride tokens (SizedStep.sizes_source),
+        so the binder compiles; else its function called on Layouts."""
+        source = getattr(sized, "source", None)
+        if source is not None:
+            lays = [(self._tokens(sh, r), self._tokens(st, r)) for sh, st, _, r in self.steps[i][1]]
+            lines = source(i, lays)
+            if lines is not None:
+                return lines
+        return super().sized_step(i, sized, scope)
+
     def matmul(self, i, rebind):
         """The small-m kernel's sizes by its Rebinder, written out (Rebinder.source) or called."""
         a, b, *ep = [(self._tokens(sh, r), self._tokens(st, r)) for sh, st, _, r in self.steps[i][1]]

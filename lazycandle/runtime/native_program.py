@@ -116,6 +116,11 @@ class BindingSource:
                 f"else None\n    s{i}, e{i}, c{i} = g{i} or dc{i}(l{i})"]
 
 
+    def sized_step(self, i, sized, scope):
+        """A sized step's (sizes, extent, cost): its `sized` function of the binding's layouts."""
+        scope[f"f{i}"] = sized
+        return [f"    s{i}, e{i}, c{i} = f{i}({self.layouts(i, scope)})"]
+
     def matmul_words(self, i, sized):
         """A tiled or BLAS matmul's words (matmul_words.py), from the binding's layouts."""
         return [f"    s{i}, e{i}, c{i} = wf{i}(st[{i}])"]
@@ -286,8 +291,7 @@ class NativeProgram:
                 scope[f"rb{i}"], scope[f"set{i}"], scope[f"dc{i}"] = sized.rebind, sized.setting, sized.decide
                 body += src.matmul(i, sized.rebind)
             else:
-                scope[f"f{i}"] = sized
-                body.append(f"    s{i}, e{i}, c{i} = f{i}({src.layouts(i, scope)})")
+                body += src.sized_step(i, sized, scope)
             words += [f"e{i}", f"({PARALLEL} if e{i} * c{i} >= {MIN_PARALLEL_COST!r} and e{i} > 1 else {SERIAL})"]
             if sizes_at is not None:
                 words.append(src.spread(i, end - sizes_at))
@@ -324,6 +328,7 @@ class NativeProgram:
                 if got.fn is not own.fn or len(got.sizes) != n_sizes:
                     raise NotNative(f"step {i}: the kernel at this binding is not the program's kernel")
                 return got.sizes, got.units, got.unit_cost
+            sized.source = lambda i, lays: step.sizes_source(i, lays, own)     # the direct path's inline form
         elif isinstance(step, MatmulStep):
             return self._matmul_call(i, step, refs, word_at, imports, names)
         elif isinstance(step, NodeStep):

@@ -173,6 +173,13 @@ class SizedStep(NodeStep):
     def make(self, layouts):
         raise NotImplementedError
 
+    def sizes_source(self, i, layouts, own):
+        """Lines setting s<i>, e<i>, c<i> (sizes tuple, units, cost per unit) from `layouts`'
+        (shape tokens, stride tokens), returning None where the binding needs another kernel
+        than `own` (the program's Launch) or make would raise; None: no such form (the direct
+        binder calls prepare on Layouts)."""
+        return None
+
     def describe(self, prepared) -> str:
         return ""
 
