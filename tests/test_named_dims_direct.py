@@ -227,6 +227,19 @@ def test_fold_uses_the_lower_bounds_its_checks_prove_and_stays_equal_to_the_sour
         assert scope["f"]({"n": n}) == plain["f"]({"n": n}), n
 
 
+def test_fold_unpacks_a_tuple_display_of_constants_into_its_names():
+    """`m, k = (1, 768)` is folded whole into one tuple constant first: its names must still be
+    known (a matmul's fixed sizes, which would otherwise keep the binder in Python)."""
+    source = ("def f(sizes):\n    n = sizes['n']\n    m, k = (1, 768)\n    r = max(k, 1) if m == 1 else 5\n"
+              "    return (r * n, m)\n")
+    fn = fold.fold(source, {"max": max}, {})
+    text = ast.unparse(fn)
+    assert "m, k" not in text and "max" not in text and "768 * n" in text.replace("(", "").replace(")", "")
+    scope: dict = {}
+    exec(compile(ast.Module([fn], []), "<t>", "exec"), scope)
+    assert [scope["f"]({"n": n}) for n in (0, 3)] == [(0, 1), (2304, 1)]
+
+
 def _skinny_plan(m, n, k, transposed=True):
     la = Layout((m, k), (k, 1))
     lb = Layout((k, n), (1, k)) if transposed else Layout((k, n), (n, 1))
