@@ -103,3 +103,20 @@ def test_a_decode_programs_direct_binder_is_native_and_new_lengths_agree_with_nu
         np.testing.assert_allclose(prog.run(**f)[0], _numpy(f, h, d, q_len), rtol=1e-4, atol=1e-5)
         assert prog._last_direct is runner
     assert jit.stats["compiled"] == compiled
+
+
+def test_self_attention_with_a_mask_over_query_lengths_of_every_regime_agrees_with_numpy():
+    """Query length = key length = L: the direct binder of one regime's class declines the
+    lengths of another (the layered path binds them), the mask's strides are written per L."""
+    h, d = 2, 8
+    q, k, v = (lc.placeholder(n, (1, h, "L", d)) for n in "qkv")
+    mask = lc.placeholder("mask", (1, 1, "L", "L"))
+    prog = lc.compile([lc.nn.scaled_dot_product_attention(q, k, v, mask=mask)])
+    width = jit.vector_bits() // 32
+    rng = np.random.default_rng(5)
+    for L in [2, 3, 4, 5, width // 2, width // 2 + 1, width, width + 1, 3 * width, 2, width + 2, width // 2 + 2, 7]:
+        f = {n: rng.standard_normal((1, h, L, d), np.float32) for n in "qkv"}
+        f["mask"] = np.where(rng.random((1, 1, L, L)) < 0.2, -1e4, 0).astype(np.float32)
+        s = f["q"].astype(np.float64) @ np.swapaxes(f["k"], -1, -2) / np.sqrt(d) + f["mask"]
+        p = np.exp(s - s.max(-1, keepdims=True))
+        np.testing.assert_allclose(prog.run(**f)[0], (p / p.sum(-1, keepdims=True)) @ f["v"], rtol=1e-4, atol=1e-5)
