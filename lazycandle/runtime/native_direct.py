@@ -516,7 +516,7 @@ class DirectRunner:
                   "        arena = prog.arena or prog.arena_at_least(0)",
                   "        if prog.scalars is not scalars:",
                   "            packer._pack(scalars)",
-                  f"        pack(args, 0, arena[1], arena[0].size, 0, *key, rebind, "
+                  "        pack(args, 0, arena[1], arena[0].size, 0, *key, rebind, "
                   + "".join(f"{src}, " for src, _ in per_run) + "prog.packed[1], n)",
                   "        rc = call(*call_args)",
                   "        if rc == GROW:",
