@@ -484,6 +484,37 @@ def test_auto_choices_are_kept_on_disk_for_a_new_process(monkeypatch, tmp_path):
     clear_caches()
 
 
+@pytest.mark.parametrize("isa", [True, False], ids=["avx512", "other"])
+def test_auto_rule_runs_big_f32_gemms_tiled_unmeasured(monkeypatch, isa):
+    """On the rule's ISA (forced on and off) one f32 GEMM with m, n, k >= RULE_DIM runs the tiled
+    GEMM without a measurement; elsewhere, or with a size below RULE_DIM, it is measured."""
+    from lazycandle import clear_caches
+    from lazycandle.runtime import matmul_auto
+    calls = []
+
+    def fake_measure(g, threads, make_plans):
+        calls.append((g.m, g.n, g.k))
+        return {"blas": 1.0, "tiled": 2.0}
+
+    monkeypatch.setattr(matmul_auto, "measure", fake_measure)
+    monkeypatch.setattr(matmul_auto, "_rule_isa", lambda: isa)
+    monkeypatch.setenv("LAZYCANDLE_CACHE_DIR", "off")
+    old = config.get_num_threads()
+    rng = np.random.default_rng(13)
+    try:
+        config.set_num_threads(2)
+        clear_caches()
+        _, used = mm_case(rng, D.f32, "auto", (300, 257), (257, 290), exact=False)
+        assert (used, len(calls)) == (("tiled", 0) if isa else ("blas", 1))
+        _, used = mm_case(rng, D.f32, "auto", (300, 255), (255, 290), exact=False)
+        assert used == "blas" and len(calls) == (1 if isa else 2)
+        _, used = mm_case(rng, D.f64, "auto", (300, 257), (257, 290), exact=False)
+        assert used == "blas" and len(calls) == (2 if isa else 3)
+    finally:
+        config.set_num_threads(old)
+        clear_caches()
+
+
 def test_auto_calibration_times_a_proxy_for_big_problems():
     from lazycandle.runtime import matmul_auto
     g = MM.geometry(Layout.contiguous((4096, 3000)), Layout.contiguous((3000, 5000)), D.f32)
