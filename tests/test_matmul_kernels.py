@@ -3,6 +3,7 @@ against NumPy: float64 reference for floats (rounded once for f16/bf16/f8), wrap
 uint64 arithmetic for integers."""
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -513,6 +514,29 @@ def test_auto_rule_runs_big_f32_gemms_tiled_unmeasured(monkeypatch, isa):
     finally:
         config.set_num_threads(old)
         clear_caches()
+
+
+def test_a_tiled_decision_does_not_load_blas(tmp_path):
+    """A matmul whose bucket is decided for the tiled GEMM (here by the rule, forced on) runs
+    without loading the BLAS library (~40 ms of a new process); a measured bucket loads it."""
+    import subprocess
+    import sys
+    code = """
+import numpy as np, lazycandle as lc
+from lazycandle.runtime import blas, matmul_auto
+matmul_auto._rule_isa = lambda: True
+lc.set_num_threads(2)
+a, b = np.ones((300, 257), np.float32), np.ones((257, 290), np.float32)
+assert ((lc.tensor(a) @ lc.tensor(b)).numpy() == 257).all()
+print("loaded" in blas._state)
+c = np.ones((64, 64), np.float32)
+assert ((lc.tensor(c) @ lc.tensor(c)).numpy() == 64).all()
+print("loaded" in blas._state)
+"""
+    env = dict(os.environ, LAZYCANDLE_CACHE_DIR=str(tmp_path), LAZYCANDLE_PROGRESS="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]
 
 
 def test_auto_calibration_times_a_proxy_for_big_problems():

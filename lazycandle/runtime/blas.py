@@ -31,6 +31,33 @@ def _find(lib, *names):
     return None
 
 
+def _lib_path():
+    """The library's file, found without loading it; None when scipy_openblas32 is missing."""
+    try:
+        import scipy_openblas32 as sob
+    except ImportError:
+        return None
+    return os.path.join(sob.get_lib_dir(), f"lib{sob.get_library()}.so")
+
+
+_build: list = []
+
+
+def build_id():
+    """The library build (path, size, modification time), for the keys of choices measured with
+    it; None when it is not installed.  Read from the file, not the loaded library: loading
+    OpenBLAS costs a new process ~20 ms CPU and ~40-50 ms wall, and a process whose remembered
+    choices are all the tiled GEMM never calls it."""
+    if not _build:
+        path = _lib_path()
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        _build.append(None if st is None else [path, st.st_size, st.st_mtime_ns])
+    return _build[0]
+
+
 def _load() -> dict:
     """Load the library once; {} when no BLAS is installed."""
     if "loaded" in _state:
@@ -38,12 +65,10 @@ def _load() -> dict:
     with _lock:
         if "loaded" in _state:
             return _state
-        lib, path = None, None
+        path, lib = _lib_path(), None
         try:
-            import scipy_openblas32 as sob
-            path = os.path.join(sob.get_lib_dir(), f"lib{sob.get_library()}.so")
-            lib = ctypes.CDLL(path)
-        except (ImportError, OSError):
+            lib = ctypes.CDLL(path) if path else None
+        except OSError:
             lib = None
         st = {"lib": lib, "path": path}
         if lib is not None:

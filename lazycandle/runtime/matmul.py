@@ -26,9 +26,9 @@ from ..codegen import gemm, gemm_epilogue, gemm_pool, jit, pool_ir
 from ..codegen.gemm_ir import acc_bytes as _acc_bytes
 from ..dtype import DType
 from ..layout import Layout, batch_offsets, contiguous_strides, merge_dims
-from . import matmul_auto, matmul_skinny, native_pool
+from . import blas, matmul_auto, matmul_skinny, native_pool
 from .buffers import DATA_AT, read_word
-from .matmul_blas import PARALLEL_MIN_FLOPS, BlasPlan, blas_ok
+from .matmul_blas import PARALLEL_MIN_FLOPS, BlasPlan, blas_ok, blas_shape_ok
 from .native_program import address
 
 W_BYTES, W_MAX_ROWS = 4 << 20, 1024      # tiled scratch for 16/8-bit partial sums, per thread
@@ -442,8 +442,13 @@ class TiledPlan:
 def choose_backend(g: Geometry, backend: str, threads: int, measure: bool = True):
     """"tiled" for integers, k == 0 and anything BLAS cannot take; "auto": whichever of the two
     measured faster on a problem of g's bucket at this thread count (runtime/matmul_auto.py;
-    with `measure` False, None for a bucket not measured yet)."""
-    if backend == "tiled" or not blas_ok(g):
+    with `measure` False, None for a bucket not measured yet).  A bucket already decided for the
+    tiled GEMM does not load the BLAS library to say so (blas.build_id)."""
+    if backend == "tiled" or not blas_shape_ok(g):
+        return "tiled"
+    if backend == "auto" and matmul_auto.choose(g, threads, None, False) == "tiled":
+        return "tiled"
+    if not blas.available():
         return "tiled"
     if backend == "blas":
         return "blas"

@@ -157,7 +157,7 @@ def _rule_isa() -> bool:
 
 def _ident(key) -> dict:
     """What a stored choice of bucket `key` depends on besides the host and code generator."""
-    return {"bucket": key, "blas": blas.info().get("config")}
+    return {"bucket": key, "blas": blas.build_id()}
 
 
 def recall(kind: str, key, allowed):

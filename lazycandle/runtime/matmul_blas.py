@@ -258,5 +258,10 @@ class BlasPlan:
 
 
 def blas_ok(g: Geometry) -> bool:
-    return (_blas_kind(g.dtype) is not None and min(g.m, g.n, g.k) > 0 and blas.available()
+    return blas_shape_ok(g) and blas.available()
+
+
+def blas_shape_ok(g: Geometry) -> bool:
+    """Whether BLAS could take g, were it installed (asks nothing of the library: no load)."""
+    return (_blas_kind(g.dtype) is not None and min(g.m, g.n, g.k) > 0
             and max(g.k, g.nbatch * g.m, g.nbatch * g.n) <= blas.BLASINT_MAX)
