@@ -487,8 +487,8 @@ def test_auto_choices_are_kept_on_disk_for_a_new_process(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("isa", [True, False], ids=["avx512", "other"])
 def test_auto_rule_runs_big_f32_gemms_tiled_unmeasured(monkeypatch, isa):
-    """On the rule's ISA (forced on and off) one f32 GEMM with m, n, k >= RULE_DIM runs the tiled
-    GEMM without a measurement; elsewhere, or with a size below RULE_DIM, it is measured."""
+    """On the rule's ISA (forced on and off) one f32 GEMM with m >= RULE_M, n, k >= RULE_NK runs the
+    tiled GEMM without a measurement; elsewhere, with m below RULE_M or in f64, it is measured."""
     from lazycandle import clear_caches
     from lazycandle.runtime import matmul_auto
     calls = []
@@ -505,11 +505,11 @@ def test_auto_rule_runs_big_f32_gemms_tiled_unmeasured(monkeypatch, isa):
     try:
         config.set_num_threads(2)
         clear_caches()
-        _, used = mm_case(rng, D.f32, "auto", (300, 257), (257, 290), exact=False)
+        _, used = mm_case(rng, D.f32, "auto", (1024, 384), (384, 400), exact=False)
         assert (used, len(calls)) == (("tiled", 0) if isa else ("blas", 1))
-        _, used = mm_case(rng, D.f32, "auto", (300, 255), (255, 290), exact=False)
+        _, used = mm_case(rng, D.f32, "auto", (1023, 384), (384, 400), exact=False)
         assert used == "blas" and len(calls) == (1 if isa else 2)
-        _, used = mm_case(rng, D.f64, "auto", (300, 257), (257, 290), exact=False)
+        _, used = mm_case(rng, D.f64, "auto", (1024, 384), (384, 400), exact=False)
         assert used == "blas" and len(calls) == (2 if isa else 3)
     finally:
         config.set_num_threads(old)
@@ -526,8 +526,8 @@ import numpy as np, lazycandle as lc
 from lazycandle.runtime import blas, matmul_auto
 matmul_auto._rule_isa = lambda: True
 lc.set_num_threads(2)
-a, b = np.ones((300, 257), np.float32), np.ones((257, 290), np.float32)
-assert ((lc.tensor(a) @ lc.tensor(b)).numpy() == 257).all()
+a, b = np.ones((1024, 384), np.float32), np.ones((384, 400), np.float32)
+assert ((lc.tensor(a) @ lc.tensor(b)).numpy() == 384).all()
 print("loaded" in blas._state)
 c = np.ones((64, 64), np.float32)
 assert ((lc.tensor(c) @ lc.tensor(c)).numpy() == 64).all()
