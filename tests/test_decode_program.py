@@ -76,6 +76,24 @@ def test_compiled_decode_equals_eager_with_fused_or_graph_attention_and_any_bind
     np.testing.assert_allclose(_decode_logits(model, PROMPTS, 6, False), want[:7], rtol=2e-4, atol=2e-4)
 
 
+def test_the_decode_program_is_built_after_the_first_token(tiny_gpt2, monkeypatch):
+    """The first token comes from the prefill alone (building the decode program first cost a
+    warm GPT-2 124M process ~50 ms before it); a program whose size class excludes the cache's
+    first length moves the prefilled cache at the first step, and the logits stay the eager ones."""
+    tiny_gpt2.__dict__.pop("_programs", None)
+    seen = []
+    run(tiny_gpt2, PROMPTS[:2], 3, eos_token_id=[], on_token=lambda i, t: seen.append(dict(tiny_gpt2.__dict__.get("_programs", {}))))
+    assert seen[0] == {} and tiny_gpt2._programs
+    want = _decode_logits(tiny_gpt2, PROMPTS, 5, compiled=False)
+    monkeypatch.setattr(causal_lm, "first_cache_len", lambda least: 64)      # n_embd: not in the class
+    session = Session(tiny_gpt2, len(PROMPTS), 13)
+    got = [session.prefill(PROMPTS)]
+    assert session.cache.max_len == 64
+    got += [session.decode([(7 * j + i) % 50 for i in range(len(PROMPTS))]) for j in range(5)]
+    assert session.cache.max_len == 65
+    np.testing.assert_allclose(np.stack(got), want, rtol=2e-4, atol=2e-4)
+
+
 def test_one_program_binds_every_length_and_batch_by_formula(tiny_gpt2, monkeypatch):
     """Filled lengths 8..~60 walk over the tiny model's own sizes (4 heads, head dim 16, n_embd
     64): no step rebuilds the graph (named_dims.bind), none compiles a kernel once each batch
@@ -98,7 +116,7 @@ def test_one_program_binds_every_length_and_batch_by_formula(tiny_gpt2, monkeypa
 
 def test_attended_slots_and_cache_length_avoid_the_graphs_own_sizes(tiny_gpt2):
     session = Session(tiny_gpt2, 4, 60)                     # batch 4 = the model's 4 heads: a batch-4 program
-    prog = session._program()
+    prog = session._decoder()
     assert ("decode", "f32", 4) in tiny_gpt2._programs and 4 in prog.sizes
     m = session.cache.max_len
     assert m > 60 and m not in prog.sizes

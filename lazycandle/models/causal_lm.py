@@ -3,7 +3,7 @@
 step for the whole batch), with the timings a benchmark reads (`run`).
 
 A model subclasses CausalLM and defines `config` (with `max_len` and `vocab`),
-`new_cache(batch, max_len)` and `forward(ids, cache, step, last=False)` (generation.py)."""
+`new_cache(batch, max_len, dtype=None)` and `forward(ids, cache, step, last=False)` (generation.py)."""
 from __future__ import annotations
 
 import json
@@ -108,11 +108,10 @@ class Session:
     def __init__(self, model, batch: int, max_len: int, compiled: bool = True):
         self.model, self.compiled = model, compiled
         self.batch, self.max_len, self.pos = batch, min(max_len, model.config.max_len), 0
-        self.cache = model.new_cache(batch, self.max_len)
-        if compiled:        # a cache length of the program's size class, with a slot to spare (decode)
-            slots = self._program().cache_len(batch, self.max_len + 1)
-            if slots != self.max_len:
-                self.cache = model.new_cache(batch, slots)
+        # compiled: a slot to spare (decode), at the decode program's first candidate length: the
+        # program is built at the first decode step, after the prompt's token (_decoder)
+        self.cache = model.new_cache(batch, first_cache_len(self.max_len + 1) if compiled else self.max_len)
+        self.fitted = False              # whether the cache's length is the decode program's (_decoder)
         self.pad = None                  # (batch,) i64 tensor of left padding, when any
         # per cache slot: 1 once it holds one of the sequence's tokens (0: padding, or not yet written)
         self.attend = np.zeros((batch, self.cache.max_len), np.uint8)
@@ -136,7 +135,7 @@ class Session:
         if not self.compiled:
             return self._eager(ids)
         self._room(1)
-        decoder = self._program()
+        decoder = self._decoder()
         n = decoder.attended(self.batch, self.pos, min(self.cache.max_len, self.attend.shape[1]))
         feeds = {"ids": ids, "attend": np.ascontiguousarray(self.attend[:, :n])}
         feeds.update({f"k{i}": a for i, a in enumerate(self.cache.k)})
@@ -165,6 +164,24 @@ class Session:
         if self.pad is not None and self.pos == 0:
             self.attend[np.arange(self.attend.shape[1]) < self.pad.numpy()[:, None]] = 0
         self.pos += t
+
+    def _decoder(self) -> "DecodeProgram":
+        """The decode program; at the first step the cache moves to a length of its size class
+        (cache_len) when its own is not one (e.g. equal to one of the graph's own sizes)."""
+        decoder = self._program()
+        if self.fitted:
+            return decoder
+        self.fitted = True
+        if not decoder.fits({"b": self.batch, "M": self.cache.max_len}):
+            slots = decoder.cache_len(self.batch, self.max_len + 1)
+            old, attend = self.cache, self.attend
+            self.cache = self.model.new_cache(self.batch, slots, old.dtype)
+            if self.pos:
+                self.cache.commit(0, [t.narrow(2, 0, self.pos) for t in old.tensors()])
+            self.attend = np.zeros((self.batch, slots), np.uint8)
+            keep = min(slots, attend.shape[1])
+            self.attend[:, :keep] = attend[:, :keep]
+        return decoder
 
     def _program(self) -> "DecodeProgram":
         """The decode step for any batch size > 1 ("b"; one sequence has its own: a size 1 is
@@ -205,6 +222,11 @@ class Session:
 BIND_BLOCK = 16      # a step attends to the filled slots rounded up to a multiple of this (masked)
 
 
+def first_cache_len(least: int) -> int:
+    """The first cache length DecodeProgram.cache_len tries for `least` slots."""
+    return -(-least // BIND_BLOCK) * BIND_BLOCK + 1
+
+
 class DecodeProgram:
     """A compiled decode step (`program`) and the sizes of its graph.  The engine binds a new
     size of a named dim by formulas derived once for the program's size class, where every
@@ -238,7 +260,7 @@ class DecodeProgram:
     def cache_len(self, batch: int, least: int) -> int:
         """A cache length in the class for this batch, >= `least` rounded up to a multiple of
         BIND_BLOCK, + 1 (room for `attended` to round up)."""
-        m = -(-least // BIND_BLOCK) * BIND_BLOCK + 1
+        m = first_cache_len(least)
         while not self.fits({"b": batch, "M": m}):
             m += 1
         return m
