@@ -39,7 +39,7 @@ def emit_pack_scalar(m: ir.Module, spec):
 
 def emit_pack(m: ir.Module, spec, name: str, width: int, pack_s):
     """pack(src, rs, cs, rows, kb, kbp, dst) for panels of `width` (MR for A, NR for B).  Full
-    panels: when rs == 1 (B row-major) each k is one vector load, walking whole rows of B;
+    panels: when rs == 1 (B row-major, A transposed) each k is one vector load, walking whole rows;
     otherwise, when cs == 1 (row-major A, transposed B), vector loads along k transposed in
     registers (k_blocks), else k-outer with the `width` scalar loads unrolled.  The last,
     partial panel and the k padding go to pack_s."""
@@ -54,13 +54,15 @@ def emit_pack(m: ir.Module, spec, name: str, width: int, pack_s):
     vw = spec.vw
     kfull = mul(b, b.sdiv(kb, i64(vw)), i64(vw))
 
-    def rows_of_b():
+    def rows_unit():
+        """rs == 1 (row-major B, transposed A): a panel's `width` values at one k are
+        contiguous, one vector load and one store each (width MR need not be a power of two)."""
         with for_range(b, ZERO, kb, name="kv") as k:
             row = gep(b, src, mul(b, k, cs))
             out = gep(b, dst, mul(b, k, W))
             with for_range(b, ZERO, full, name="pv") as p:
                 v = to_acc(b, dt, vload(b, row, mul(b, p, W), width, eb))
-                vstore(b, v, out, mul(b, p, panel), min(64, width * ab))
+                vstore(b, v, out, mul(b, p, panel), min(64, (width * ab) & -(width * ab)))
 
     def k_scalar(base, out, k_lo):
         with for_range(b, k_lo, kb, name="kg") as k:
@@ -93,14 +95,11 @@ def emit_pack(m: ir.Module, spec, name: str, width: int, pack_s):
                 with other:
                     k_scalar(base, out, ZERO)
 
-    if width == spec.nr:                         # B's panel is a whole number of vectors
-        with b.if_else(b.icmp_signed("==", rs, ONE)) as (unit, other):
-            with unit:
-                rows_of_b()
-            with other:
-                k_outer()
-    else:
-        k_outer()
+    with b.if_else(b.icmp_signed("==", rs, ONE)) as (unit, other):
+        with unit:
+            rows_unit()
+        with other:
+            k_outer()
     # k padding of the full panels, then the partial panel
     with for_range(b, ZERO, full, name="pz") as p:
         out = gep(b, dst, mul(b, p, panel))
