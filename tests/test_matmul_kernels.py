@@ -373,6 +373,18 @@ def test_tiled_packs_k_contiguous_rows_by_register_transpose(dt):
         mm_case(rng, dt, "tiled", (m, k), (k, n), (k + 3, 1), (1, k + 5), 2, 1)      # row gaps
 
 
+@pytest.mark.parametrize("dt", [D.f32, D.f64, D.f16, D.bf16, D.f8e4m3, D.i32, D.i16, D.u8], ids=lambda d: d.name)
+def test_tiled_packs_a_transposed_a_by_one_vector_per_k(dt):
+    """A with unit row stride (a transposed operand: the backward's dW = x^T @ dy) is packed by
+    one MR-wide vector load and store per k (MR is 14 for f32, not a power of two): full
+    panels, a partial last panel, k of 1, column gaps and an offset."""
+    rng = np.random.default_rng(22)
+    mr = MM._tile_kernel(dt)[0].mr
+    for m, k, n in [(mr, 1, 5), (mr + 1, 7, 33), (3 * mr, 70, 17), (5 * mr - 1, 257, 40)]:
+        mm_case(rng, dt, "tiled", (m, k), (k, n), transposed((m, k)), None)
+        mm_case(rng, dt, "tiled", (m, k), (k, n), (1, m + 3), transposed((k, n)), 5, 2)   # column gaps
+
+
 @pytest.mark.parametrize("dt", [D.f32, D.bf16, D.i32, D.f64], ids=lambda d: d.name)
 def test_tiled_last_row_tile_of_every_height_uses_the_smallest_micro_kernel_that_fits(dt, monkeypatch):
     """Every remainder of rows after whole register tiles (1 .. MR-1, inside and at the end of
