@@ -243,7 +243,7 @@ def run_case(name, a, torch):
     for k in impls:
         diff = np.abs(np.array(losses[k]) - ref).max()
         print(f"  {k:14s} first step {first[k] * 1e3:9.1f} ms; loss {losses[k][0]:.6f} -> {losses[k][-1]:.6f} "
-              f"after {a.check} steps, max |diff| vs torch eager {diff:.1e}")
+              f"after {a.check} steps, max |diff| vs torch eager {diff:.2e}")
     if a.profile:
         print("  " + kind_shares(lcp.prog, lcp.feeds))
     if a.cpu:
